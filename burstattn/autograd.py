@@ -1,0 +1,69 @@
+"""The autograd function of burst attention: validates nothing, saves what the backward needs,
+and calls the engine. Inputs and outputs use flash-attn's ``[B, n, H, D]``; the engine works
+on ``[B, H, n, D]`` views of the same memory."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from .comm.ring import RingComm
+from .comm.stats import CommStats, active_stats
+from .config import AttnConfig
+from .engine import ring as engine
+from .engine.schedule import ring_plan
+from .kernels import get_kernel
+from .trace import StepTrace, active_trace
+
+
+@dataclass(frozen=True)
+class RingContext:
+    """Where a call runs: the group (``None`` for a world of one), this rank and the world size."""
+
+    group: Optional[dist.ProcessGroup]
+    rank: int
+    world_size: int
+
+    def comm(self, phase: str, stats: Optional[CommStats], trace: Optional[StepTrace]) -> Optional[RingComm]:
+        """A fresh ring communicator for one pass (``None`` for a world of one)."""
+        if self.world_size == 1:
+            return None
+        return RingComm(self.group, phase, stats, trace)
+
+
+class BurstAttnFunction(torch.autograd.Function):
+    """``out, lse = f(q, k, v)`` distributed over ``ring``; ``cfg`` must be resolved
+    (concrete backend and backward mode)."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: RingContext,
+                cfg: AttnConfig):
+        qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))  # [B, n, H, D] -> [B, H, n, D] views
+        n = q.shape[1]
+        scale = cfg.scale_for(q.shape[-1])
+        stats, trace = active_stats(), active_trace()
+        plans = ring_plan(ring.rank, ring.world_size, cfg.layout, cfg.causal, n, "kv")
+        out32, lse = engine.forward(ring.comm("forward", stats, trace), plans, get_kernel(cfg.backend),
+                                    qh, kh, vh, scale)
+        out = out32.transpose(1, 2).to(q.dtype).contiguous()  # [B, n, Hq, D]
+        if any(ctx.needs_input_grad[:3]):
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.ring, ctx.cfg, ctx.scale, ctx.stats, ctx.trace = ring, cfg, scale, stats, trace
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout: torch.Tensor, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        ring, cfg = ctx.ring, ctx.cfg
+        stats = active_stats() or ctx.stats
+        trace = active_trace() or ctx.trace
+        travelling = "kv" if cfg.backward == "kv" else "q"
+        plans = ring_plan(ring.rank, ring.world_size, cfg.layout, cfg.causal, q.shape[1], travelling)
+        run = engine.backward_kv if cfg.backward == "kv" else engine.backward_query
+        dq, dk, dv = run(ring.comm("backward", stats, trace), plans, get_kernel(cfg.backend),
+                         *(x.transpose(1, 2) for x in (dout, q, k, v, out)), lse, ctx.scale)
+        return (dq.transpose(1, 2).to(q.dtype), dk.transpose(1, 2).to(k.dtype),
+                dv.transpose(1, 2).to(v.dtype), None, None)

@@ -1,0 +1,89 @@
+"""The ring communicator: paired, batched point-to-point transfers with a strict life cycle.
+
+Life cycle per channel (a named stream of transfers, e.g. ``"kv"`` or ``"dq"``):
+``send_recv`` queues "send this to the next rank, receive that from the previous rank",
+``commit`` posts everything queued as ONE ``batch_isend_irecv`` (each send paired with its
+receive, the same list on every rank: no asymmetric lists, no hang), ``wait`` blocks until
+the channel's transfers are done. Misuse (committing twice, waiting on nothing, queueing on
+a channel still in flight) raises ``RuntimeError``. Each channel has its own tag so that two
+channels in flight between the same pair of ranks never match each other's messages.
+No device-wide synchronisation is done: waiting is per transfer.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from ..trace import StepTrace, now_ns
+from .stats import CommStats
+
+
+class RingComm:
+    """Neighbour ring over ``group``: rank r sends to r+1 and receives from r-1 (mod P).
+
+    Args:
+        group: the process group (required; pass ``dist.group.WORLD`` for the world).
+        phase: label for the byte meter and the trace (``"forward"``/``"backward"``).
+        stats, trace: where to record bytes and events (either may be ``None``).
+    """
+
+    def __init__(self, group: dist.ProcessGroup, phase: str,
+                 stats: Optional[CommStats] = None, trace: Optional[StepTrace] = None) -> None:
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.next_global = dist.get_global_rank(group, (self.rank + 1) % self.world_size)
+        self.prev_global = dist.get_global_rank(group, (self.rank - 1) % self.world_size)
+        self.phase, self.stats, self.trace = phase, stats, trace
+        self._queued: dict[str, list[dist.P2POp]] = {}
+        self._inflight: dict[str, list] = {}
+        self._tags: dict[str, int] = {}
+
+    def _tag(self, channel: str) -> int:
+        return self._tags.setdefault(channel, len(self._tags) + 1)
+
+    def send_recv(self, channel: str, send: torch.Tensor, recv: torch.Tensor) -> None:
+        """Queue ``send -> next rank`` and ``recv <- previous rank`` on ``channel``.
+
+        ``recv`` must not be read or written until :meth:`wait`; ``send`` must not be
+        modified until then either.
+        """
+        if channel in self._inflight:
+            raise RuntimeError(f"channel {channel!r} still has transfers in flight; wait() first")
+        if send.numel() != recv.numel() or send.dtype != recv.dtype:
+            raise RuntimeError(f"channel {channel!r}: send and recv buffers differ "
+                               f"({tuple(send.shape)} {send.dtype} vs {tuple(recv.shape)} {recv.dtype})")
+        tag = self._tag(channel)
+        self._queued.setdefault(channel, []).extend([
+            dist.P2POp(dist.isend, send, self.next_global, self.group, tag),
+            dist.P2POp(dist.irecv, recv, self.prev_global, self.group, tag),
+        ])
+        if self.stats is not None:
+            nbytes = send.numel() * send.element_size()
+            self.stats.record(self.phase, channel, nbytes, nbytes)
+
+    def commit(self, channel: str, step: int = -1) -> None:
+        """Post the queued transfers of ``channel`` as one batch."""
+        ops = self._queued.pop(channel, None)
+        if not ops:
+            raise RuntimeError(f"commit: nothing queued on channel {channel!r}")
+        self._inflight[channel] = dist.batch_isend_irecv(ops)
+        if self.trace is not None:
+            self.trace.record("post", self.phase, channel, step, self.rank, now_ns())
+
+    def wait(self, channel: str, step: int = -1) -> None:
+        """Block until ``channel``'s transfers are complete (raises on a peer failure/timeout)."""
+        works = self._inflight.pop(channel, None)
+        if works is None:
+            raise RuntimeError(f"wait: nothing in flight on channel {channel!r}")
+        t0 = now_ns()
+        for w in works:
+            w.wait()
+        if self.trace is not None:
+            self.trace.record("wait", self.phase, channel, step, self.rank, t0, now_ns())
+
+    def pending(self) -> bool:
+        """Whether anything is queued or in flight."""
+        return bool(self._queued or self._inflight)

@@ -1,0 +1,197 @@
+"""The single ring loop, and the three passes built on it.
+
+:func:`ring_loop` runs a plan (from :mod:`.schedule`) over a ring: a travelling block moves
+one hop per step (double-buffered: the transfer that brings step t+1's block is posted
+before step t's compute and waited for after it), and optionally a travelling float32
+accumulator follows one step behind (posted after each step's compute, the last hop taking
+it home). The passes plug in what travels and what each step computes:
+
+* :func:`forward`: K/V travel; the output and LSE merge locally (float32).
+* :func:`backward_kv`: RingAttention's backward: K/V travel, dK/dV partials follow, dQ stays.
+* :func:`backward_query`: BurstAttention's backward: Q, dO, LSE and D = rowsum(dO * O)
+  travel, dQ partials follow, dK/dV stay.
+
+All tensors use the internal layout ``[B, H, n, D]`` (n = local sequence length).
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from ..comm.ring import RingComm
+from ..kernels.base import Kernel
+from ..trace import now_ns
+from .merge import merge_
+from .payload import Field, Packer
+from .schedule import BlockOp, MaskKind, StepPlan
+
+Compute = Callable[[StepPlan, torch.Tensor], Optional[list]]
+Fold = Callable[[torch.Tensor, list], None]
+
+
+def op_slices(op: BlockOp) -> Optional[tuple[slice, slice, bool]]:
+    """Kernel call for a block op: (query rows, key rows, causal); ``None`` if empty.
+
+    ``STRICT`` (key j visible iff j < i) is the causal kernel on queries ``1..`` and keys
+    ``..-1``; query row 0 of such a block sees nothing and is left out.
+    """
+    if op.mask is MaskKind.STRICT:
+        if op.q_stop - op.q_start < 2:
+            return None
+        return slice(op.q_start + 1, op.q_stop), slice(op.k_start, op.k_stop - 1), True
+    return slice(op.q_start, op.q_stop), slice(op.k_start, op.k_stop), op.mask is MaskKind.CAUSAL
+
+
+def ring_loop(comm: Optional[RingComm], plans: tuple[StepPlan, ...], carry: torch.Tensor,
+              channel: str, compute: Compute, acc_channel: Optional[str] = None,
+              acc_init: Optional[torch.Tensor] = None, fold: Optional[Fold] = None) -> Optional[torch.Tensor]:
+    """Run ``plans`` with ``carry`` (this rank's own travelling block) moving around the ring.
+
+    Args:
+        comm: the ring communicator (``None`` only for a world of one).
+        carry: packed travelling block; overwritten buffers are allocated once, here.
+        compute: ``compute(plan, block) -> contributions`` for the step's block.
+        acc_channel, acc_init, fold: optional travelling accumulator: ``acc_init`` (zeros, for
+            this rank's own block) is where step 0 folds; each later step receives the
+            accumulator of the block it holds, folds its contributions into it
+            (``fold(acc, contributions)``) and sends it on; after the last step it arrives
+            home. Returns this rank's final accumulator (``None`` without one).
+    """
+    world = len(plans)
+    bufs = [carry, torch.empty_like(carry)] if world > 1 else [carry]
+    accs = [acc_init, torch.empty_like(acc_init)] if (acc_init is not None and world > 1) else [acc_init]
+    trace = comm.trace if comm is not None else None
+    for plan in plans:
+        t = plan.step
+        block = bufs[t % 2]
+        if plan.prefetch:
+            comm.send_recv(channel, block, bufs[(t + 1) % 2])
+            comm.commit(channel, t)
+        t0 = now_ns()
+        contributions = compute(plan, block)
+        if trace is not None:
+            trace.record("compute", comm.phase, channel, t, comm.rank, t0, now_ns())
+        if acc_channel is not None:
+            if t > 0:
+                comm.wait(acc_channel, t)
+            acc = accs[t % 2]
+            fold(acc, contributions)
+            if world > 1:
+                comm.send_recv(acc_channel, acc, accs[(t + 1) % 2])
+                comm.commit(acc_channel, t)
+        if plan.prefetch:
+            comm.wait(channel, t)
+    if acc_channel is None:
+        return None
+    if world == 1:
+        return accs[0]
+    comm.wait(acc_channel, world)
+    return accs[world % 2]
+
+
+def forward(comm: Optional[RingComm], plans, kernel: Kernel, q: torch.Tensor, k: torch.Tensor,
+            v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ring forward. ``q [B, Hq, n, D]``, ``k, v [B, Hkv, n, D]`` -> ``out [B, Hq, n, D]``
+    float32 and ``lse [B, Hq, n]`` float32."""
+    b, hq, n, d = q.shape
+    out = torch.zeros(b, hq, n, d, dtype=torch.float32, device=q.device)
+    lse = torch.full((b, hq, n), float("-inf"), dtype=torch.float32, device=q.device)
+    fresh = [True]
+
+    def compute(plan: StepPlan, kv: torch.Tensor) -> None:
+        for op in plan.ops:
+            sl = op_slices(op)
+            if sl is None:
+                continue
+            qs, ks, causal = sl
+            o_j, lse_j = kernel.forward(q[:, :, qs], kv[0][:, :, ks], kv[1][:, :, ks], scale, causal)
+            if fresh[0] and qs == slice(0, n):
+                out.copy_(o_j)
+                lse.copy_(lse_j)
+            else:
+                merge_(out[:, :, qs], lse[:, :, qs], o_j, lse_j)
+            fresh[0] = False
+
+    ring_loop(comm, plans, torch.stack([k, v]), "kv", compute)
+    return out, lse
+
+
+def backward_kv(comm: Optional[RingComm], plans, kernel: Kernel, dout, q, k, v, out, lse,
+                scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """KV-ring backward (RingAttention). Inputs ``[B, H, n, D]`` (``out`` global, q.dtype;
+    ``lse [B, Hq, n]`` global). Returns float32 ``dq``, ``dk``, ``dv``."""
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+
+    def compute(plan: StepPlan, kv: torch.Tensor) -> list:
+        parts = []
+        for op in plan.ops:
+            sl = op_slices(op)
+            if sl is None:
+                continue
+            qs, ks, causal = sl
+            dq_j, dk_j, dv_j = kernel.backward(dout[:, :, qs], q[:, :, qs], kv[0][:, :, ks],
+                                               kv[1][:, :, ks], out[:, :, qs], lse[:, :, qs], scale, causal)
+            dq[:, :, qs] += dq_j
+            parts.append((ks, dk_j, dv_j))
+        return parts
+
+    def fold(acc: torch.Tensor, parts: list) -> None:
+        for ks, dk_j, dv_j in parts:
+            acc[0][:, :, ks] += dk_j
+            acc[1][:, :, ks] += dv_j
+
+    acc0 = torch.zeros((2,) + tuple(k.shape), dtype=torch.float32, device=k.device)
+    dkv = ring_loop(comm, plans, torch.stack([k, v]), "kv", compute, "dkv", acc0, fold)
+    return dq, dkv[0], dkv[1]
+
+
+def _pseudo_out(dout: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """A tensor ``O'`` with ``rowsum(dout * O') == delta``: ``dout * delta / |dout|^2``.
+
+    The fused kernels take the output only to form D = rowsum(dO * O); the query ring ships
+    D (one scalar per row) instead of O (head_dim values per row) and rebuilds an
+    equivalent O' on arrival. Rows with dO == 0 have D == 0 and get O' == 0.
+    """
+    df = dout.to(torch.float32)
+    norm = (df * df).sum(-1, keepdim=True)
+    scale = torch.where(norm > 0, delta.unsqueeze(-1) / norm, torch.zeros_like(norm))
+    return (df * scale).to(dout.dtype)
+
+
+def backward_query(comm: Optional[RingComm], plans, kernel: Kernel, dout, q, k, v, out, lse,
+                   scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Query-ring backward (BurstAttention). Same inputs/outputs as :func:`backward_kv`."""
+    b, hq, n, d = q.shape
+    packer = Packer([Field("lse", (b, hq, n), torch.float32), Field("delta", (b, hq, n), torch.float32),
+                     Field("q", (b, hq, n, d), q.dtype), Field("dout", (b, hq, n, d), q.dtype)])
+    delta = (dout.to(torch.float32) * out.to(torch.float32)).sum(-1)  # D = rowsum(dO * O), [B, Hq, n]
+    carry = packer.pack({"lse": lse, "delta": delta, "q": q, "dout": dout}, q.device)
+    dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+    dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+
+    def compute(plan: StepPlan, payload: torch.Tensor) -> list:
+        if not plan.ops:
+            return []
+        f = packer.views(payload)
+        o_s = out if plan.step == 0 else _pseudo_out(f["dout"], f["delta"])
+        parts = []
+        for op in plan.ops:
+            sl = op_slices(op)
+            if sl is None:
+                continue
+            qs, ks, causal = sl
+            dq_j, dk_j, dv_j = kernel.backward(f["dout"][:, :, qs], f["q"][:, :, qs], k[:, :, ks],
+                                               v[:, :, ks], o_s[:, :, qs], f["lse"][:, :, qs], scale, causal)
+            dk[:, :, ks] += dk_j
+            dv[:, :, ks] += dv_j
+            parts.append((qs, dq_j))
+        return parts
+
+    def fold(acc: torch.Tensor, parts: list) -> None:
+        for qs, dq_j in parts:
+            acc[:, :, qs] += dq_j
+
+    acc0 = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dq = ring_loop(comm, plans, carry, "q", compute, "dq", acc0, fold)
+    return dq, dk, dv

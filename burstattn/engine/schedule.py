@@ -1,0 +1,121 @@
+"""Per-step plans: which block pairs a ring step computes, as pure functions.
+
+A ring step pairs the queries of one rank (``q_rank``) with the keys/values of another
+(``k_rank``). In the forward and in the KV-ring backward, K/V travel: at step ``t`` rank ``r``
+holds the K/V of ``k_rank = (r - t) mod P`` and its own queries. In BurstAttention's
+query-ring backward, Q travels: rank ``r`` holds the queries of ``q_rank = (r - t) mod P`` and
+its own K/V. Either way the work is decided by the pair ``(q_rank, k_rank)`` alone:
+
+``block_ops(q_rank, k_rank, world_size, layout, causal, local_len)`` returns the list of
+:class:`BlockOp` to run, each a query slice x key slice of the two local shards with a mask
+kind:
+
+* ``FULL``: no mask.
+* ``CAUSAL``: key ``j`` visible to query ``i`` iff ``j <= i`` (slices of equal length).
+* ``STRICT``: iff ``j < i`` (striped layout, key rank after the query rank).
+
+With ``causal=False`` every pair is one ``FULL`` op. With ``causal=True``:
+
+* contiguous: diagonal pair ``CAUSAL``; key rank before query rank ``FULL``; after: nothing.
+* zigzag (rank r holds chunks r and 2P-1-r, each of c = n/2 tokens): diagonal ``CAUSAL`` on
+  the whole shard; ``k_rank < q_rank``: all queries x the first key chunk (``FULL``);
+  ``k_rank > q_rank``: only the second query chunk x all keys (``FULL``). Every pair costs
+  the same, which is what balances the ring.
+* striped (token i on rank i mod P): local index j of rank s is global ``j*P + s``; so
+  ``k_rank <= q_rank`` is ``CAUSAL`` and ``k_rank > q_rank`` is ``STRICT``.
+
+Fully masked pairs produce no op and are skipped; the ring still forwards their data,
+since later ranks need it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class MaskKind(str, Enum):
+    """Mask inside one block op; see the module docstring."""
+
+    FULL = "full"
+    CAUSAL = "causal"
+    STRICT = "strict"
+
+
+@dataclass(frozen=True)
+class BlockOp:
+    """One local kernel call: rows ``[q_start, q_stop)`` of the query shard against rows
+    ``[k_start, k_stop)`` of the key/value shard, with ``mask``."""
+
+    q_start: int
+    q_stop: int
+    k_start: int
+    k_stop: int
+    mask: MaskKind
+
+    @property
+    def cost(self) -> float:
+        """Score-matrix entries computed (the attention FLOPs up to a constant)."""
+        area = (self.q_stop - self.q_start) * (self.k_stop - self.k_start)
+        return area / 2 if self.mask is not MaskKind.FULL else float(area)
+
+
+def block_ops(q_rank: int, k_rank: int, world_size: int, layout: str, causal: bool,
+              local_len: int) -> tuple[BlockOp, ...]:
+    """The block ops for queries of ``q_rank`` against keys of ``k_rank`` (see module doc)."""
+    n = local_len
+    if not causal:
+        return (BlockOp(0, n, 0, n, MaskKind.FULL),)
+    if q_rank == k_rank:
+        return (BlockOp(0, n, 0, n, MaskKind.CAUSAL),)
+    before = k_rank < q_rank
+    if layout == "contiguous":
+        return (BlockOp(0, n, 0, n, MaskKind.FULL),) if before else ()
+    if layout == "zigzag":
+        c = n // 2
+        return (BlockOp(0, n, 0, c, MaskKind.FULL),) if before else (BlockOp(c, n, 0, n, MaskKind.FULL),)
+    if layout == "striped":
+        return (BlockOp(0, n, 0, n, MaskKind.CAUSAL if before else MaskKind.STRICT),)
+    raise ValueError(f"unknown layout {layout!r}")
+
+
+def ring_source(rank: int, step: int, world_size: int) -> int:
+    """The rank whose travelling block sits on ``rank`` at ``step`` (blocks move r -> r+1)."""
+    return (rank - step) % world_size
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What ``rank`` does at ring step ``step``.
+
+    Attributes:
+        q_rank, k_rank: owners of the query shard and the key/value shard paired at this step.
+        ops: the block ops to compute (empty: nothing to compute, the data only passes by).
+        prefetch: whether the next step's travelling block is received during this step.
+    """
+
+    step: int
+    q_rank: int
+    k_rank: int
+    ops: tuple[BlockOp, ...]
+    prefetch: bool
+
+
+def ring_plan(rank: int, world_size: int, layout: str, causal: bool, local_len: int,
+              travelling: str) -> tuple[StepPlan, ...]:
+    """The full P-step plan of ``rank``; ``travelling`` is ``"kv"`` or ``"q"``."""
+    if travelling not in ("kv", "q"):
+        raise ValueError(f"travelling must be 'kv' or 'q', got {travelling!r}")
+    plans = []
+    for t in range(world_size):
+        src = ring_source(rank, t, world_size)
+        q_rank, k_rank = (rank, src) if travelling == "kv" else (src, rank)
+        plans.append(StepPlan(t, q_rank, k_rank,
+                              block_ops(q_rank, k_rank, world_size, layout, causal, local_len),
+                              prefetch=t < world_size - 1))
+    return tuple(plans)
+
+
+def rank_cost(rank: int, world_size: int, layout: str, causal: bool, local_len: int) -> float:
+    """Score entries ``rank`` computes over a forward (for the balance figure)."""
+    return sum(op.cost for p in ring_plan(rank, world_size, layout, causal, local_len, "kv")
+               for op in p.ops)

@@ -1,0 +1,64 @@
+"""Bytes each rank sends per call, by formula (the figures ``comm_stats()`` must reproduce).
+
+Notation: P ranks, n local tokens, B batch, Hq/Hkv query/kv heads, d head_dim, e the
+element size of the input dtype. Per rank, one call:
+
+* forward (K/V ring): ``(P-1) * 2*B*n*Hkv*d * e``            (op ``kv``)
+* backward ``"kv"`` (RingAttention): K/V again ``(P-1) * 2*B*n*Hkv*d * e`` (op ``kv``)
+  plus the float32 dK/dV accumulator ``P * 2*B*n*Hkv*d * 4`` (op ``dkv``: P-1 hops and the
+  hop home).
+* backward ``"burst"`` (query ring): Q, dO, lse, D ``(P-1) * B*n*Hq*(2*d*e + 8)`` (op ``q``)
+  plus the float32 dQ accumulator ``P * B*n*Hq*d * 4`` (op ``dq``).
+* input validation: one all-gather of 16 int64 per rank (op ``meta``, forward), counted
+  as ``(P-1) * 128`` bytes sent.
+
+With N = n*P: burst moves about ``3*N*Hq*d`` elements in the backward against the KV ring's
+``4*N*Hkv*d``, so for multi-head attention burst sends less (and 16-bit K/V with float32
+dK/dV make the KV ring dearer still); with GQA (Hq/Hkv >= 2) the KV ring sends less.
+"""
+from __future__ import annotations
+
+import torch
+
+META_INTS = 16
+
+
+def element_size(dtype: torch.dtype) -> int:
+    """Bytes per element of ``dtype``."""
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def ring_bytes(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,
+               head_dim: int, dtype: torch.dtype, backward: str) -> dict:
+    """Bytes sent per rank: ``{"forward": int, "backward": int, "ops": {(phase, op): int}}``.
+
+    ``backward`` is ``"burst"`` or ``"kv"``. The forward includes the ``meta`` validation bytes.
+    """
+    p, e = world_size, element_size(dtype)
+    kv_block = 2 * batch * local_seq * kv_heads * head_dim
+    q_rows = batch * local_seq * q_heads
+    ops = {("forward", "kv"): (p - 1) * kv_block * e,
+           ("forward", "meta"): (p - 1) * META_INTS * 8}
+    if backward == "kv":
+        ops[("backward", "kv")] = (p - 1) * kv_block * e
+        ops[("backward", "dkv")] = p * kv_block * 4
+    elif backward == "burst":
+        ops[("backward", "q")] = (p - 1) * q_rows * (2 * head_dim * e + 8)
+        ops[("backward", "dq")] = p * q_rows * head_dim * 4
+    else:
+        raise ValueError(f"backward must be 'burst' or 'kv', got {backward!r}")
+    if p == 1:
+        ops = {key: 0 for key in ops}
+    fwd = sum(v for (ph, _), v in ops.items() if ph == "forward")
+    bwd = sum(v for (ph, _), v in ops.items() if ph == "backward")
+    return {"forward": fwd, "backward": bwd, "ops": ops}
+
+
+def choose_backward(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,
+                    head_dim: int, dtype: torch.dtype) -> str:
+    """``"burst"`` or ``"kv"``: whichever backward sends fewer bytes (ties go to burst)."""
+    kw = dict(batch=batch, local_seq=local_seq, world_size=world_size, q_heads=q_heads,
+              kv_heads=kv_heads, head_dim=head_dim, dtype=dtype)
+    burst = ring_bytes(backward="burst", **kw)["backward"]
+    kv = ring_bytes(backward="kv", **kw)["backward"]
+    return "burst" if burst <= kv else "kv"

@@ -1,0 +1,43 @@
+"""PyTorch's fused CPU flash-attention op (``aten::_scaled_dot_product_flash_attention_for_cpu``)."""
+from __future__ import annotations
+
+import torch
+
+from .base import expand_kv, reduce_kv_grad
+
+
+def cpu_flash_available() -> bool:
+    """Whether this PyTorch build has the CPU flash op and its backward."""
+    return (hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward"))
+
+
+def _native_gqa() -> bool:
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    return (major, minor) >= (2, 5)
+
+
+class CpuFlashKernel:
+    """Fused flash attention on CPU (float32, bfloat16, float16) returning the LSE."""
+
+    name = "cpu_flash"
+
+    def __init__(self) -> None:
+        self.native_gqa = _native_gqa()
+
+    def _kv(self, q, k, v):
+        if self.native_gqa:
+            return k, v
+        return expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
+
+    def forward(self, q, k, v, scale, causal):
+        k, v = self._kv(q, k, v)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, causal, scale=scale)
+
+    def backward(self, dout, q, k, v, out, lse, scale, causal):
+        hkv = k.shape[1]
+        k, v = self._kv(q, k, v)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dout, q, k, v, out, lse, 0.0, causal, scale=scale)
+        return dq, reduce_kv_grad(dk, hkv), reduce_kv_grad(dv, hkv)

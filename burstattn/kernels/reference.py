@@ -1,0 +1,74 @@
+"""Plain PyTorch tiled attention kernel: the fallback everywhere and the test oracle.
+
+Keys are processed in tiles of ``tile`` rows with an online softmax, so memory is
+``O(Sq * tile)`` per head, never ``O(Sq * Sk)``. Computes in float32 (float64 for float64
+inputs) and works on every device and dtype.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .base import expand_kv, reduce_kv_grad
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _tile_scores(q: torch.Tensor, kt: torch.Tensor, scale: float, causal: bool, k0: int) -> torch.Tensor:
+    """Scaled scores ``[B, H, Sq, T]`` of one key tile starting at key ``k0``, masked."""
+    s = torch.matmul(q, kt.transpose(-1, -2)).mul_(scale)
+    if causal:
+        rows = torch.arange(q.shape[-2], device=q.device).unsqueeze(1)
+        cols = torch.arange(k0, k0 + kt.shape[-2], device=q.device).unsqueeze(0)
+        s.masked_fill_(cols > rows, -math.inf)
+    return s
+
+
+class ReferenceKernel:
+    """Tiled online-softmax attention in plain PyTorch."""
+
+    name = "reference"
+
+    def __init__(self, tile: int = 512) -> None:
+        self.tile = tile
+
+    def forward(self, q, k, v, scale, causal):
+        acc = _acc_dtype(q.dtype)
+        hq = q.shape[1]
+        qf = q.to(acc)
+        kf, vf = expand_kv(k, hq).to(acc), expand_kv(v, hq).to(acc)
+        b, h, sq, d = qf.shape
+        out = torch.zeros(b, h, sq, d, dtype=acc, device=q.device)
+        lse = torch.full((b, h, sq), -math.inf, dtype=acc, device=q.device)
+        for k0 in range(0, kf.shape[-2], self.tile):
+            kt, vt = kf[:, :, k0:k0 + self.tile], vf[:, :, k0:k0 + self.tile]
+            s = _tile_scores(qf, kt, scale, causal, k0)
+            tile_lse = torch.logsumexp(s, dim=-1)
+            new_lse = torch.logaddexp(lse, tile_lse)
+            keep = torch.exp(lse - new_lse).nan_to_num_(0.0).unsqueeze(-1)
+            p = torch.exp(s - new_lse.unsqueeze(-1)).nan_to_num_(0.0)
+            out = out * keep + torch.matmul(p, vt)
+            lse = new_lse
+        return out, lse.to(torch.float32)
+
+    def backward(self, dout, q, k, v, out, lse, scale, causal):
+        acc = _acc_dtype(q.dtype)
+        hq, hkv = q.shape[1], k.shape[1]
+        qf, dof = q.to(acc), dout.to(acc)
+        kf, vf = expand_kv(k, hq).to(acc), expand_kv(v, hq).to(acc)
+        lse_f = lse.to(acc).unsqueeze(-1)
+        delta = (dof * out.to(acc)).sum(-1, keepdim=True)  # D = rowsum(dO * O)
+        dq = torch.zeros_like(qf)
+        dk, dv = torch.zeros_like(kf), torch.zeros_like(vf)
+        for k0 in range(0, kf.shape[-2], self.tile):
+            sl = slice(k0, k0 + self.tile)
+            kt, vt = kf[:, :, sl], vf[:, :, sl]
+            p = torch.exp(_tile_scores(qf, kt, scale, causal, k0) - lse_f).nan_to_num_(0.0)
+            dv[:, :, sl] = torch.matmul(p.transpose(-1, -2), dof)
+            ds = p * (torch.matmul(dof, vt.transpose(-1, -2)) - delta)
+            dq += torch.matmul(ds, kt) * scale
+            dk[:, :, sl] = torch.matmul(ds.transpose(-1, -2), qf) * scale
+        return dq, reduce_kv_grad(dk, hkv), reduce_kv_grad(dv, hkv)

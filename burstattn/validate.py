@@ -1,0 +1,119 @@
+"""Input checks that fail on EVERY rank, never on one rank while the others hang.
+
+Each rank checks its own arguments locally, then all ranks exchange a 16-integer signature
+(error code, shapes, dtype, options) with one all-gather before any ring traffic. If any rank
+found a problem, or the ranks disagree (e.g. different local sequence lengths), every rank
+raises: the rank at fault with its own detailed message, the others naming that rank and
+the problem.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from .config import BACKENDS, BACKWARDS, LAYOUTS, AttnConfig
+from .formulas import META_INTS
+from .kernels import resolve_backend
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_KINDS = {1: TypeError, 2: ValueError}
+
+
+def local_problem(q, k, v, cfg: AttnConfig) -> Optional[tuple[type, str]]:
+    """The first problem with this rank's arguments as ``(exception class, message)``, or None."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            return TypeError, f"{name} must be a torch.Tensor, got {type(x).__name__}"
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != 4:
+            return ValueError, (f"{name} must be 4-D [batch, local_seq, heads, head_dim], "
+                                f"got shape {tuple(x.shape)}")
+    if k.shape != v.shape:
+        return ValueError, f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}"
+    names = ("batch", "local_seq", "heads", "head_dim")
+    for i in (0, 1, 3):
+        if q.shape[i] != k.shape[i]:
+            return ValueError, (f"q and k must have the same {names[i]} (dim {i}), got "
+                                f"q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if not q.dtype == k.dtype == v.dtype:
+        return TypeError, f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+    if q.dtype not in DTYPES:
+        return TypeError, f"q dtype must be one of {[str(d) for d in DTYPES]}, got {q.dtype}"
+    if not q.device == k.device == v.device:
+        return ValueError, f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}"
+    if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
+        return ValueError, (f"q_heads must be a multiple of kv_heads (GQA/MQA), got q_heads="
+                            f"{q.shape[2]}, kv_heads={k.shape[2]}")
+    if q.shape[1] == 0 or q.shape[3] == 0 or q.shape[0] == 0:
+        return ValueError, f"q must have non-empty batch, local_seq and head_dim, got {tuple(q.shape)}"
+    for arg, value, allowed in (("layout", cfg.layout, LAYOUTS), ("backend", cfg.backend, BACKENDS),
+                                ("backward", cfg.backward, BACKWARDS)):
+        if value not in allowed:
+            return ValueError, f"{arg} must be one of {allowed}, got {value!r}"
+    if cfg.layout == "zigzag" and q.shape[1] % 2:
+        return ValueError, (f"layout 'zigzag' needs an even local_seq (two chunks per rank), got "
+                            f"local_seq={q.shape[1]}; pad the sequence to a multiple of 2 * world_size")
+    s = cfg.softmax_scale
+    if s is not None and (not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0):
+        return ValueError, f"softmax_scale must be None or a positive finite number, got {s!r}"
+    try:
+        resolve_backend(cfg.backend, q.device, q.dtype)
+    except ValueError as e:
+        return ValueError, str(e)
+    return None
+
+
+def _signature(q, k, cfg: AttnConfig, problem) -> list[int]:
+    code = 0 if problem is None else (1 if problem[0] is TypeError else 2)
+    if code:
+        return [code] + [0] * (META_INTS - 1)
+    options = (LAYOUTS.index(cfg.layout), int(cfg.causal), BACKENDS.index(cfg.backend),
+               BACKWARDS.index(cfg.backward))
+    scale_bits = int(torch.tensor(cfg.softmax_scale or 0.0, dtype=torch.float64).view(torch.int64))
+    sig = [0, q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3],
+           DTYPES.index(q.dtype), *options, scale_bits]
+    return sig + [0] * (META_INTS - len(sig))
+
+
+_FIELDS = ("", "batch", "local_seq (q.shape[1])", "q_heads", "kv_heads", "head_dim", "dtype",
+           "layout", "causal", "backend", "backward", "softmax_scale")
+
+
+def check_inputs(q, k, v, cfg: AttnConfig, group: Optional[dist.ProcessGroup], world_size: int,
+                 fn: str = "burst_attn_func") -> None:
+    """Raise on every rank if any rank's inputs are invalid or the ranks disagree."""
+    problem = local_problem(q, k, v, cfg)
+    if world_size == 1:
+        if problem:
+            raise problem[0](f"{fn}: {problem[1]}")
+        return
+    device = torch.device("cpu")
+    if dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    mine = torch.tensor(_signature(q, k, cfg, problem), dtype=torch.int64, device=device)
+    sigs = [torch.empty_like(mine) for _ in range(world_size)]
+    dist.all_gather(sigs, mine, group=group)
+    from .comm.stats import active_stats
+    stats = active_stats()
+    if stats is not None:
+        stats.record("forward", "meta", (world_size - 1) * mine.numel() * 8, (world_size - 1) * mine.numel() * 8)
+    table = torch.stack(sigs).cpu()
+    if problem:
+        raise problem[0](f"{fn}: {problem[1]}")
+    bad = [r for r in range(world_size) if table[r, 0] != 0]
+    if bad:
+        kind = _KINDS[int(table[bad[0], 0])]
+        raise kind(f"{fn}: rank(s) {bad} got invalid arguments (see the error on that rank); "
+                   f"all ranks abort the call")
+    for i in range(1, len(_FIELDS)):
+        col = table[:, i].tolist()
+        if len(set(col)) > 1:
+            decode = {6: DTYPES, 7: LAYOUTS, 9: BACKENDS, 10: BACKWARDS}.get(i)
+            shown = [str(decode[c]) for c in col] if decode else col
+            if i == 11:
+                shown = "differing values"
+            raise ValueError(f"{fn}: {_FIELDS[i]} must be the same on every rank of the group, "
+                             f"got {shown} (rank order)")
