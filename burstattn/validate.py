@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from .comm.ring import RingCommError
 from .config import BACKENDS, BACKWARDS, LAYOUTS, AttnConfig
 from .formulas import META_INTS
 from .kernels import resolve_backend
@@ -95,7 +96,11 @@ def check_inputs(q, k, v, cfg: AttnConfig, group: Optional[dist.ProcessGroup], w
         device = torch.device("cuda", torch.cuda.current_device())
     mine = torch.tensor(_signature(q, k, cfg, problem), dtype=torch.int64, device=device)
     sigs = [torch.empty_like(mine) for _ in range(world_size)]
-    dist.all_gather(sigs, mine, group=group)
+    try:
+        dist.all_gather(sigs, mine, group=group)
+    except RuntimeError as e:
+        raise RingCommError(f"{fn}: exchanging the input check with the other ranks failed (a rank "
+                            f"died or did not enter the call within the process group's timeout): {e}") from e
     from .comm.stats import active_stats
     stats = active_stats()
     if stats is not None:

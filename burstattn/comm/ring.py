@@ -20,6 +20,10 @@ from ..trace import StepTrace, now_ns
 from .stats import CommStats
 
 
+class RingCommError(RuntimeError):
+    """A ring transfer failed: a peer died, hung past the group's timeout, or the link broke."""
+
+
 class RingComm:
     """Neighbour ring over ``group``: rank r sends to r+1 and receives from r-1 (mod P).
 
@@ -79,8 +83,14 @@ class RingComm:
         if works is None:
             raise RuntimeError(f"wait: nothing in flight on channel {channel!r}")
         t0 = now_ns()
-        for w in works:
-            w.wait()
+        try:
+            for w in works:
+                w.wait()
+        except RuntimeError as e:
+            raise RingCommError(
+                f"rank {self.rank}: {self.phase} ring transfer on channel {channel!r} at step {step} "
+                f"failed (previous rank {self.prev_global} / next rank {self.next_global} died, "
+                f"hung past the process group's timeout, or the link broke): {e}") from e
         if self.trace is not None:
             self.trace.record("wait", self.phase, channel, step, self.rank, t0, now_ns())
 
