@@ -47,7 +47,8 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         softmax_scale: scale of ``q @ k^T``; default ``head_dim ** -0.5``.
         layout: ``"zigzag"`` (default, balanced causal), ``"striped"`` or ``"contiguous"``:
             how the global sequence was split; must match how the inputs were sharded.
-        return_lse: also return the log-sum-exp ``[batch, q_heads, local_seq]`` float32
+        return_lse: also return the log-sum-exp ``[batch, q_heads, local_seq]``, float32
+            (float64 for float64 inputs, which are accumulated in float64 throughout)
             (not differentiable).
         backend: local kernel: ``"auto"``, ``"cpu_flash"``, ``"sdpa"`` (CUDA),
             ``"flash_attn"`` (CUDA, optional package), ``"reference"`` (plain PyTorch).

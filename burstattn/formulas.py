@@ -1,14 +1,15 @@
 """Bytes each rank sends per call, by formula (the figures ``comm_stats()`` must reproduce).
 
 Notation: P ranks, n local tokens, B batch, Hq/Hkv query/kv heads, d head_dim, e the
-element size of the input dtype. Per rank, one call:
+element size of the input dtype, a that of the accumulators (4: float32; 8 for float64
+inputs). Per rank, one call:
 
 * forward (K/V ring): ``(P-1) * 2*B*n*Hkv*d * e``            (op ``kv``)
 * backward ``"kv"`` (RingAttention): K/V again ``(P-1) * 2*B*n*Hkv*d * e`` (op ``kv``)
-  plus the float32 dK/dV accumulator ``P * 2*B*n*Hkv*d * 4`` (op ``dkv``: P-1 hops and the
+  plus the dK/dV accumulator ``P * 2*B*n*Hkv*d * a`` (op ``dkv``: P-1 hops and the
   hop home).
-* backward ``"burst"`` (query ring): Q, dO, lse, D ``(P-1) * B*n*Hq*(2*d*e + 8)`` (op ``q``)
-  plus the float32 dQ accumulator ``P * B*n*Hq*d * 4`` (op ``dq``).
+* backward ``"burst"`` (query ring): Q, dO, lse, D ``(P-1) * B*n*Hq*(2*d*e + 2*a)`` (op ``q``)
+  plus the dQ accumulator ``P * B*n*Hq*d * a`` (op ``dq``).
 * input validation: one all-gather of 16 int64 per rank (op ``meta``, forward), counted
   as ``(P-1) * 128`` bytes sent.
 
@@ -28,23 +29,28 @@ def element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+def accum_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Accumulator dtype for inputs of ``dtype``: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def ring_bytes(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,
                head_dim: int, dtype: torch.dtype, backward: str) -> dict:
     """Bytes sent per rank: ``{"forward": int, "backward": int, "ops": {(phase, op): int}}``.
 
     ``backward`` is ``"burst"`` or ``"kv"``. The forward includes the ``meta`` validation bytes.
     """
-    p, e = world_size, element_size(dtype)
+    p, e, a = world_size, element_size(dtype), element_size(accum_dtype(dtype))
     kv_block = 2 * batch * local_seq * kv_heads * head_dim
     q_rows = batch * local_seq * q_heads
     ops = {("forward", "kv"): (p - 1) * kv_block * e,
            ("forward", "meta"): (p - 1) * META_INTS * 8}
     if backward == "kv":
         ops[("backward", "kv")] = (p - 1) * kv_block * e
-        ops[("backward", "dkv")] = p * kv_block * 4
+        ops[("backward", "dkv")] = p * kv_block * a
     elif backward == "burst":
-        ops[("backward", "q")] = (p - 1) * q_rows * (2 * head_dim * e + 8)
-        ops[("backward", "dq")] = p * q_rows * head_dim * 4
+        ops[("backward", "q")] = (p - 1) * q_rows * (2 * head_dim * e + 2 * a)
+        ops[("backward", "dq")] = p * q_rows * head_dim * a
     else:
         raise ValueError(f"backward must be 'burst' or 'kv', got {backward!r}")
     if p == 1:

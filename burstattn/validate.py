@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from .comm.ring import RingCommError
+from .comm.stats import active_stats
 from .config import BACKENDS, BACKWARDS, LAYOUTS, AttnConfig
 from .formulas import META_INTS
 from .kernels import resolve_backend
@@ -101,18 +102,20 @@ def check_inputs(q, k, v, cfg: AttnConfig, group: Optional[dist.ProcessGroup], w
     except RuntimeError as e:
         raise RingCommError(f"{fn}: exchanging the input check with the other ranks failed (a rank "
                             f"died or did not enter the call within the process group's timeout): {e}") from e
-    from .comm.stats import active_stats
     stats = active_stats()
     if stats is not None:
         stats.record("forward", "meta", (world_size - 1) * mine.numel() * 8, (world_size - 1) * mine.numel() * 8)
     table = torch.stack(sigs).cpu()
-    if problem:
-        raise problem[0](f"{fn}: {problem[1]}")
     bad = [r for r in range(world_size) if table[r, 0] != 0]
     if bad:
-        kind = _KINDS[int(table[bad[0], 0])]
-        raise kind(f"{fn}: rank(s) {bad} got invalid arguments (see the error on that rank); "
-                   f"all ranks abort the call")
+        # error path only: every rank knows some rank failed, so all enter this exchange together
+        texts = [None] * world_size
+        dist.all_gather_object(texts, problem[1] if problem else None, group=group)
+        if problem:
+            raise problem[0](f"{fn}: {problem[1]}")
+        detail = "; ".join(f"rank {r}: {texts[r]}" for r in bad)
+        raise _KINDS[int(table[bad[0], 0])](f"{fn}: invalid arguments on another rank, all ranks abort "
+                                            f"the call ({detail})")
     for i in range(1, len(_FIELDS)):
         col = table[:, i].tolist()
         if len(set(col)) > 1:

@@ -73,7 +73,10 @@ class RingComm:
         ops = self._queued.pop(channel, None)
         if not ops:
             raise RuntimeError(f"commit: nothing queued on channel {channel!r}")
-        self._inflight[channel] = dist.batch_isend_irecv(ops)
+        try:
+            self._inflight[channel] = dist.batch_isend_irecv(ops)
+        except RuntimeError as e:
+            raise self._failure(channel, step, e) from e
         if self.trace is not None:
             self.trace.record("post", self.phase, channel, step, self.rank, now_ns())
 
@@ -87,12 +90,15 @@ class RingComm:
             for w in works:
                 w.wait()
         except RuntimeError as e:
-            raise RingCommError(
-                f"rank {self.rank}: {self.phase} ring transfer on channel {channel!r} at step {step} "
-                f"failed (previous rank {self.prev_global} / next rank {self.next_global} died, "
-                f"hung past the process group's timeout, or the link broke): {e}") from e
+            raise self._failure(channel, step, e) from e
         if self.trace is not None:
             self.trace.record("wait", self.phase, channel, step, self.rank, t0, now_ns())
+
+    def _failure(self, channel: str, step: int, err: Exception) -> RingCommError:
+        return RingCommError(
+            f"rank {self.rank}: {self.phase} ring transfer on channel {channel!r} at step {step} "
+            f"failed (previous rank {self.prev_global} / next rank {self.next_global} died, hung past "
+            f"the process group's timeout, or the link broke): {err}")
 
     def pending(self) -> bool:
         """Whether anything is queued or in flight."""

@@ -20,6 +20,7 @@ from typing import Callable, Optional
 import torch
 
 from ..comm.ring import RingComm
+from ..formulas import accum_dtype
 from ..kernels.base import Kernel
 from ..trace import now_ns
 from .merge import merge_
@@ -93,10 +94,11 @@ def ring_loop(comm: Optional[RingComm], plans: tuple[StepPlan, ...], carry: torc
 def forward(comm: Optional[RingComm], plans, kernel: Kernel, q: torch.Tensor, k: torch.Tensor,
             v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Ring forward. ``q [B, Hq, n, D]``, ``k, v [B, Hkv, n, D]`` -> ``out [B, Hq, n, D]``
-    float32 and ``lse [B, Hq, n]`` float32."""
+    and ``lse [B, Hq, n]``, both float32 (float64 for float64 inputs)."""
     b, hq, n, d = q.shape
-    out = torch.zeros(b, hq, n, d, dtype=torch.float32, device=q.device)
-    lse = torch.full((b, hq, n), float("-inf"), dtype=torch.float32, device=q.device)
+    acc = accum_dtype(q.dtype)
+    out = torch.zeros(b, hq, n, d, dtype=acc, device=q.device)
+    lse = torch.full((b, hq, n), float("-inf"), dtype=acc, device=q.device)
     fresh = [True]
 
     def compute(plan: StepPlan, kv: torch.Tensor) -> None:
@@ -120,8 +122,10 @@ def forward(comm: Optional[RingComm], plans, kernel: Kernel, q: torch.Tensor, k:
 def backward_kv(comm: Optional[RingComm], plans, kernel: Kernel, dout, q, k, v, out, lse,
                 scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """KV-ring backward (RingAttention). Inputs ``[B, H, n, D]`` (``out`` global, q.dtype;
-    ``lse [B, Hq, n]`` global). Returns float32 ``dq``, ``dk``, ``dv``."""
-    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    ``lse [B, Hq, n]`` global). Returns ``dq``, ``dk``, ``dv`` in the accumulator dtype
+    (float32; float64 for float64 inputs)."""
+    acc = accum_dtype(q.dtype)
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
 
     def compute(plan: StepPlan, kv: torch.Tensor) -> list:
         parts = []
@@ -141,7 +145,7 @@ def backward_kv(comm: Optional[RingComm], plans, kernel: Kernel, dout, q, k, v, 
             acc[0][:, :, ks] += dk_j
             acc[1][:, :, ks] += dv_j
 
-    acc0 = torch.zeros((2,) + tuple(k.shape), dtype=torch.float32, device=k.device)
+    acc0 = torch.zeros((2,) + tuple(k.shape), dtype=acc, device=k.device)
     dkv = ring_loop(comm, plans, torch.stack([k, v]), "kv", compute, "dkv", acc0, fold)
     return dq, dkv[0], dkv[1]
 
@@ -153,7 +157,7 @@ def _pseudo_out(dout: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     D (one scalar per row) instead of O (head_dim values per row) and rebuilds an
     equivalent O' on arrival. Rows with dO == 0 have D == 0 and get O' == 0.
     """
-    df = dout.to(torch.float32)
+    df = dout.to(delta.dtype)
     norm = (df * df).sum(-1, keepdim=True)
     scale = torch.where(norm > 0, delta.unsqueeze(-1) / norm, torch.zeros_like(norm))
     return (df * scale).to(dout.dtype)
@@ -163,12 +167,13 @@ def backward_query(comm: Optional[RingComm], plans, kernel: Kernel, dout, q, k, 
                    scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Query-ring backward (BurstAttention). Same inputs/outputs as :func:`backward_kv`."""
     b, hq, n, d = q.shape
-    packer = Packer([Field("lse", (b, hq, n), torch.float32), Field("delta", (b, hq, n), torch.float32),
+    acc = accum_dtype(q.dtype)
+    packer = Packer([Field("lse", (b, hq, n), acc), Field("delta", (b, hq, n), acc),
                      Field("q", (b, hq, n, d), q.dtype), Field("dout", (b, hq, n, d), q.dtype)])
-    delta = (dout.to(torch.float32) * out.to(torch.float32)).sum(-1)  # D = rowsum(dO * O), [B, Hq, n]
+    delta = (dout.to(acc) * out.to(acc)).sum(-1)  # D = rowsum(dO * O), [B, Hq, n]
     carry = packer.pack({"lse": lse, "delta": delta, "q": q, "dout": dout}, q.device)
-    dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
-    dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    dk = torch.zeros(k.shape, dtype=acc, device=k.device)
+    dv = torch.zeros(v.shape, dtype=acc, device=v.device)
 
     def compute(plan: StepPlan, payload: torch.Tensor) -> list:
         if not plan.ops:
@@ -192,6 +197,6 @@ def backward_query(comm: Optional[RingComm], plans, kernel: Kernel, dout, q, k, 
         for qs, dq_j in parts:
             acc[:, :, qs] += dq_j
 
-    acc0 = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    acc0 = torch.zeros(q.shape, dtype=acc, device=q.device)
     dq = ring_loop(comm, plans, carry, "q", compute, "dq", acc0, fold)
     return dq, dk, dv

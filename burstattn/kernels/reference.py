@@ -52,7 +52,7 @@ class ReferenceKernel:
             p = torch.exp(s - new_lse.unsqueeze(-1)).nan_to_num_(0.0)
             out = out * keep + torch.matmul(p, vt)
             lse = new_lse
-        return out, lse.to(torch.float32)
+        return out, lse  # float32 (float64 for float64 inputs)
 
     def backward(self, dout, q, k, v, out, lse, scale, causal):
         acc = _acc_dtype(q.dtype)

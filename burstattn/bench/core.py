@@ -1,0 +1,307 @@
+"""``burstattn bench core``: the core benchmark of issue 2, one JSON record per point + Markdown.
+
+Suites (all in one run, medians of repeats after warm-up):
+
+* ``overhead``: ``burst_attn_func`` in a 1-rank group against the local kernel called directly
+  (``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward on contiguous
+  ``[B, H, S, D]``), same shape, same process, calls alternated. Target: within 5%.
+* ``speedup``: 2 ranks x 1 thread against 1 process x 1 thread on the full sequence (the library
+  at world size 1, and the raw kernel): non-causal (target >= 1.8x fwd+bwd), causal zigzag
+  (target >= 1.7x), causal contiguous and striped for comparison.
+* ``bytes``: bytes sent per rank (``comm_stats``) against ``formulas.ring_bytes`` for world sizes
+  2, 3, 4, both backward rings, MHA / GQA / bfloat16, plus what ``backward="auto"`` picked.
+* ``memory``: measured peak memory per rank (:mod:`.memory`) at three sequence lengths, world 2.
+
+One ``run_local`` spawn per world size; every point of that world size runs inside it. Threads:
+``torch.set_num_threads(1)`` in every rank (ranks x threads <= 2 cores for world sizes 1 and 2;
+world sizes 3 and 4 only count bytes, where oversubscription does not matter).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from .memory import measure_peak
+from .progress import ProgressFile, run_with_progress
+from .timing import machine_info, time_interleaved
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    """Flags of ``burstattn bench core``."""
+
+    out: str = "bench-out"        # directory for core.json and core.md
+    docs: Optional[str] = None    # also write the Markdown into this file (e.g. docs/benchmarks.md)
+    quick: bool = False           # small sizes, for a smoke run (not for the committed numbers)
+    seq_len: int = 16384          # overhead and speedup points
+    heads: int = 8
+    head_dim: int = 64
+    repeats: int = 3
+    warmup: int = 1
+    bytes_seq_len: int = 1536     # divisible by 2P for P = 2, 3, 4
+    bytes_world_sizes: tuple[int, ...] = (2, 3, 4)
+    memory_seq_lens: tuple[int, ...] = (4096, 8192, 16384)
+
+    def effective(self) -> "CoreConfig":
+        """The configuration actually run (``quick`` shrinks sizes and repeats)."""
+        if not self.quick:
+            return self
+        return replace(self, seq_len=min(self.seq_len, 2048), repeats=min(self.repeats, 2),
+                       memory_seq_lens=(512, 1024, 2048), bytes_seq_len=min(self.bytes_seq_len, 480))
+
+
+@dataclass(frozen=True)
+class Point:
+    """One benchmark point run inside a rank. ``suite`` is overhead | speedup | bytes | memory."""
+
+    suite: str
+    name: str
+    seq_len: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    causal: bool
+    layout: str = "zigzag"
+    backward: str = "auto"
+    dtype: str = "float32"
+    batch: int = 1
+    target: Optional[float] = None  # overhead: max ratio; speedup: min speedup
+
+
+@dataclass
+class RankResult:
+    """What one rank measured for one point (times in seconds, bytes as ints)."""
+
+    samples: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    peak: dict[str, int] = field(default_factory=dict)
+    sent: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------ rank side
+def _inputs(p: Point, world: int, rank: int):
+    """Random local q [B, n, Hq, D], k/v [B, n, Hkv, D], grad_out [B, n, Hq, D] (n = N / world)."""
+    gen = torch.Generator().manual_seed(1000 * rank + 7)
+    n, dt = p.seq_len // world, DTYPES[p.dtype]
+    q = torch.randn(p.batch, n, p.heads, p.head_dim, generator=gen).to(dt).requires_grad_()
+    k = torch.randn(p.batch, n, p.kv_heads, p.head_dim, generator=gen).to(dt).requires_grad_()
+    v = torch.randn(p.batch, n, p.kv_heads, p.head_dim, generator=gen).to(dt).requires_grad_()
+    return q, k, v, torch.randn(p.batch, n, p.heads, p.head_dim, generator=gen).to(dt)
+
+
+def _library_fns(p: Point, q, k, v, grad):
+    from burstattn import burst_attn_func
+
+    kw = dict(causal=p.causal, layout=p.layout, backward=p.backward)
+
+    def fwd():
+        return burst_attn_func(q, k, v, **kw)
+
+    def fwd_bwd():
+        q.grad = k.grad = v.grad = None
+        burst_attn_func(q, k, v, **kw).backward(grad)
+
+    return fwd, fwd_bwd
+
+
+def _kernel_fns(p: Point, q, k, v, grad):
+    """The CPU flash op called directly on contiguous [B, H, S, D] copies (made once, untimed)."""
+    qh, kh, vh, gh = (x.detach().transpose(1, 2).contiguous() for x in (q, k, v, grad))
+    fwd_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    bwd_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+    def fwd():
+        return fwd_op(qh, kh, vh, 0.0, p.causal)
+
+    def fwd_bwd():
+        out, lse = fwd_op(qh, kh, vh, 0.0, p.causal)
+        return bwd_op(gh, qh, kh, vh, out, lse, 0.0, p.causal)
+
+    return fwd, fwd_bwd
+
+
+def _run_point(p: Point, rank: int, world: int, repeats: int, warmup: int) -> RankResult:
+    import burstattn
+
+    res = RankResult()
+    q, k, v, grad = _inputs(p, world, rank)
+    fwd, fwd_bwd = _library_fns(p, q, k, v, grad)
+    barrier = dist.barrier if world > 1 else None
+    if p.suite in ("overhead", "speedup"):
+        fns = {"library fwd": fwd, "library fwd+bwd": fwd_bwd}
+        if world == 1:
+            kfwd, kfwd_bwd = _kernel_fns(p, q, k, v, grad)
+            fns.update({"kernel fwd": kfwd, "kernel fwd+bwd": kfwd_bwd})
+        timings = time_interleaved(fns, repeats=repeats, warmup=warmup, barrier=barrier)
+        res.samples = {name: t.samples for name, t in timings.items()}
+    elif p.suite == "memory":
+        fwd_bwd()  # warm-up: communicators, allocator, lazy inits
+        for name, fn in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
+            if barrier:
+                barrier()
+            res.peak[name] = measure_peak(fn)[1].peak_bytes
+        res.extra["inputs_bytes"] = sum(x.numel() * x.element_size() for x in (q, k, v, grad))
+    elif p.suite == "bytes":
+        with burstattn.comm_stats() as stats:
+            fwd_bwd()
+        res.sent = {f"{ph}/{op}": row["sent"] for ph, ops in stats.as_dict().items() for op, row in ops.items()}
+        res.extra["backward_used"] = "burst" if stats.sent(phase="backward", op="q") else "kv"
+    return res
+
+
+def _bench_rank(rank: int, world: int, points: list[Point], repeats: int, warmup: int,
+                progress_path: Optional[str]) -> list[RankResult]:
+    """Every point of one world size, in order (runs in each spawned rank)."""
+    progress = ProgressFile(progress_path, rank)
+    results = []
+    for p in points:
+        progress.start(f"world {world}: {p.suite} {p.name}")
+        results.append(_run_point(p, rank, world, repeats, warmup))
+    return results
+
+
+# ---------------------------------------------------------------------------- parent side
+def _points(cfg: CoreConfig) -> dict[int, list[Point]]:
+    """The plan: world size -> points."""
+    h, d, n = cfg.heads, cfg.head_dim, cfg.seq_len
+    plan: dict[int, list[Point]] = {1: [], 2: []}
+    for causal in (False, True):
+        plan[1].append(Point("overhead", "causal" if causal else "non-causal", n, h, h, d, causal,
+                             layout="contiguous", target=1.05))
+    plan[2] += [Point("speedup", "non-causal", n, h, h, d, False, "zigzag", target=1.8),
+                Point("speedup", "causal zigzag", n, h, h, d, True, "zigzag", target=1.7),
+                Point("speedup", "causal contiguous", n, h, h, d, True, "contiguous"),
+                Point("speedup", "causal striped", n, h, h, d, True, "striped")]
+    plan[2] += [Point("memory", f"N={s}", s, h, h, d, True, "zigzag") for s in cfg.memory_seq_lens]
+    for world in cfg.bytes_world_sizes:
+        for kvh, dtype in ((h, "float32"), (max(1, h // 4), "float32"), (h, "bfloat16")):
+            for backward in ("burst", "kv", "auto"):
+                plan.setdefault(world, []).append(Point(
+                    "bytes", f"P={world} Hq={h} Hkv={kvh} {dtype} backward={backward}",
+                    cfg.bytes_seq_len, h, kvh, d, True, "zigzag", backward, dtype))
+    return plan
+
+
+def _group_median(samples_by_rank: list[tuple[float, ...]]) -> float:
+    """Median over repeats of the slowest rank's time in each repeat."""
+    return statistics.median(max(per_rank) for per_rank in zip(*samples_by_rank))
+
+
+def _record(p: Point, world: int, results: list[RankResult]) -> dict:
+    """One JSON-ready record for a point from every rank's result."""
+    from burstattn import formulas
+
+    rec: dict = {"suite": p.suite, "name": p.name, "world_size": world, "threads_per_rank": 1,
+                 "config": asdict(p)}
+    if results[0].samples:
+        rec["median_s"] = {name: _group_median([r.samples[name] for r in results]) for name in results[0].samples}
+        rec["samples_s"] = {name: [list(r.samples[name]) for r in results] for name in results[0].samples}
+    if results[0].peak:
+        rec["peak_bytes"] = {name: max(r.peak[name] for r in results) for name in results[0].peak}
+        rec["peak_bytes_per_rank"] = {name: [r.peak[name] for r in results] for name in results[0].peak}
+        rec["local_seq"] = p.seq_len // world
+        rec["inputs_bytes"] = results[0].extra["inputs_bytes"]
+    if p.suite == "bytes":
+        used = results[0].extra["backward_used"]
+        ring = formulas.ring_bytes(batch=p.batch, local_seq=p.seq_len // world, world_size=world,
+                                   q_heads=p.heads, kv_heads=p.kv_heads, head_dim=p.head_dim,
+                                   dtype=DTYPES[p.dtype], backward=used)
+        expected = {f"{ph}/{op}": b for (ph, op), b in ring["ops"].items()}
+        rec.update(backward_used=used, expected=expected,
+                   sent_max={key: max(r.sent.get(key, 0) for r in results) for key in expected | results[0].sent},
+                   sent_min={key: min(r.sent.get(key, 0) for r in results) for key in expected | results[0].sent})
+        rec["match"] = all(rec["sent_max"].get(k, 0) == rec["sent_min"].get(k, 0) == expected.get(k, 0)
+                           for k in rec["sent_max"])
+    return rec
+
+
+def _derive(records: list[dict]) -> None:
+    """Add ratios and target verdicts (overhead vs kernel, speedup vs world size 1)."""
+    base = {r["name"]: r["median_s"] for r in records if r["suite"] == "overhead"}
+    for r in records:
+        m = r.get("median_s")
+        if r["suite"] == "overhead":
+            r["overhead"] = {ps: m[f"library {ps}"] / m[f"kernel {ps}"] - 1 for ps in ("fwd", "fwd+bwd")}
+            r["met"] = r["overhead"]["fwd+bwd"] <= r["config"]["target"] - 1
+        elif r["suite"] == "speedup":
+            one = base["causal" if r["config"]["causal"] else "non-causal"]
+            passes = ("fwd", "fwd+bwd")
+            r["speedup_vs_library_1"] = {ps: one[f"library {ps}"] / m[f"library {ps}"] for ps in passes}
+            r["speedup_vs_kernel_1"] = {ps: one[f"kernel {ps}"] / m[f"library {ps}"] for ps in passes}
+            if r["config"]["target"] is not None:
+                r["met"] = r["speedup_vs_library_1"]["fwd+bwd"] >= r["config"]["target"]
+
+
+def run_core(cfg: CoreConfig, console=None) -> int:
+    """Run every point, write ``core.json`` and ``core.md`` under ``cfg.out``; return 0."""
+    from rich.console import Console
+
+    from ..launch import run_local
+    from .report import update_document, write_markdown
+
+    console = console or Console()
+    eff = cfg.effective()
+    plan = _points(eff)
+    out_dir = Path(eff.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    machine = machine_info()
+    console.print(f"bench core: {sum(map(len, plan.values()))} points over world sizes {sorted(plan)}, "
+                  f"1 thread per rank, {os.cpu_count()} cores, load {machine['load_avg_1m']}")
+
+    def work(path: str) -> list[dict]:
+        records = []
+        for world, points in sorted(plan.items()):
+            results = run_local(_bench_rank, world, points, eff.repeats, eff.warmup, path,
+                                threads_per_rank=1, timeout_s=7200.0, pg_timeout_s=1800.0)
+            # results[rank][i] -> records per point
+            records += [_record(p, world, [results[r][i] for r in range(world)]) for i, p in enumerate(points)]
+        return records
+
+    t0 = time.perf_counter()
+    records = run_with_progress("bench core", sum(map(len, plan.values())), work, console=console)
+    _derive(records)
+    doc = {"benchmark": "core", "started": started, "duration_s": round(time.perf_counter() - t0, 1),
+           "machine": machine, "load_avg_1m_end": round(os.getloadavg()[0], 2), "torch": torch.__version__,
+           "threads": "torch.set_num_threads(1) in every rank (launch.run_local threads_per_rank=1)",
+           "config": asdict(eff), "records": records}
+    (out_dir / "core.json").write_text(json.dumps(doc, indent=1))
+    md = write_markdown(doc)
+    (out_dir / "core.md").write_text(md)
+    if eff.docs:
+        update_document(eff.docs, md)
+    from rich.markdown import Markdown
+
+    console.print(Markdown(md))
+    written = [out_dir / "core.json", out_dir / "core.md"] + ([eff.docs] if eff.docs else [])
+    console.print("wrote " + ", ".join(map(str, written)))
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of ``burstattn bench core``."""
+    d = CoreConfig()
+    p.add_argument("--out", default=d.out, help="output directory (default: %(default)s)")
+    p.add_argument("--quick", action="store_true", help="small sizes and fewer repeats (smoke run)")
+    p.add_argument("--docs", default=None, metavar="FILE",
+                   help="also write the tables into FILE (e.g. docs/benchmarks.md), keeping its reading")
+    p.add_argument("--seq-len", type=int, default=d.seq_len, help="sequence length of overhead/speedup points")
+    p.add_argument("--repeats", type=int, default=d.repeats)
+    p.add_argument("--warmup", type=int, default=d.warmup)
+
+
+def config_from_args(ns: argparse.Namespace) -> CoreConfig:
+    """A :class:`CoreConfig` from parsed flags."""
+    return CoreConfig(out=ns.out, docs=ns.docs, quick=ns.quick, seq_len=ns.seq_len, repeats=ns.repeats,
+                      warmup=ns.warmup)

@@ -1,0 +1,137 @@
+"""Markdown for ``burstattn bench core`` results (the generated part of ``docs/benchmarks.md``)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["write_markdown", "update_document", "GENERATED_END"]
+
+GENERATED_END = "<!-- end of the generated part: text below this line is kept when the benchmark is re-run -->"
+
+
+def _s(x: float) -> str:
+    return f"{x:.3f} s"
+
+
+def _mib(x: float) -> str:
+    return f"{x / 2**20:,.1f} MiB"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f}%"
+
+
+def _verdict(rec: dict) -> str:
+    if "met" not in rec:
+        return "-"
+    return "met" if rec["met"] else "**missed**"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _overhead(recs: list[dict]) -> list[str]:
+    rows = []
+    for r in recs:
+        m, o = r["median_s"], r["overhead"]
+        rows.append([r["name"], _s(m["kernel fwd"]), _s(m["library fwd"]), _pct(o["fwd"]),
+                     _s(m["kernel fwd+bwd"]), _s(m["library fwd+bwd"]), _pct(o["fwd+bwd"]), _verdict(r)])
+    c = recs[0]["config"]
+    return ["## Overhead at world size 1 (target: fwd+bwd within 5% of the kernel)", "",
+            f"`burst_attn_func` in a 1-rank gloo group against `aten._scaled_dot_product_flash_attention_for_cpu` "
+            f"(+ `_backward`) called directly on contiguous `[B, H, S, D]`; N={c['seq_len']}, "
+            f"{c['heads']} heads, head_dim {c['head_dim']}, batch {c['batch']}, {c['dtype']}; "
+            "calls alternated.", ""] \
+        + _table(["point", "kernel fwd", "library fwd", "overhead", "kernel fwd+bwd", "library fwd+bwd",
+                  "overhead", "target"], rows) + [""]
+
+
+def _speedup(recs: list[dict], base: dict[str, dict]) -> list[str]:
+    rows = []
+    for r in recs:
+        m, one = r["median_s"], base["causal" if r["config"]["causal"] else "non-causal"]
+        s_lib, s_ker = r["speedup_vs_library_1"], r["speedup_vs_kernel_1"]
+        target = f">= {r['config']['target']}x: {_verdict(r)}" if r["config"]["target"] else "-"
+        rows.append([r["name"], _s(one["kernel fwd+bwd"]), _s(one["library fwd+bwd"]), _s(m["library fwd"]),
+                     _s(m["library fwd+bwd"]), f"{s_lib['fwd']:.2f}x", f"{s_lib['fwd+bwd']:.2f}x",
+                     f"{s_ker['fwd+bwd']:.2f}x", target])
+    c = recs[0]["config"]
+    return ["## Parallel speedup: 2 ranks x 1 thread vs 1 process x 1 thread", "",
+            f"Full sequence N={c['seq_len']}, {c['heads']} heads, head_dim {c['head_dim']}, batch {c['batch']}, "
+            f"{c['dtype']}. Baselines: the library at world size 1 (\"1 proc\") and the raw kernel (\"kernel\"), "
+            f"same process, same thread count. Time of a 2-rank repeat = its slowest rank.", ""] \
+        + _table(["point", "kernel fwd+bwd (1 proc)", "library fwd+bwd (1 proc)", "2 ranks fwd", "2 ranks fwd+bwd",
+                  "speedup fwd", "speedup fwd+bwd", "fwd+bwd vs kernel", "target"], rows) + [""]
+
+
+def _bytes(recs: list[dict]) -> list[str]:
+    rows = []
+    for r in recs:
+        c, got, want = r["config"], r["sent_max"], r["expected"]
+        fwd = lambda d: sum(v for k, v in d.items() if k.startswith("forward/"))  # noqa: E731
+        bwd = lambda d: sum(v for k, v in d.items() if k.startswith("backward/"))  # noqa: E731
+        ops = ", ".join(f"{k.split('/')[1]} {v:,}" for k, v in sorted(got.items()) if k.startswith("backward/"))
+        rows.append([str(r["world_size"]), f"{c['heads']}/{c['kv_heads']}", c["dtype"],
+                     f"{c['backward']} -> {r['backward_used']}", f"{fwd(got):,}", f"{fwd(want):,}",
+                     f"{bwd(got):,}", f"{bwd(want):,}", ops, "yes" if r["match"] else "**no**"])
+    c = recs[0]["config"]
+    return ["## Bytes sent per rank: measured (`comm_stats`) vs `formulas.ring_bytes`", "",
+            f"One forward + backward, N={c['seq_len']}, head_dim {c['head_dim']}, batch {c['batch']}, "
+            "causal zigzag. "
+            f"Forward includes the 128 bytes per peer of input validation (`meta`). "
+            f"\"match\": every rank sent exactly the formula's bytes for every (phase, op).", ""] \
+        + _table(["P", "Hq/Hkv", "dtype", "backward (asked -> used)", "fwd sent", "fwd formula",
+                  "bwd sent", "bwd formula", "bwd by op", "match"], rows) + [""]
+
+
+def _memory(recs: list[dict]) -> list[str]:
+    rows, prev = [], None
+    for r in recs:
+        peak = r["peak_bytes"]["fwd+bwd"]
+        growth = f"{peak / prev[0]:.2f}x for {r['local_seq'] / prev[1]:.0f}x tokens" if prev else "-"
+        rows.append([str(r["config"]["seq_len"]), str(r["local_seq"]), _mib(r["inputs_bytes"]),
+                     _mib(r["peak_bytes"]["fwd"]), _mib(peak), f"{peak / r['local_seq'] / 1024:.1f} KiB", growth])
+        prev = (peak, r["local_seq"])
+    c = recs[0]["config"]
+    return [f"## Peak memory per rank (measured), world size {recs[0]['world_size']}", "",
+            f"Causal zigzag, {c['heads']} heads, head_dim {c['head_dim']}, {c['dtype']}, "
+            f"backward {c['backward']}. "
+            "Peak = most bytes held on top of what was allocated before the call (inputs q, k, v, grad_out "
+            "not included; they are listed), from the PyTorch profiler's allocator events; max over ranks.", ""] \
+        + _table(["N", "local n", "inputs (q,k,v,dO)", "peak fwd", "peak fwd+bwd", "fwd+bwd per local token",
+                  "growth"], rows) + [""]
+
+
+def write_markdown(doc: dict) -> str:
+    """The Markdown report of a ``bench core`` JSON document (see :func:`burstattn.bench.core.run_core`)."""
+    m = doc["machine"]
+    by = lambda s: [r for r in doc["records"] if r["suite"] == s]  # noqa: E731
+    base = {r["name"]: r["median_s"] for r in by("overhead")}
+    out = ["# Benchmarks: `burstattn bench core`", "",
+           f"Generated by `burstattn bench core` on {doc['started']} ({doc['duration_s']:.0f} s). "
+           f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; {m['os']}; Python {m['python']}, "
+           f"torch {m['torch']}. Threads: {doc['threads']}. "
+           f"Load average (1 min) at start {m['load_avg_1m']}, at end {doc['load_avg_1m_end']:.2f}. "
+           f"Medians of {doc['config']['repeats']} repeats after {doc['config']['warmup']} warm-up.", ""]
+    if by("overhead"):
+        out += _overhead(by("overhead"))
+    if by("speedup"):
+        out += _speedup(by("speedup"), base)
+    if by("bytes"):
+        out += _bytes(by("bytes"))
+    if by("memory"):
+        out += _memory(by("memory"))
+    return "\n".join(out)
+
+
+def update_document(path: str | Path, generated: str) -> None:
+    """Write ``generated`` to ``path``, keeping what follows :data:`GENERATED_END` in the old file
+    (the hand-written reading of the numbers)."""
+    path = Path(path)
+    kept = ""
+    if path.exists():
+        old = path.read_text()
+        if GENERATED_END in old:
+            kept = old.split(GENERATED_END, 1)[1]
+    path.write_text(generated.rstrip("\n") + "\n\n" + GENERATED_END + (kept or "\n"))

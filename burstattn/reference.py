@@ -1,0 +1,96 @@
+"""The float64 dense attention oracle the tests compare everything against.
+
+Plain differentiable torch ops, computed in float64 whatever the input dtype, so autograd on
+these functions gives float64 reference gradients. ``reference_attention`` materialises the full
+``[B, Hq, N, N]`` score matrix on purpose (O(N^2) memory); ``reference_rows`` computes a subset
+of query rows against the full key/value sequence in O(R N) memory.
+
+Mask semantics (global positions): non-causal, every query sees every key; causal, the query at
+position i sees the keys at positions j <= i. GQA: query head h uses key/value head
+``h // (Hq // Hkv)``.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["reference_attention", "reference_rows"]
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
+    """Validate shapes; return the GQA group size Hq // Hkv."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.ndim != 4:
+            raise ValueError(f"{name} must be [batch, seq, heads, head_dim], got shape {tuple(t.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head_dim")
+    if q.shape[2] % k.shape[2] != 0:
+        raise ValueError(f"q heads ({q.shape[2]}) must be a multiple of kv heads ({k.shape[2]})")
+    return q.shape[2] // k.shape[2]
+
+
+def _attend(q, k, v, q_pos, k_pos, causal, softmax_scale):
+    """Dense attention of q [B, R, Hq, D] at q_pos [R] against k/v [B, N, Hkv, D] at k_pos [N]."""
+    group = _check(q, k, v)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    # GQA: (B, N, Hkv, D) -> (B, N, Hq, D); query head h reads kv head h // group
+    k64 = k64.repeat_interleave(group, dim=2)
+    v64 = v64.repeat_interleave(group, dim=2)
+    scores = torch.einsum("brhd,bnhd->bhrn", q64, k64) * scale  # (B, Hq, R, N)
+    if causal:
+        visible = q_pos.to(k_pos.device)[:, None] >= k_pos[None, :]  # (R, N)
+        scores = scores.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # (B, Hq, R); -inf for a row that sees no key
+    # rows that see no key get probability 0 everywhere (output 0), not NaN
+    safe_lse = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    probs = torch.exp(scores - safe_lse[..., None])
+    out = torch.einsum("bhrn,bnhd->brhd", probs, v64)  # (B, R, Hq, D)
+    return out, lse
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                        softmax_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact attention over the full sequence, in float64.
+
+    Args:
+        q: [B, N, Hq, D]; k, v: [B, N, Hkv, D] with Hq % Hkv == 0. Any floating dtype.
+        causal: query i sees keys j <= i.
+        softmax_scale: defaults to D ** -0.5.
+
+    Returns:
+        out [B, N, Hq, D] float64 and lse [B, Hq, N] float64 (log-sum-exp of the scaled scores).
+
+    Raises:
+        ValueError: on shapes that do not fit together.
+    """
+    if q.ndim == 4 and k.ndim == 4 and q.shape[1] != k.shape[1]:
+        raise ValueError(f"q and k must have the same sequence length, got {q.shape[1]} and {k.shape[1]}")
+    pos = torch.arange(k.shape[1] if k.ndim == 4 else 0, device=k.device)
+    return _attend(q, k, v, pos, pos, causal, softmax_scale)
+
+
+def reference_rows(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_positions: torch.Tensor, *,
+                   causal: bool = False, softmax_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact attention for some query rows against the full key/value sequence, in float64.
+
+    Args:
+        q_rows: [B, R, Hq, D], the queries at global positions ``row_positions``.
+        k, v: [B, N, Hkv, D], the full sequence.
+        row_positions: LongTensor [R] of global positions in [0, N).
+        causal, softmax_scale: as in :func:`reference_attention`.
+
+    Returns:
+        out_rows [B, R, Hq, D] float64 and lse_rows [B, Hq, R] float64.
+
+    Raises:
+        ValueError: on shapes that do not fit together or positions out of range.
+    """
+    row_positions = torch.as_tensor(row_positions)
+    if row_positions.ndim != 1 or (q_rows.ndim == 4 and row_positions.shape[0] != q_rows.shape[1]):
+        raise ValueError(f"row_positions must be [R] with R = q_rows.shape[1], got {tuple(row_positions.shape)}")
+    if k.ndim == 4 and row_positions.numel() and not (0 <= int(row_positions.min()) <= int(row_positions.max()) < k.shape[1]):
+        raise ValueError(f"row_positions must lie in [0, {k.shape[1]})")
+    k_pos = torch.arange(k.shape[1] if k.ndim == 4 else 0, device=k.device)
+    return _attend(q_rows, k, v, row_positions.long(), k_pos, causal, softmax_scale)

@@ -1,0 +1,42 @@
+"""Session-wide local process groups: one :class:`~burstattn.launch.LocalPool` per world size.
+
+Starting ranks costs seconds (spawn + import torch), a case costs milliseconds, so every
+multi-process test runs its cases inside these shared pools: ``pools.get(world_size)``
+starts the pool on first use; all pools close at the end of the session.
+"""
+from __future__ import annotations
+
+import pytest
+
+from burstattn.launch import LocalPool
+
+POOL_TIMEOUT_S = 300.0  # one case, all ranks
+PG_TIMEOUT_S = 30.0  # one collective: a hung ring errors instead of stalling the suite
+
+
+class Pools:
+    """Lazily started pools by world size."""
+
+    def __init__(self) -> None:
+        self._pools: dict[int, LocalPool] = {}
+
+    def get(self, world_size: int) -> LocalPool:
+        pool = self._pools.get(world_size)
+        if pool is None:
+            pool = LocalPool(world_size, backend="gloo", threads_per_rank=1,
+                             timeout_s=POOL_TIMEOUT_S, pg_timeout_s=PG_TIMEOUT_S)
+            self._pools[world_size] = pool
+        return pool
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+
+
+@pytest.fixture(scope="session")
+def pools():
+    registry = Pools()
+    yield registry
+    registry.close()
+
