@@ -1,0 +1,68 @@
+"""Metered collectives over an explicit group (all-to-all, all-gather, reduce-scatter).
+
+Every call records into a :class:`~burstattn.comm.stats.CommStats` (when one is given) the
+bytes this rank must put on the wire for that collective, whatever algorithm the backend
+picks: all-to-all ``(P-1)/P`` of its input; all-gather ``(P-1)`` times its input (every
+other rank needs this rank's shard); reduce-scatter ``(P-1)/P`` of its input. Received
+bytes are the same by symmetry. Tensors are split and joined along dim 0.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from .ring import RingCommError
+from .stats import CommStats
+
+
+class Collectives:
+    """Collectives on ``group`` that meter bytes under ``(phase, op)``.
+
+    Args:
+        group: the process group (explicit; ``dist.group.WORLD`` for the world).
+        phase: ``"forward"`` or ``"backward"`` (the meter's phase label).
+        stats: the byte meter, or ``None``.
+    """
+
+    def __init__(self, group: dist.ProcessGroup, phase: str, stats: Optional[CommStats] = None) -> None:
+        self.group, self.phase, self.stats = group, phase, stats
+        self.world_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+
+    def _record(self, op: str, nbytes: int) -> None:
+        if self.stats is not None:
+            self.stats.record(self.phase, op, nbytes, nbytes)
+
+    def _run(self, op: str, fn, *args) -> None:
+        try:
+            fn(*args, group=self.group)
+        except RuntimeError as e:
+            raise RingCommError(f"rank {self.rank}: {self.phase} {op!r} collective failed (a rank died, "
+                                f"hung past the process group's timeout, or the link broke): {e}") from e
+
+    def all_to_all(self, x: torch.Tensor, op: str) -> torch.Tensor:
+        """``x [P, ...]``: chunk ``j`` goes to rank ``j``; returns ``[P, ...]`` with chunk ``i``
+        from rank ``i``."""
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        self._run(op, dist.all_to_all_single, out, x)
+        self._record(op, x.numel() * x.element_size() * (self.world_size - 1) // self.world_size)
+        return out
+
+    def all_gather(self, x: torch.Tensor, op: str) -> torch.Tensor:
+        """``x [...]`` -> ``[P, ...]`` with entry ``i`` from rank ``i``."""
+        x = x.contiguous()
+        out = torch.empty((self.world_size,) + tuple(x.shape), dtype=x.dtype, device=x.device)
+        self._run(op, dist.all_gather_into_tensor, out, x)
+        self._record(op, x.numel() * x.element_size() * (self.world_size - 1))
+        return out
+
+    def reduce_scatter(self, x: torch.Tensor, op: str) -> torch.Tensor:
+        """``x [P, ...]`` -> ``[...]``: the sum over ranks of their chunk ``rank``."""
+        x = x.contiguous()
+        out = torch.empty(tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+        self._run(op, dist.reduce_scatter_tensor, out, x)
+        self._record(op, x.numel() * x.element_size() * (self.world_size - 1) // self.world_size)
+        return out

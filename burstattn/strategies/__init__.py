@@ -1,0 +1,66 @@
+"""Every way of distributing attention behind one entry point, :func:`attention`.
+
+Strategies share the communication (:mod:`burstattn.comm`), the local kernels
+(:mod:`burstattn.kernels`) and the merge/schedules (:mod:`burstattn.engine`); each lives in
+its own small module and is imported only when used.
+"""
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from ..config import LAYOUTS
+from .base import StrategySpec
+
+_ALL = LAYOUTS
+STRATEGIES = MappingProxyType({s.name: s for s in (
+    StrategySpec("burst", "burst", _ALL, "zigzag", ("backend", "backward"),
+                 "BurstAttention: K/V ring forward, query-ring (or K/V-ring) backward, balanced layouts"),
+    StrategySpec("ring", "ring", ("contiguous",), "contiguous", ("backend",),
+                 "RingAttention: K/V ring, contiguous layout, K/V/dK/dV backward ring"),
+    StrategySpec("rsa", "rsa", _ALL, "contiguous", ("backend",),
+                 "Ring Self-Attention: full local_seq x seq scores kept (O(n N) memory)"),
+    StrategySpec("ulysses", "ulysses", _ALL, "contiguous", ("backend",),
+                 "DeepSpeed-Ulysses: all-to-all sequence shards <-> head shards"),
+    StrategySpec("allgather", "allgather", _ALL, "contiguous", ("backend",),
+                 "all-gather K/V, local attention, reduce-scatter dK/dV (Llama 3 CP)"),
+    StrategySpec("usp", "usp", _ALL, "zigzag", ("backend", "backward", "ulysses_degree", "ring_degree",
+                                                "mesh", "ulysses_group", "ring_group"),
+                 "USP: Ulysses inside a group x burst ring across groups"),
+    StrategySpec("tp", "tp", _ALL, "contiguous", ("backend",),
+                 "Megatron tensor parallelism: heads split, full sequence on each rank"),
+)})
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, strategy: str = "burst",
+              group: Optional[dist.ProcessGroup] = None, causal: bool = False,
+              softmax_scale: Optional[float] = None, layout: Optional[str] = None,
+              **strategy_options) -> torch.Tensor:
+    """Exact attention over sequence shards with the chosen ``strategy``.
+
+    Same conventions as :func:`burstattn.burst_attn_func`: ``q [B, n, Hq, D]``,
+    ``k, v [B, n, Hkv, D]``, this rank's shard in ``layout`` (``None``: the strategy's
+    default), output ``[B, n, Hq, D]`` in q's dtype, differentiable.
+
+    Raises:
+        ValueError: unknown strategy, a layout the strategy does not support, or an option
+            it does not take (names what it takes).
+    """
+    spec = STRATEGIES.get(strategy)
+    if spec is None:
+        raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}")
+    unknown = sorted(set(strategy_options) - set(spec.options))
+    if unknown:
+        raise ValueError(f"strategy {strategy!r} does not take option(s) {unknown}; it takes "
+                         f"{list(spec.options)}")
+    layout = spec.default_layout if layout is None else layout
+    if layout not in spec.layouts:
+        raise ValueError(f"strategy {strategy!r} supports layout(s) {list(spec.layouts)}, got {layout!r}")
+    return spec.runner()(q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
+                         layout=layout, **strategy_options)
+
+
+__all__ = ["attention", "STRATEGIES", "StrategySpec"]
