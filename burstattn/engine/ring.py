@@ -91,32 +91,39 @@ def ring_loop(comm: Optional[RingComm], plans: tuple[StepPlan, ...], carry: torc
     return accs[world % 2]
 
 
+def _pack_kv(k: torch.Tensor, v: torch.Tensor, world: int):
+    """K and V as one travelling buffer ``[2, B, Hkv, n, D]`` (a plain pair in a world of one)."""
+    return torch.stack([k, v]) if world > 1 else (k, v)
+
+
 def forward(comm: Optional[RingComm], plans, kernel: Kernel, q: torch.Tensor, k: torch.Tensor,
             v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Ring forward. ``q [B, Hq, n, D]``, ``k, v [B, Hkv, n, D]`` -> ``out [B, Hq, n, D]``
     and ``lse [B, Hq, n]``, both float32 (float64 for float64 inputs)."""
     b, hq, n, d = q.shape
     acc = accum_dtype(q.dtype)
-    out = torch.zeros(b, hq, n, d, dtype=acc, device=q.device)
-    lse = torch.full((b, hq, n), float("-inf"), dtype=acc, device=q.device)
-    fresh = [True]
+    state: dict[str, torch.Tensor] = {}  # running "out" [B, Hq, n, D] and "lse" [B, Hq, n]
 
-    def compute(plan: StepPlan, kv: torch.Tensor) -> None:
+    def compute(plan: StepPlan, kv) -> None:
         for op in plan.ops:
             sl = op_slices(op)
             if sl is None:
                 continue
             qs, ks, causal = sl
             o_j, lse_j = kernel.forward(q[:, :, qs], kv[0][:, :, ks], kv[1][:, :, ks], scale, causal)
-            if fresh[0] and qs == slice(0, n):
-                out.copy_(o_j)
-                lse.copy_(lse_j)
-            else:
-                merge_(out[:, :, qs], lse[:, :, qs], o_j, lse_j)
-            fresh[0] = False
+            if not state and qs == slice(0, n):  # first partial covers every row: adopt it
+                state["out"], state["lse"] = o_j.to(acc), lse_j.to(acc)
+                continue
+            if not state:
+                state["out"] = torch.zeros(b, hq, n, d, dtype=acc, device=q.device)
+                state["lse"] = torch.full((b, hq, n), float("-inf"), dtype=acc, device=q.device)
+            merge_(state["out"][:, :, qs], state["lse"][:, :, qs], o_j, lse_j)
 
-    ring_loop(comm, plans, torch.stack([k, v]), "kv", compute)
-    return out, lse
+    ring_loop(comm, plans, _pack_kv(k, v, len(plans)), "kv", compute)
+    if not state:  # nothing computed (cannot happen with the dense plans: the diagonal is never empty)
+        state["out"] = torch.zeros(b, hq, n, d, dtype=acc, device=q.device)
+        state["lse"] = torch.full((b, hq, n), float("-inf"), dtype=acc, device=q.device)
+    return state["out"], state["lse"]
 
 
 def backward_kv(comm: Optional[RingComm], plans, kernel: Kernel, dout, q, k, v, out, lse,
@@ -146,7 +153,7 @@ def backward_kv(comm: Optional[RingComm], plans, kernel: Kernel, dout, q, k, v, 
             acc[1][:, :, ks] += dv_j
 
     acc0 = torch.zeros((2,) + tuple(k.shape), dtype=acc, device=k.device)
-    dkv = ring_loop(comm, plans, torch.stack([k, v]), "kv", compute, "dkv", acc0, fold)
+    dkv = ring_loop(comm, plans, _pack_kv(k, v, len(plans)), "kv", compute, "dkv", acc0, fold)
     return dq, dkv[0], dkv[1]
 
 
@@ -171,14 +178,15 @@ def backward_query(comm: Optional[RingComm], plans, kernel: Kernel, dout, q, k, 
     packer = Packer([Field("lse", (b, hq, n), acc), Field("delta", (b, hq, n), acc),
                      Field("q", (b, hq, n, d), q.dtype), Field("dout", (b, hq, n, d), q.dtype)])
     delta = (dout.to(acc) * out.to(acc)).sum(-1)  # D = rowsum(dO * O), [B, Hq, n]
-    carry = packer.pack({"lse": lse, "delta": delta, "q": q, "dout": dout}, q.device)
+    fields = {"lse": lse, "delta": delta, "q": q, "dout": dout}
+    carry = packer.pack(fields, q.device) if len(plans) > 1 else None  # a world of one ships nothing
     dk = torch.zeros(k.shape, dtype=acc, device=k.device)
     dv = torch.zeros(v.shape, dtype=acc, device=v.device)
 
     def compute(plan: StepPlan, payload: torch.Tensor) -> list:
         if not plan.ops:
             return []
-        f = packer.views(payload)
+        f = packer.views(payload) if payload is not None else fields
         o_s = out if plan.step == 0 else _pseudo_out(f["dout"], f["delta"])
         parts = []
         for op in plan.ops:
