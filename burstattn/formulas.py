@@ -13,6 +13,10 @@ inputs). Per rank, one call:
 * input validation: one all-gather of 16 int64 per rank (op ``meta``, forward), counted
   as ``(P-1) * 128`` bytes sent.
 
+The other strategies' formulas are ``bytes_formula`` in their modules under
+:mod:`burstattn.strategies` (``STRATEGIES[name].bytes_formula()``), built with
+:func:`byte_totals` into the same shape as :func:`ring_bytes`.
+
 With N = n*P: burst moves about ``3*N*Hq*d`` elements in the backward against the KV ring's
 ``4*N*Hkv*d``, so for multi-head attention burst sends less (and 16-bit K/V with float32
 dK/dV make the KV ring dearer still); with GQA (Hq/Hkv >= 2) the KV ring sends less.
@@ -55,6 +59,21 @@ def ring_bytes(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_
         raise ValueError(f"backward must be 'burst' or 'kv', got {backward!r}")
     if p == 1:
         ops = {key: 0 for key in ops}
+    return byte_totals(ops)
+
+
+def meta_bytes(world_size: int) -> int:
+    """Bytes one rank sends for the input-validation all-gather (op ``meta``, forward)."""
+    return (world_size - 1) * META_INTS * 8
+
+
+def byte_totals(*parts: dict) -> dict:
+    """``{"forward": int, "backward": int, "ops": {(phase, op): int}}`` from one or more
+    ``{(phase, op): bytes}`` dicts (summed where keys repeat): the shape of every byte formula."""
+    ops: dict = {}
+    for part in parts:
+        for key, nbytes in part.items():
+            ops[key] = ops.get(key, 0) + nbytes
     fwd = sum(v for (ph, _), v in ops.items() if ph == "forward")
     bwd = sum(v for (ph, _), v in ops.items() if ph == "backward")
     return {"forward": fwd, "backward": bwd, "ops": ops}

@@ -85,9 +85,14 @@ _FIELDS = ("", "batch", "local_seq (q.shape[1])", "q_heads", "kv_heads", "head_d
 
 
 def check_inputs(q, k, v, cfg: AttnConfig, group: Optional[dist.ProcessGroup], world_size: int,
-                 fn: str = "burst_attn_func") -> None:
-    """Raise on every rank if any rank's inputs are invalid or the ranks disagree."""
-    problem = local_problem(q, k, v, cfg)
+                 fn: str = "burst_attn_func", extra: Optional[tuple[type, str]] = None) -> None:
+    """Raise on every rank if any rank's inputs are invalid or the ranks disagree.
+
+    ``extra``: a problem the caller found in this rank's other arguments, as
+    ``(TypeError or ValueError, message)``; it is shared like the tensor checks (after them),
+    so it too raises on every rank.
+    """
+    problem = local_problem(q, k, v, cfg) or extra
     if world_size == 1:
         if problem:
             raise problem[0](f"{fn}: {problem[1]}")

@@ -4,7 +4,9 @@ Every call records into a :class:`~burstattn.comm.stats.CommStats` (when one is 
 bytes this rank must put on the wire for that collective, whatever algorithm the backend
 picks: all-to-all ``(P-1)/P`` of its input; all-gather ``(P-1)`` times its input (every
 other rank needs this rank's shard); reduce-scatter ``(P-1)/P`` of its input. Received
-bytes are the same by symmetry. Tensors are split and joined along dim 0.
+bytes are the same by symmetry. Tensors are split and joined along dim 0. (The
+``*_single`` collectives of newer PyTorch are used where they exist: the ``*_tensor`` names
+are deprecated there.)
 """
 from __future__ import annotations
 
@@ -53,16 +55,16 @@ class Collectives:
 
     def all_gather(self, x: torch.Tensor, op: str) -> torch.Tensor:
         """``x [...]`` -> ``[P, ...]`` with entry ``i`` from rank ``i``."""
-        x = x.contiguous()
-        out = torch.empty((self.world_size,) + tuple(x.shape), dtype=x.dtype, device=x.device)
-        self._run(op, dist.all_gather_into_tensor, out, x)
+        flat = x.reshape(-1)  # the backends gather along dim 0 of flat buffers: (P * numel,)
+        out = torch.empty(self.world_size * flat.numel(), dtype=x.dtype, device=x.device)
+        self._run(op, getattr(dist, "all_gather_single", dist.all_gather_into_tensor), out, flat)
         self._record(op, x.numel() * x.element_size() * (self.world_size - 1))
-        return out
+        return out.view((self.world_size,) + tuple(x.shape))  # (P * numel,) -> (P, ...)
 
     def reduce_scatter(self, x: torch.Tensor, op: str) -> torch.Tensor:
         """``x [P, ...]`` -> ``[...]``: the sum over ranks of their chunk ``rank``."""
-        x = x.contiguous()
-        out = torch.empty(tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-        self._run(op, dist.reduce_scatter_tensor, out, x)
+        flat = x.reshape(-1)  # (P, ...) -> (P * m,): chunk j of the flat buffer is x[j]
+        out = torch.empty(flat.numel() // self.world_size, dtype=x.dtype, device=x.device)
+        self._run(op, getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor), out, flat)
         self._record(op, x.numel() * x.element_size() * (self.world_size - 1) // self.world_size)
-        return out
+        return out.view(tuple(x.shape[1:]))

@@ -22,7 +22,8 @@ STRATEGIES = MappingProxyType({s.name: s for s in (
     StrategySpec("ring", "ring", ("contiguous",), "contiguous", ("backend",),
                  "RingAttention: K/V ring, contiguous layout, K/V/dK/dV backward ring"),
     StrategySpec("rsa", "rsa", _ALL, "contiguous", ("backend",),
-                 "Ring Self-Attention: full local_seq x seq scores kept (O(n N) memory)"),
+                 "Ring Self-Attention: K ring builds the full local_seq x seq scores (kept: O(n N) memory), "
+                 "V ring; backend 'auto' or 'reference' only (plain matmuls)"),
     StrategySpec("ulysses", "ulysses", _ALL, "contiguous", ("backend",),
                  "DeepSpeed-Ulysses: all-to-all sequence shards <-> head shards"),
     StrategySpec("allgather", "allgather", _ALL, "contiguous", ("backend",),
@@ -31,7 +32,8 @@ STRATEGIES = MappingProxyType({s.name: s for s in (
                                                 "mesh", "ulysses_group", "ring_group"),
                  "USP: Ulysses inside a group x burst ring across groups"),
     StrategySpec("tp", "tp", _ALL, "contiguous", ("backend",),
-                 "Megatron tensor parallelism: heads split, full sequence on each rank"),
+                 "Megatron-SP tensor parallelism: all-gather q/k/v, Hq/P heads over the full sequence, "
+                 "all-to-all back"),
 )})
 
 

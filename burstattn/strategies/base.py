@@ -1,8 +1,15 @@
-"""What a strategy is: a differentiable function over sharded q/k/v plus what it accepts."""
+"""What a strategy is (a differentiable function over sharded q/k/v plus what it accepts), and
+the validation every strategy starts with."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from importlib import import_module
+from typing import Callable, Optional
+
+from ..api import ring_context
+from ..autograd import RingContext
+from ..config import AttnConfig
+from ..validate import check_inputs
 
 
 @dataclass(frozen=True)
@@ -26,5 +33,26 @@ class StrategySpec:
 
     def runner(self) -> Callable:
         """``run(q, k, v, *, group, causal, softmax_scale, layout, **options) -> out``."""
-        from importlib import import_module
         return import_module(f"burstattn.strategies.{self.module}").run
+
+    def bytes_formula(self) -> Callable:
+        """``bytes_formula(*, batch, local_seq, world_size, q_heads, kv_heads, head_dim, dtype,
+        **options) -> {"forward", "backward", "ops"}``: bytes each rank sends per call."""
+        return import_module(f"burstattn.strategies.{self.module}").bytes_formula
+
+
+def label(name: str) -> str:
+    """How a strategy names itself in error messages: ``attention(strategy='name')``."""
+    return f"attention(strategy={name!r})"
+
+
+def start(name: str, q, k, v, *, group, causal: bool, softmax_scale, layout: str, backend: str = "auto",
+          backward: str = "auto", extra: Optional[tuple[type, str]] = None) -> tuple[RingContext, AttnConfig]:
+    """Every strategy's first step: resolve ``group`` and run :func:`~burstattn.validate.check_inputs`
+    (so bad input raises on every rank; ``extra`` is a problem the strategy found in its own
+    options on this rank, shared the same way). Returns the group context and the config."""
+    ring = ring_context(group)
+    cfg = AttnConfig(causal=bool(causal), softmax_scale=softmax_scale, layout=layout, backend=backend,
+                     backward=backward)
+    check_inputs(q, k, v, cfg, ring.group, ring.world_size, fn=label(name), extra=extra)
+    return ring, cfg

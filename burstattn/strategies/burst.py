@@ -2,9 +2,19 @@
 from __future__ import annotations
 
 from ..api import burst_attn_func
+from ..formulas import choose_backward, ring_bytes
 
 
 def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backward="auto"):
     """K/V ring forward, query-ring or K/V-ring backward (fewer bytes wins with ``"auto"``)."""
     return burst_attn_func(q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
                            layout=layout, backend=backend, backward=backward)
+
+
+def bytes_formula(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,
+                  head_dim: int, dtype, backward: str = "auto") -> dict:
+    """Bytes each rank sends per call (:func:`burstattn.formulas.ring_bytes`, ``"auto"`` resolved
+    as :func:`burst_attn_func` resolves it)."""
+    kw = dict(batch=batch, local_seq=local_seq, world_size=world_size, q_heads=q_heads, kv_heads=kv_heads,
+              head_dim=head_dim, dtype=dtype)
+    return ring_bytes(backward=choose_backward(**kw) if backward == "auto" else backward, **kw)

@@ -8,9 +8,17 @@ backward ring pinned, which is exactly the difference between the two papers.
 from __future__ import annotations
 
 from ..api import burst_attn_func
+from ..formulas import ring_bytes
 
 
 def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto"):
     """``layout`` must be ``"contiguous"`` (checked by the registry)."""
     return burst_attn_func(q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
                            layout=layout, backend=backend, backward="kv")
+
+
+def bytes_formula(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,
+                  head_dim: int, dtype) -> dict:
+    """Bytes each rank sends per call (:func:`burstattn.formulas.ring_bytes` with the K/V-ring backward)."""
+    return ring_bytes(batch=batch, local_seq=local_seq, world_size=world_size, q_heads=q_heads,
+                      kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, backward="kv")
