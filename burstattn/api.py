@@ -29,7 +29,8 @@ def ring_context(group: Optional[dist.ProcessGroup]) -> RingContext:
 def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                     group: Optional[dist.ProcessGroup] = None, causal: bool = False,
                     softmax_scale: Optional[float] = None, layout: str = "zigzag",
-                    return_lse: bool = False, backend: str = "auto", backward: str = "auto"):
+                    return_lse: bool = False, backend: str = "auto", backward: str = "auto",
+                    schedule: str = "ring"):
     """Exact softmax attention over a sequence sharded across the ranks of ``group``.
 
     Every rank passes its own shard (see :func:`burstattn.shard_sequence`); K/V circulate
@@ -53,6 +54,10 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         backend: local kernel: ``"auto"``, ``"cpu_flash"``, ``"sdpa"`` (CUDA),
             ``"flash_attn"`` (CUDA, optional package), ``"reference"`` (plain PyTorch).
         backward: ``"burst"`` (query ring), ``"kv"`` (K/V ring) or ``"auto"`` (fewer bytes).
+        schedule: ``"ring"`` (default) or ``"distflash"``: DistFlashAttn's load-balanced
+            schedule for causal attention over the contiguous layout (idle early ranks compute
+            blocks of the overloaded late ranks; K/V and queries go straight to the rank that
+            needs them). Needs ``causal=True``, ``layout="contiguous"``, ``backward="auto"``.
 
     Returns:
         ``out [batch, local_seq, q_heads, head_dim]`` in q's dtype (and ``lse``).
@@ -63,10 +68,10 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     """
     ring = ring_context(group)
     cfg = AttnConfig(causal=bool(causal), softmax_scale=softmax_scale, layout=layout,
-                     backend=backend, backward=backward)
+                     backend=backend, backward=backward, schedule=schedule)
     check_inputs(q, k, v, cfg, ring.group, ring.world_size)
     mode = backward
-    if mode == "auto":
+    if mode == "auto" and schedule == "ring":
         mode = choose_backward(batch=q.shape[0], local_seq=q.shape[1], world_size=ring.world_size,
                                q_heads=q.shape[2], kv_heads=k.shape[2], head_dim=q.shape[3],
                                dtype=q.dtype)
@@ -80,16 +85,16 @@ class BurstAttention(nn.Module):
 
     def __init__(self, *, group: Optional[dist.ProcessGroup] = None, causal: bool = False,
                  softmax_scale: Optional[float] = None, layout: str = "zigzag",
-                 backend: str = "auto", backward: str = "auto") -> None:
+                 backend: str = "auto", backward: str = "auto", schedule: str = "ring") -> None:
         super().__init__()
         self.group, self.causal, self.softmax_scale = group, causal, softmax_scale
-        self.layout, self.backend, self.backward = layout, backend, backward
+        self.layout, self.backend, self.backward, self.schedule = layout, backend, backward, schedule
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """``q [B, n, Hq, D]``, ``k, v [B, n, Hkv, D]`` -> ``[B, n, Hq, D]``."""
         return burst_attn_func(q, k, v, group=self.group, causal=self.causal,
                                softmax_scale=self.softmax_scale, layout=self.layout,
-                               backend=self.backend, backward=self.backward)
+                               backend=self.backend, backward=self.backward, schedule=self.schedule)
 
     def extra_repr(self) -> str:
         return f"causal={self.causal}, layout={self.layout!r}, backend={self.backend!r}, backward={self.backward!r}"

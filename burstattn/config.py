@@ -7,6 +7,7 @@ from typing import Optional
 LAYOUTS = ("contiguous", "zigzag", "striped")
 BACKENDS = ("auto", "reference", "cpu_flash", "sdpa", "flash_attn")
 BACKWARDS = ("auto", "burst", "kv")
+SCHEDULES = ("ring", "distflash")
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,8 @@ class AttnConfig:
         backend: local kernel name, resolved (never ``"auto"`` once inside the engine).
         backward: ``"burst"`` (query ring: Q, dO, lse, D travel, dQ partials follow),
             ``"kv"`` (RingAttention: K, V travel, dK/dV partials follow) or ``"auto"``.
+        schedule: ``"ring"`` (neighbour ring, every layout) or ``"distflash"``
+            (DistFlashAttn's load-balanced direct schedule: causal, contiguous layout only).
     """
 
     causal: bool = False
@@ -28,6 +31,7 @@ class AttnConfig:
     layout: str = "zigzag"
     backend: str = "auto"
     backward: str = "auto"
+    schedule: str = "ring"
 
     def scale_for(self, head_dim: int) -> float:
         """The softmax scale actually used for ``head_dim``."""

@@ -288,13 +288,30 @@ def config_from_args(ns: argparse.Namespace) -> DemoConfig:
     return DemoConfig(**{f: getattr(ns, f) for f in DemoConfig.__dataclass_fields__})
 
 
+def config_error(cfg: DemoConfig) -> Optional[str]:
+    """Why ``cfg`` cannot run (checked before spawning anything), or ``None``."""
+    from .layout import split_error
+
+    if cfg.world_size < 1:
+        return f"--world-size must be >= 1, got {cfg.world_size}"
+    if min(cfg.heads, cfg.n_kv_heads, cfg.head_dim, cfg.batch, cfg.repeats, cfg.check_rows) < 1:
+        return "--heads, --kv-heads, --head-dim, --batch, --repeats and --check-rows must be >= 1"
+    if cfg.heads % cfg.n_kv_heads:
+        return f"--heads ({cfg.heads}) must be a multiple of --kv-heads ({cfg.n_kv_heads})"
+    return split_error(cfg.seq_len, cfg.world_size, cfg.layout)
+
+
 def run_demo(cfg: DemoConfig, console=None) -> int:
-    """Run the demo; print the tables; return the exit code (0 PASS, 1 FAIL)."""
+    """Run the demo; print the tables; return the exit code (0 PASS, 1 FAIL, 2 bad options)."""
     from rich.console import Console
 
     from .launch import run_local
 
     console = console or Console()
+    err = config_error(cfg)
+    if err:
+        console.print(f"[red]burstattn demo: {err}")
+        return 2
     console.print(f"burstattn demo: {cfg.world_size} local ranks x {cfg.threads} thread(s) on "
                   f"{os.cpu_count()} cores, sequence of {cfg.seq_len} tokens")
 

@@ -9,6 +9,7 @@ the problem.
 from __future__ import annotations
 
 import math
+import zlib
 from typing import Optional
 
 import torch
@@ -16,7 +17,7 @@ import torch.distributed as dist
 
 from .comm.ring import RingCommError
 from .comm.stats import active_stats
-from .config import BACKENDS, BACKWARDS, LAYOUTS, AttnConfig
+from .config import BACKENDS, BACKWARDS, LAYOUTS, SCHEDULES, AttnConfig
 from .formulas import META_INTS
 from .kernels import resolve_backend
 
@@ -52,9 +53,13 @@ def local_problem(q, k, v, cfg: AttnConfig) -> Optional[tuple[type, str]]:
     if q.shape[1] == 0 or q.shape[3] == 0 or q.shape[0] == 0:
         return ValueError, f"q must have non-empty batch, local_seq and head_dim, got {tuple(q.shape)}"
     for arg, value, allowed in (("layout", cfg.layout, LAYOUTS), ("backend", cfg.backend, BACKENDS),
-                                ("backward", cfg.backward, BACKWARDS)):
+                                ("backward", cfg.backward, BACKWARDS), ("schedule", cfg.schedule, SCHEDULES)):
         if value not in allowed:
             return ValueError, f"{arg} must be one of {allowed}, got {value!r}"
+    if cfg.schedule == "distflash" and (not cfg.causal or cfg.layout != "contiguous" or cfg.backward != "auto"):
+        return ValueError, (f"schedule 'distflash' balances causal attention over the contiguous layout and "
+                            f"has its own backward: it needs causal=True, layout='contiguous', backward='auto'; "
+                            f"got causal={cfg.causal}, layout={cfg.layout!r}, backward={cfg.backward!r}")
     if cfg.layout == "zigzag" and q.shape[1] % 2:
         return ValueError, (f"layout 'zigzag' needs an even local_seq (two chunks per rank), got "
                             f"local_seq={q.shape[1]}; pad the sequence to a multiple of 2 * world_size")
@@ -68,7 +73,7 @@ def local_problem(q, k, v, cfg: AttnConfig) -> Optional[tuple[type, str]]:
     return None
 
 
-def _signature(q, k, cfg: AttnConfig, problem) -> list[int]:
+def _signature(q, k, cfg: AttnConfig, problem, fn: str) -> list[int]:
     code = 0 if problem is None else (1 if problem[0] is TypeError else 2)
     if code:
         return [code] + [0] * (META_INTS - 1)
@@ -76,12 +81,14 @@ def _signature(q, k, cfg: AttnConfig, problem) -> list[int]:
                BACKWARDS.index(cfg.backward))
     scale_bits = int(torch.tensor(cfg.softmax_scale or 0.0, dtype=torch.float64).view(torch.int64))
     sig = [0, q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3],
-           DTYPES.index(q.dtype), *options, scale_bits]
+           DTYPES.index(q.dtype), *options, scale_bits, SCHEDULES.index(cfg.schedule),
+           zlib.crc32(fn.encode())]
     return sig + [0] * (META_INTS - len(sig))
 
 
 _FIELDS = ("", "batch", "local_seq (q.shape[1])", "q_heads", "kv_heads", "head_dim", "dtype",
-           "layout", "causal", "backend", "backward", "softmax_scale")
+           "layout", "causal", "backend", "backward", "softmax_scale", "schedule",
+           "function (burst_attn_func / attention strategy)")
 
 
 def check_inputs(q, k, v, cfg: AttnConfig, group: Optional[dist.ProcessGroup], world_size: int,
@@ -100,7 +107,7 @@ def check_inputs(q, k, v, cfg: AttnConfig, group: Optional[dist.ProcessGroup], w
     device = torch.device("cpu")
     if dist.get_backend(group) == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
-    mine = torch.tensor(_signature(q, k, cfg, problem), dtype=torch.int64, device=device)
+    mine = torch.tensor(_signature(q, k, cfg, problem, fn), dtype=torch.int64, device=device)
     sigs = [torch.empty_like(mine) for _ in range(world_size)]
     try:
         dist.all_gather(sigs, mine, group=group)
@@ -124,9 +131,9 @@ def check_inputs(q, k, v, cfg: AttnConfig, group: Optional[dist.ProcessGroup], w
     for i in range(1, len(_FIELDS)):
         col = table[:, i].tolist()
         if len(set(col)) > 1:
-            decode = {6: DTYPES, 7: LAYOUTS, 9: BACKENDS, 10: BACKWARDS}.get(i)
+            decode = {6: DTYPES, 7: LAYOUTS, 9: BACKENDS, 10: BACKWARDS, 12: SCHEDULES}.get(i)
             shown = [str(decode[c]) for c in col] if decode else col
-            if i == 11:
+            if i in (11, 13):
                 shown = "differing values"
             raise ValueError(f"{fn}: {_FIELDS[i]} must be the same on every rank of the group, "
                              f"got {shown} (rank order)")

@@ -11,7 +11,7 @@ largest prefix sum, i.e. the most bytes the call held *on top of* what was alloc
 through PyTorch's allocator are seen; memory that a backend library (gloo, MKL, OpenMP) allocates
 itself is not.
 
-Verified by ``tests``-free self check :func:`self_check` (allocate 100 MB, free, allocate 50 MB ->
+Checked by :func:`self_check` on a known pattern (allocate 100 MB, free it, allocate 50 MB ->
 peak 100 MB, end 50 MB).
 """
 from __future__ import annotations

@@ -34,9 +34,10 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 def _overhead(recs: list[dict]) -> list[str]:
     rows = []
     for r in recs:
-        m, o = r["median_s"], r["overhead"]
+        m, o, o_min = r["median_s"], r["overhead"], r["overhead_of_min"]
         rows.append([r["name"], _s(m["kernel fwd"]), _s(m["library fwd"]), _pct(o["fwd"]),
-                     _s(m["kernel fwd+bwd"]), _s(m["library fwd+bwd"]), _pct(o["fwd+bwd"]), _verdict(r)])
+                     _s(m["kernel fwd+bwd"]), _s(m["library fwd+bwd"]), _pct(o["fwd+bwd"]),
+                     f"{_pct(o_min['fwd'])} / {_pct(o_min['fwd+bwd'])}", _verdict(r)])
     c = recs[0]["config"]
     return ["## Overhead at world size 1 (target: fwd+bwd within 5% of the kernel)", "",
             f"`burst_attn_func` in a 1-rank gloo group against `aten._scaled_dot_product_flash_attention_for_cpu` "
@@ -44,7 +45,18 @@ def _overhead(recs: list[dict]) -> list[str]:
             f"{c['heads']} heads, head_dim {c['head_dim']}, batch {c['batch']}, {c['dtype']}; "
             "calls alternated.", ""] \
         + _table(["point", "kernel fwd", "library fwd", "overhead", "kernel fwd+bwd", "library fwd+bwd",
-                  "overhead", "target"], rows) + [""]
+                  "overhead", "overhead of the fastest repeats (fwd / fwd+bwd)", "target"], rows) + [""]
+
+
+def _ceiling(recs: list[dict], base: dict[str, dict]) -> list[str]:
+    out = []
+    for r in recs:
+        m, s = r["median_s"], r["speedup_vs_kernel_1"]
+        out.append(f"Machine ceiling ({r['name']}): each of 2 ranks runs the raw kernel on its half of the "
+                   f"non-causal work (n local queries x all N keys) at the same time: fwd {_s(m['kernel fwd'])} "
+                   f"({s['fwd']:.2f}x the 1-process kernel), fwd+bwd {_s(m['kernel fwd+bwd'])} "
+                   f"({s['fwd+bwd']:.2f}x). No ring can beat this on this machine.")
+    return out + [""] if out else []
 
 
 def _speedup(recs: list[dict], base: dict[str, dict]) -> list[str]:
@@ -114,10 +126,21 @@ def write_markdown(doc: dict) -> str:
            f"torch {m['torch']}. Threads: {doc['threads']}. "
            f"Load average (1 min) at start {m['load_avg_1m']}, at end {doc['load_avg_1m_end']:.2f}. "
            f"Medians of {doc['config']['repeats']} repeats after {doc['config']['warmup']} warm-up.", ""]
+    code = doc.get("code")
+    if code:
+        out[-2] += (f" Code: commit `{code['commit']}`"
+                    + (" with uncommitted changes to `burstattn/`." if code["dirty"] else "."))
+    loads = {r["world_size"]: r.get("other_load_during_spawn") for r in doc["records"]}
+    if any(loads.values()):
+        out += ["Other processes on the machine during each spawn (average cores busy outside this benchmark; "
+                "hypervisor steal): " + "; ".join(
+                    f"world {w}: {x['other_cores']} cores, steal {x['steal_cores']} ({x['wall_s']:.0f} s)"
+                    for w, x in sorted(loads.items()) if x) + ". Anything above ~0.05 means the timings "
+                "shared the 2 cores with other work.", ""]
     if by("overhead"):
         out += _overhead(by("overhead"))
     if by("speedup"):
-        out += _speedup(by("speedup"), base)
+        out += _speedup(by("speedup"), base) + _ceiling(by("ceiling"), base)
     if by("bytes"):
         out += _bytes(by("bytes"))
     if by("memory"):

@@ -11,7 +11,8 @@ from typing import Callable, Optional
 
 import torch
 
-__all__ = ["Timing", "time_repeats", "time_interleaved", "machine_info", "default_threads_per_rank"]
+__all__ = ["Timing", "time_repeats", "time_interleaved", "machine_info", "default_threads_per_rank",
+           "CpuSnapshot", "cpu_snapshot", "other_load", "code_version"]
 
 
 @dataclass(frozen=True)
@@ -118,3 +119,57 @@ def machine_info() -> dict:
                        os=platform.platform(), python=sys.version.split()[0], torch=torch.__version__,
                        cuda=torch.version.cuda, gpus=gpus, load_avg_1m=load)
     return asdict(info)
+
+
+@dataclass(frozen=True)
+class CpuSnapshot:
+    """Machine-wide busy and steal CPU seconds (``/proc/stat``) and this process tree's CPU seconds."""
+
+    wall: float
+    busy_s: float
+    steal_s: float
+    own_s: float
+
+
+def cpu_snapshot() -> Optional[CpuSnapshot]:
+    """Now, or ``None`` where ``/proc/stat`` is missing (not Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    t = os.times()  # children: ranks that have been joined (run_local joins them before returning)
+    return CpuSnapshot(time.perf_counter(), (user + nice + system + irq + softirq) / tick, steal / tick,
+                       t.user + t.system + t.children_user + t.children_system)
+
+
+def other_load(before: Optional[CpuSnapshot], after: Optional[CpuSnapshot]) -> Optional[dict]:
+    """CPU used by everything else on the machine between two snapshots, in cores on average.
+
+    ``other_cores``: busy time of processes outside this process tree / wall time (0 on a quiet
+    machine); ``steal_cores``: time the hypervisor gave to other guests / wall time.
+    """
+    if before is None or after is None:
+        return None
+    wall = after.wall - before.wall
+    other = (after.busy_s - before.busy_s) - (after.own_s - before.own_s)
+    return {"wall_s": round(wall, 1), "other_cores": round(max(other, 0.0) / wall, 2),
+            "steal_cores": round((after.steal_s - before.steal_s) / wall, 2)}
+
+
+def code_version() -> Optional[dict]:
+    """``{"commit": short hash, "dirty": bool}`` of the git checkout holding this package, or ``None``
+    (installed from a wheel, or no git)."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "burstattn"],
+                                capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": bool(status.strip())}

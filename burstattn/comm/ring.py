@@ -68,10 +68,29 @@ class RingComm:
             nbytes = send.numel() * send.element_size()
             self.stats.record(self.phase, channel, nbytes, nbytes)
 
-    def commit(self, channel: str, step: int = -1) -> None:
-        """Post the queued transfers of ``channel`` as one batch."""
+    def queue(self, channel: str, kind: str, tensor: torch.Tensor, peer: int, op: str) -> None:
+        """Queue one point-to-point transfer with any rank of the group (``kind`` ``"send"`` or
+        ``"recv"``; ``peer`` a group rank; ``op`` the meter's label). For the direct schedules
+        (DistFlashAttn), where a rank talks to ranks at growing distances: the plan guarantees
+        that every queued send has its receive queued on the peer in the same step."""
+        if channel in self._inflight:
+            raise RuntimeError(f"channel {channel!r} still has transfers in flight; wait() first")
+        if kind not in ("send", "recv") or not 0 <= peer < self.world_size or peer == self.rank:
+            raise RuntimeError(f"queue: bad transfer {kind!r} with peer {peer} on rank {self.rank}")
+        fn = dist.isend if kind == "send" else dist.irecv
+        self._queued.setdefault(channel, []).append(
+            dist.P2POp(fn, tensor, dist.get_global_rank(self.group, peer), self.group, self._tag(channel)))
+        if self.stats is not None:
+            nbytes = tensor.numel() * tensor.element_size()
+            self.stats.record(self.phase, op, nbytes if kind == "send" else 0, nbytes if kind == "recv" else 0)
+
+    def commit(self, channel: str, step: int = -1, allow_empty: bool = False) -> bool:
+        """Post the queued transfers of ``channel`` as one batch; returns whether anything was
+        posted (nothing queued raises unless ``allow_empty``)."""
         ops = self._queued.pop(channel, None)
         if not ops:
+            if allow_empty:
+                return False
             raise RuntimeError(f"commit: nothing queued on channel {channel!r}")
         try:
             self._inflight[channel] = dist.batch_isend_irecv(ops)
@@ -79,10 +98,14 @@ class RingComm:
             raise self._failure(channel, step, e) from e
         if self.trace is not None:
             self.trace.record("post", self.phase, channel, step, self.rank, now_ns())
+        return True
 
-    def wait(self, channel: str, step: int = -1) -> None:
-        """Block until ``channel``'s transfers are complete (raises on a peer failure/timeout)."""
+    def wait(self, channel: str, step: int = -1, allow_empty: bool = False) -> None:
+        """Block until ``channel``'s transfers are complete (raises on a peer failure/timeout;
+        nothing in flight raises unless ``allow_empty``)."""
         works = self._inflight.pop(channel, None)
+        if works is None and allow_empty:
+            return
         if works is None:
             raise RuntimeError(f"wait: nothing in flight on channel {channel!r}")
         t0 = now_ns()

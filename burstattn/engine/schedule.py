@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Optional
 
 
 class MaskKind(str, Enum):
@@ -119,3 +120,49 @@ def rank_cost(rank: int, world_size: int, layout: str, causal: bool, local_len: 
     """Score entries ``rank`` computes over a forward (for the balance figure)."""
     return sum(op.cost for p in ring_plan(rank, world_size, layout, causal, local_len, "kv")
                for op in p.ops)
+
+
+@dataclass(frozen=True)
+class DirectStep:
+    """One step of a direct (non-ring) schedule for one rank: data goes straight from its
+    owner to the rank that computes with it, and partial results go straight back.
+
+    Attributes:
+        step: step index (0 is the rank's own diagonal block).
+        own_k: compute this rank's queries against the K/V of ``own_k`` (received from it,
+            or local when ``own_k == rank``); ``None``: no such work.
+        helper_q: compute the queries of ``helper_q`` (received from it) against this rank's
+            K/V and send the partial result back; ``None``: no helper work.
+        kv_to: the rank that computes with this rank's K/V at this step (send them to it).
+        q_to: the rank that computes this rank's queries at this step as a helper.
+    """
+
+    step: int
+    own_k: Optional[int]
+    helper_q: Optional[int]
+    kv_to: Optional[int]
+    q_to: Optional[int]
+
+
+def distflash_plan(rank: int, world_size: int) -> tuple[DirectStep, ...]:
+    """DistFlashAttn's load-balanced causal schedule over the contiguous layout (pure).
+
+    Step 0: every rank computes its causal diagonal block. Step t = 1 .. P//2: rank r >= t
+    computes Q_r x K_(r-t) with K/V sent directly by rank r-t; a rank r < t would be idle,
+    so (while 2t < P) it helps the overloaded rank r+P-t: it receives Q_(r+P-t), computes it
+    against its own K_r and returns the partial (output, LSE) for rank r+P-t to merge. Step t
+    thus covers the block distances t and P-t, and steps 1..P//2 cover every pair (i, j < i)
+    exactly once, with every rank busy on every step but the last (P even). Causal work per
+    step is one n x n block on every rank, so the causal run takes about (P/2+1)/P of the
+    non-causal ring's time instead of the same time.
+    """
+    steps = [DirectStep(0, rank, None, None, None)]
+    for t in range(1, world_size // 2 + 1):
+        helps = 2 * t < world_size  # distances t and P - t differ
+        steps.append(DirectStep(
+            step=t,
+            own_k=rank - t if rank >= t else None,
+            helper_q=rank + world_size - t if (rank < t and helps) else None,
+            kv_to=rank + t if rank + t < world_size else None,
+            q_to=rank - (world_size - t) if (helps and rank >= world_size - t) else None))
+    return tuple(steps)

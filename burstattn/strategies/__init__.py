@@ -37,6 +37,19 @@ STRATEGIES = MappingProxyType({s.name: s for s in (
 )})
 
 
+def _registry_problem(spec, strategy: str, layout, options: dict):
+    """What is wrong with the strategy name, layout or options on this rank, or ``None``."""
+    if spec is None:
+        return ValueError, f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}"
+    unknown = sorted(set(options) - set(spec.options))
+    if unknown:
+        return ValueError, (f"strategy {strategy!r} does not take option(s) {unknown}; it takes "
+                            f"{list(spec.options)}")
+    if layout is not None and layout not in spec.layouts:
+        return ValueError, f"strategy {strategy!r} supports layout(s) {list(spec.layouts)}, got {layout!r}"
+    return None
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, strategy: str = "burst",
               group: Optional[dist.ProcessGroup] = None, causal: bool = False,
               softmax_scale: Optional[float] = None, layout: Optional[str] = None,
@@ -52,15 +65,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, strategy: st
             it does not take (names what it takes).
     """
     spec = STRATEGIES.get(strategy)
-    if spec is None:
-        raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}")
-    unknown = sorted(set(strategy_options) - set(spec.options))
-    if unknown:
-        raise ValueError(f"strategy {strategy!r} does not take option(s) {unknown}; it takes "
-                         f"{list(spec.options)}")
+    problem = _registry_problem(spec, strategy, layout, strategy_options)
+    if problem is not None:
+        # raise on every rank: the ranks without this problem meet this check inside their
+        # strategy (every strategy's first collective is the same input check)
+        from .base import start
+        start(strategy, q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
+              layout=layout if layout in LAYOUTS else "zigzag", extra=problem)
+        raise problem[0](problem[1])  # a world of one without torch.distributed
     layout = spec.default_layout if layout is None else layout
-    if layout not in spec.layouts:
-        raise ValueError(f"strategy {strategy!r} supports layout(s) {list(spec.layouts)}, got {layout!r}")
     return spec.runner()(q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
                          layout=layout, **strategy_options)
 
