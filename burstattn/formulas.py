@@ -87,3 +87,36 @@ def choose_backward(*, batch: int, local_seq: int, world_size: int, q_heads: int
     burst = ring_bytes(backward="burst", **kw)["backward"]
     kv = ring_bytes(backward="kv", **kw)["backward"]
     return "burst" if burst <= kv else "kv"
+
+
+def distflash_bytes(*, rank: int, batch: int, local_seq: int, world_size: int, q_heads: int,
+                    kv_heads: int, head_dim: int, dtype: torch.dtype) -> dict:
+    """Bytes ``rank`` sends under ``schedule="distflash"`` (they differ between ranks).
+
+    Per step of :func:`burstattn.engine.schedule.distflash_plan`: sending its K/V to the rank
+    that computes with them costs ``2*B*n*Hkv*d*e`` (op ``kv``, forward and backward); sending
+    its queries to a helper ``B*n*Hq*d*e`` in the forward and ``B*n*Hq*(2*d*e + 2*a)`` (Q, dO,
+    LSE, D) in the backward (op ``q``); a helper returns ``B*n*Hq*(d*e + a)`` (output, LSE; op
+    ``ret_q``) in the forward and the dQ partial ``B*n*Hq*d*a`` in the backward; a rank that
+    computed with another's K/V returns ``2*B*n*Hkv*d*a`` (dK, dV; op ``ret_kv``).
+    """
+    from .engine.schedule import distflash_plan  # the plan is the formula's source of truth
+    e, a = element_size(dtype), element_size(accum_dtype(dtype))
+    kv = 2 * batch * local_seq * kv_heads * head_dim
+    rows = batch * local_seq * q_heads
+    ops = {("forward", "meta"): (world_size - 1) * META_INTS * 8}
+    for st in distflash_plan(rank, world_size)[1:]:
+        add = {}
+        if st.kv_to is not None:
+            add[("forward", "kv")] = add[("backward", "kv")] = kv * e
+        if st.q_to is not None:
+            add[("forward", "q")] = rows * head_dim * e
+            add[("backward", "q")] = rows * (2 * head_dim * e + 2 * a)
+        if st.helper_q is not None:
+            add[("forward", "ret_q")] = rows * (head_dim * e + a)
+            add[("backward", "ret_q")] = rows * head_dim * a
+        if st.own_k is not None:
+            add[("backward", "ret_kv")] = kv * a
+        for key, nbytes in add.items():
+            ops[key] = ops.get(key, 0) + nbytes
+    return byte_totals(ops)

@@ -1,0 +1,29 @@
+"""Rank-side functions for the DistFlashAttn schedule tests (run inside the session pools)."""
+from __future__ import annotations
+
+import burstattn
+from tests.dist.cases import _sharded_leaves
+from tests.helpers import Case
+
+
+def distflash(rank: int, world: int, case: Case) -> dict:
+    """Forward (with LSE) and backward under ``schedule="distflash"``, with the bytes sent."""
+    q, k, v, dout = _sharded_leaves(case)
+    with burstattn.comm_stats() as stats:
+        out, lse = burstattn.burst_attn_func(q, k, v, causal=True, layout="contiguous", schedule="distflash",
+                                             return_lse=True, backend=case.backend,
+                                             softmax_scale=case.softmax_scale)
+        out.backward(dout)
+    sent = {(phase, op): row["sent"] for phase, ops in stats.as_dict().items() for op, row in ops.items()}
+    return dict(out=out.detach(), lse=lse, dq=q.grad, dk=k.grad, dv=v.grad, sent=sent)
+
+
+def distflash_bad(rank: int, world: int, kwargs: dict) -> tuple[str, str]:
+    """A distflash call with bad options: the exception type and message on this rank."""
+    case = Case(world=world, local_seq=8)
+    q, k, v, _ = _sharded_leaves(case)
+    try:
+        burstattn.burst_attn_func(q, k, v, schedule="distflash", **kwargs)
+    except (TypeError, ValueError) as e:
+        return type(e).__name__, str(e)
+    return "no error", ""

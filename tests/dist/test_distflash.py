@@ -1,0 +1,50 @@
+"""DistFlashAttn's load-balanced causal schedule: exact against the float64 oracle, bytes equal
+to the plan's formula on every rank, bad options rejected on every rank."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from burstattn.formulas import distflash_bytes
+from tests.dist import distflash_cases
+from tests.helpers import DTYPES, TOL, Case, assemble, reference_results, rel_err
+
+CASES = [
+    Case(world=2, local_seq=16, heads="mha", head_dim=32, causal=True, layout="contiguous", backend="cpu_flash"),
+    Case(world=3, local_seq=8, heads="gqa", head_dim=32, causal=True, layout="contiguous", backend="reference",
+         batch=2),
+    Case(world=3, local_seq=5, heads="mqa", head_dim=64, causal=True, layout="contiguous", backend="cpu_flash"),
+    Case(world=4, local_seq=16, heads="gqa", head_dim=64, causal=True, layout="contiguous", backend="cpu_flash",
+         dtype="bfloat16"),
+    Case(world=4, local_seq=8, heads="mha", head_dim=32, causal=True, layout="contiguous", backend="reference",
+         softmax_scale=0.2),
+    Case(world=8, local_seq=8, heads="gqa", head_dim=32, causal=True, layout="contiguous", backend="cpu_flash"),
+    Case(world=1, local_seq=16, heads="mha", head_dim=32, causal=True, layout="contiguous", backend="cpu_flash"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=Case.id)
+def test_distflash_matches_reference_and_formula(pools, case):
+    results = pools.get(case.world).run(distflash_cases.distflash, case)
+    ref = reference_results(case)
+    got = {name: assemble(case, [r[name] for r in results], 2 if name == "lse" else 1)
+           for name in ("out", "lse", "dq", "dk", "dv")}
+    errors = {name: rel_err(got[name], ref[name]) for name in got}
+    assert all(e <= TOL[case.dtype] for e in errors.values()), errors
+    for rank, r in enumerate(results):
+        want = distflash_bytes(rank=rank, batch=case.batch, local_seq=case.local_seq, world_size=case.world,
+                               q_heads=case.q_heads, kv_heads=case.kv_heads, head_dim=case.head_dim,
+                               dtype=DTYPES[case.dtype])["ops"]
+        if case.world == 1:
+            want = {}
+        assert {key: v for key, v in r["sent"].items() if v} == {key: v for key, v in want.items() if v}, rank
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(causal=False, layout="contiguous"), "causal=True"),
+    (dict(causal=True, layout="zigzag"), "layout='contiguous'"),
+    (dict(causal=True, layout="contiguous", backward="kv"), "backward='auto'"),
+])
+def test_distflash_bad_options_raise_on_every_rank(pools, kwargs, needle):
+    for kind, message in pools.get(2).run(distflash_cases.distflash_bad, kwargs):
+        assert kind == "ValueError" and "distflash" in message and needle in message, message
