@@ -56,14 +56,16 @@ class BurstAttnFunction(torch.autograd.Function):
             out32, lse = engine.forward(comm, plans, kernel, qh, kh, vh, scale)
         out = out32.transpose(1, 2).to(q.dtype).contiguous()  # [B, n, Hq, D]
         if any(ctx.needs_input_grad[:3]):
-            ctx.save_for_backward(q, k, v, out, lse)
+            # keep the contiguous [B, H, n, D] copies (not q, k, v): the backward kernels want them
+            # too, and the caller's q, k, v can then be freed after the forward
+            ctx.save_for_backward(qh, kh, vh, out, lse)
             ctx.ring, ctx.cfg, ctx.scale, ctx.stats, ctx.trace = ring, cfg, scale, stats, trace
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout: torch.Tensor, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
+        qh, kh, vh, out, lse = ctx.saved_tensors  # q, k, v as [B, H, n, D]; out as [B, n, Hq, D]
         ring, cfg = ctx.ring, ctx.cfg
         stats = active_stats() or ctx.stats
         trace = active_trace() or ctx.trace
@@ -71,9 +73,10 @@ class BurstAttnFunction(torch.autograd.Function):
             plans, run = distflash_plan(ring.rank, ring.world_size), direct.distflash_backward
         else:
             travelling = "kv" if cfg.backward == "kv" else "q"
-            plans = ring_plan(ring.rank, ring.world_size, cfg.layout, cfg.causal, q.shape[1], travelling)
+            plans = ring_plan(ring.rank, ring.world_size, cfg.layout, cfg.causal, qh.shape[2], travelling)
             run = engine.backward_kv if cfg.backward == "kv" else engine.backward_query
+        dout_h, out_h = (x.transpose(1, 2).contiguous() for x in (dout, out))
         dq, dk, dv = run(ring.comm("backward", stats, trace), plans, get_kernel(cfg.backend),
-                         *(x.transpose(1, 2).contiguous() for x in (dout, q, k, v, out)), lse, ctx.scale)
-        return (dq.transpose(1, 2).to(q.dtype), dk.transpose(1, 2).to(k.dtype),
-                dv.transpose(1, 2).to(v.dtype), None, None)
+                         dout_h.to(qh.dtype), qh, kh, vh, out_h, lse, ctx.scale)
+        return (dq.transpose(1, 2).to(qh.dtype), dk.transpose(1, 2).to(kh.dtype),
+                dv.transpose(1, 2).to(vh.dtype), None, None)

@@ -44,6 +44,18 @@ def op_slices(op: BlockOp) -> Optional[tuple[slice, slice, bool]]:
     return slice(op.q_start, op.q_stop), slice(op.k_start, op.k_stop), op.mask is MaskKind.CAUSAL
 
 
+def block_grads(kernel: Kernel, ops, dout, q, k, v, out, lse, scale: float):
+    """Yield ``(q_rows, k_rows, dq_j, dk_j, dv_j)`` for each non-empty block op: the gradients
+    of one block pair given the global ``out`` and ``lse`` of its query rows."""
+    for op in ops:
+        sl = op_slices(op)
+        if sl is None:
+            continue
+        qs, ks, causal = sl
+        yield (qs, ks, *kernel.backward(dout[:, :, qs], q[:, :, qs], k[:, :, ks], v[:, :, ks], out[:, :, qs],
+                                        lse[:, :, qs], scale, causal))
+
+
 def ring_loop(comm: Optional[RingComm], plans: tuple[StepPlan, ...], carry: torch.Tensor,
               channel: str, compute: Compute, acc_channel: Optional[str] = None,
               acc_init: Optional[torch.Tensor] = None, fold: Optional[Fold] = None) -> Optional[torch.Tensor]:
@@ -136,13 +148,7 @@ def backward_kv(comm: Optional[RingComm], plans, kernel: Kernel, dout, q, k, v, 
 
     def compute(plan: StepPlan, kv: torch.Tensor) -> list:
         parts = []
-        for op in plan.ops:
-            sl = op_slices(op)
-            if sl is None:
-                continue
-            qs, ks, causal = sl
-            dq_j, dk_j, dv_j = kernel.backward(dout[:, :, qs], q[:, :, qs], kv[0][:, :, ks],
-                                               kv[1][:, :, ks], out[:, :, qs], lse[:, :, qs], scale, causal)
+        for qs, ks, dq_j, dk_j, dv_j in block_grads(kernel, plan.ops, dout, q, kv[0], kv[1], out, lse, scale):
             dq[:, :, qs] += dq_j
             parts.append((ks, dk_j, dv_j))
         return parts
@@ -189,13 +195,8 @@ def backward_query(comm: Optional[RingComm], plans, kernel: Kernel, dout, q, k, 
         f = packer.views(payload) if payload is not None else fields
         o_s = out if plan.step == 0 else _pseudo_out(f["dout"], f["delta"])
         parts = []
-        for op in plan.ops:
-            sl = op_slices(op)
-            if sl is None:
-                continue
-            qs, ks, causal = sl
-            dq_j, dk_j, dv_j = kernel.backward(f["dout"][:, :, qs], f["q"][:, :, qs], k[:, :, ks],
-                                               v[:, :, ks], o_s[:, :, qs], f["lse"][:, :, qs], scale, causal)
+        for qs, ks, dq_j, dk_j, dv_j in block_grads(kernel, plan.ops, f["dout"], f["q"], k, v, o_s, f["lse"],
+                                                    scale):
             dk[:, :, ks] += dk_j
             dv[:, :, ks] += dv_j
             parts.append((qs, dq_j))
