@@ -2,6 +2,8 @@
 
     burstattn demo [flags]         # spawn local ranks, run + check burst attention on a long sequence
     burstattn bench core [flags]   # overhead, speedup, bytes and memory benchmarks -> JSON + Markdown
+    burstattn bench grid --config bench/configs/targets.toml [--plots docs/img]   # strategies + peers
+    burstattn bench maxlen --mem-budget MiB [flags]  # longest sequence under a per-rank memory budget
 
 Subcommands import their modules (and ``rich``) only when they run, so ``burstattn --help`` and
 ``import burstattn`` stay light. Later subcommands (``train``, ``generate``, ``sim``, ``plan``) are
@@ -39,12 +41,39 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     c = suites.add_parser("core", help="overhead at world size 1, parallel speedup, bytes sent, peak memory")
     core.add_arguments(c)
     c.set_defaults(handler=_run_bench_core)
+    from .bench import grid, maxlen
+
+    g = suites.add_parser("grid", help="strategies and peers x shapes: correctness, time, memory, bytes")
+    grid.add_arguments(g)
+    g.set_defaults(handler=_run_bench_grid)
+    m = suites.add_parser("maxlen", help="longest sequence each strategy fits under a per-rank memory budget")
+    maxlen.add_arguments(m)
+    m.set_defaults(handler=_run_bench_maxlen)
 
 
 def _run_bench_core(ns: argparse.Namespace) -> int:
     from .bench import core
 
     return core.run_core(core.config_from_args(ns))
+
+
+def _run_bench_grid(ns: argparse.Namespace) -> int:
+    from .bench import grid
+
+    cfg = grid.config_from_args(ns)
+    records = grid.run_grid(cfg)
+    if ns.plots:
+        from .bench.plots import plot_grid
+
+        for path in plot_grid(records, ns.plots, stem=cfg.name):
+            print(f"wrote {path}")
+    return 0
+
+
+def _run_bench_maxlen(ns: argparse.Namespace) -> int:
+    from .bench import maxlen
+
+    return maxlen.run_maxlen(maxlen.config_from_args(ns))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,9 +1,11 @@
-"""Markdown for ``burstattn bench core`` results (the generated part of ``docs/benchmarks.md``)."""
+"""Markdown for `burstattn bench` results: `core` (the generated part of ``docs/benchmarks.md``), `grid` and `maxlen`."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
-__all__ = ["write_markdown", "update_document", "GENERATED_END"]
+__all__ = ["write_markdown", "update_document", "GENERATED_END", "grid_markdown", "ratios_markdown",
+           "maxlen_markdown", "correct", "TOLERANCE"]
 
 GENERATED_END = "<!-- end of the generated part: text below this line is kept when the benchmark is re-run -->"
 
@@ -158,3 +160,101 @@ def update_document(path: str | Path, generated: str) -> None:
         if GENERATED_END in old:
             kept = old.split(GENERATED_END, 1)[1]
     path.write_text(generated.rstrip("\n") + "\n\n" + GENERATED_END + (kept or "\n"))
+
+
+# ------------------------------------------------------------------ bench grid / bench maxlen
+TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 5e-3}  # max rel error to count as correct
+
+
+def correct(rec: dict) -> bool:
+    """Whether a grid record's output and gradients are within :data:`TOLERANCE` of the float64 reference."""
+    return "errors" in rec and max(rec["errors"].values()) <= TOLERANCE[rec["config"]["dtype"]]
+
+
+def _row_name(r: dict) -> str:
+    return r.get("name", r["contender"])
+
+
+def _grid_rows(recs: list[dict], base: Optional[dict]) -> list[list[str]]:
+    rows = []
+    for r in recs:
+        if "errors" not in r:
+            why = r.get("unavailable") or r.get("failed", "?")
+            rows.append([r["contender"], "n/a", why.splitlines()[-1][:160].replace("|", "/")] + [""] * 8)
+            continue
+        e, m = r["errors"], r["median_s"]
+        ok = "yes" if correct(r) else "**WRONG**"
+        vs = f"{m['fwd+bwd'] / base['median_s']['fwd+bwd']:.2f}x" if base and "median_s" in base else "-"
+        f = r.get("formula_bytes")
+        load = r.get("other_load") or {}
+        rows.append([_row_name(r), ok, f"{e['out']:.1e} / {e['dq']:.1e} / {e['dk']:.1e} / {e['dv']:.1e}",
+                     _s(m["fwd"]), _s(m["fwd+bwd"]), vs, _mib(r["peak_bytes"]["fwd+bwd"]),
+                     _mib(r["sent_bytes"]["fwd+bwd"]), _mib(f["fwd+bwd"]) if f else "-",
+                     ("yes" if r["comm_stats_agrees"] else "**no**") if "comm_stats_agrees" in r else "-",
+                     f"{load.get('other_cores', '?')}"])
+    return rows
+
+
+def grid_markdown(doc: dict) -> str:
+    """The Markdown report of a ``bench grid`` JSON document: one table per (world, dtype, N, causal)."""
+    m, cfg = doc["machine"], doc["config"]
+    out = [f"### `burstattn bench grid` ({doc['config']['name']})", "",
+           f"Run {doc['started']} ({doc['duration_s']:.0f} s) on {m['cpu']}, {m['cores']} cores; torch {m['torch']}; "
+           f"versions {doc['versions']}. Threads: {doc['threads']}. Heads {cfg['heads']} (kv {cfg['kv_heads']}), "
+           f"head_dim {cfg['head_dim']}, batch {cfg['batch']}; median of {cfg['repeats']} repeats (a repeat = "
+           f"slowest rank), after the byte/memory calls and {cfg['warmup']} more warm-up. Errors: max |x - ref| / "
+           f"max |ref| of out / dQ / dK / dV vs float64 on a {cfg['check_seq_len']}-token instance of the same "
+           f"config; correct = all <= {TOLERANCE}. Peak = allocator high-water mark of one fwd+bwd per rank "
+           "(max over ranks, inputs excluded). Sent = bytes per rank of one fwd+bwd, measured by wrapping "
+           "torch.distributed (max over ranks); formula = the strategy's/library's own count; comm_stats = "
+           "burstattn's meter agrees with the wrapper. Load = other processes' cores during the point.", ""]
+    groups: dict = {}
+    for r in doc["records"]:
+        c = r["config"]
+        groups.setdefault((r["world_size"], c["dtype"], c["seq_len"], c["causal"]), []).append(r)
+    for (world, dtype, seq, causal), recs in groups.items():
+        base = next((r for r in recs if r["contender"] == "burst" and "median_s" in r), None)
+        out += [f"#### P={world}, N={seq}, {'causal' if causal else 'non-causal'}, {dtype}", ""]
+        out += _table(["contender", "correct", "rel err out / dq / dk / dv", "fwd", "fwd+bwd", "fwd+bwd / burst",
+                       "peak fwd+bwd", "sent fwd+bwd", "formula", "comm_stats", "load"],
+                      _grid_rows(recs, base)) + [""]
+    return "\n".join(out)
+
+
+def maxlen_markdown(doc: dict) -> str:
+    """The Markdown of a ``bench maxlen`` JSON document."""
+    rows = [[r["contender"], f"{r['longest']:,}" if r.get("longest") else "-",
+             _mib(r["peak_at_longest"]) if r.get("peak_at_longest") else "-",
+             ", ".join(f"{n}: {_mib(b) if b is not None else 'fail'}" for n, b in r["probes"])
+             + (f" ({r['note']})" if r.get("note") else "")] for r in doc["records"]]
+    c = doc["config"]
+    return "\n".join([f"### `burstattn bench maxlen`: longest sequence under {c['mem_budget_mib']} MiB per rank", "",
+                      f"World {c['world_size']}, {c['heads']} heads, head_dim {c['head_dim']}, {c['dtype']}, "
+                      f"{'causal' if c['causal'] else 'non-causal'}; measured peak of one fwd+bwd per rank "
+                      "(inputs included), doubling then bisection to a multiple of "
+                      f"{c['granule']} tokens.", ""]
+                     + _table(["contender", "longest N", "peak at longest", "probes (N: peak)"], rows) + [""])
+
+
+def ratios_markdown(doc: dict, ours: str = "burst") -> str:
+    """burst against every peer (contenders named ``peer:variant``), per shape: time, bytes and
+    memory ratios (< 1: burst is lower) and whether each met the issue's target comparison."""
+    by_shape: dict = {}
+    for r in doc["records"]:
+        c = r["config"]
+        by_shape.setdefault((c["seq_len"], c["causal"], c["dtype"]), []).append(r)
+    rows = []
+    for (seq, causal, dtype), recs in sorted(by_shape.items()):
+        base = next((r for r in recs if r["contender"] == ours and "median_s" in r), None)
+        if base is None:
+            continue
+        for r in recs:
+            if ":" not in r["contender"] or "median_s" not in r:
+                continue
+            t = base["median_s"]["fwd+bwd"] / r["median_s"]["fwd+bwd"]
+            b = base["sent_bytes"]["fwd+bwd"] / r["sent_bytes"]["fwd+bwd"]
+            m = base["peak_bytes"]["fwd+bwd"] / r["peak_bytes"]["fwd+bwd"]
+            rows.append([str(seq), "causal" if causal else "non-causal", _row_name(r),
+                         "yes" if correct(r) else "**WRONG**", f"{t:.3f}", f"{b:.2f}", f"{m:.2f}"])
+    return "\n".join(_table(["N", "mask", "peer", "peer correct", f"{ours} time / peer time (fwd+bwd)",
+                             f"{ours} bytes / peer bytes", f"{ours} peak / peer peak"], rows)) + "\n"

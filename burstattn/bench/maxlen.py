@@ -1,0 +1,150 @@
+"""``burstattn bench maxlen``: the longest sequence each contender fits under a per-rank memory budget.
+
+For each contender (burstattn's strategies and peers, as in :mod:`.grid`), at one world size: the
+measured peak (:mod:`.memory`, allocator events) of one forward+backward per rank, inputs and
+gradients included (they are allocated inside the measured call), max over ranks. Search: double
+from ``start`` while the peak stays under the budget (up to ``cap``), then bisect between the last
+fit and the first miss to a multiple of ``granule`` tokens, at most ``bisect_steps`` probes. A probe
+that raises (out of memory, unsupported length) counts as a miss.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from .grid import DTYPES, OURS, GridPoint, _contender
+from .progress import ProgressFile, run_with_progress
+from .timing import code_version, machine_info
+
+
+@dataclass(frozen=True)
+class MaxlenConfig:
+    """Flags of ``burstattn bench maxlen``."""
+
+    mem_budget_mib: float = 1024.0
+    contenders: tuple[str, ...] = ("burst", "ring", "rsa", "ulysses", "allgather", "tp")
+    world_size: int = 2
+    causal: bool = True
+    dtype: str = "float32"
+    heads: int = 8
+    kv_heads: int = 8
+    head_dim: int = 64
+    start: int = 2048
+    cap: int = 131072
+    granule: int = 512
+    bisect_steps: int = 3
+    out: str = "bench-out"
+
+
+def _probe(rank: int, world: int, p: GridPoint, progress_path: Optional[str]) -> Optional[int]:
+    """Peak bytes of one fwd+bwd with inputs allocated inside the measured call, or None if it raised."""
+    from .memory import measure_peak
+
+    ProgressFile(progress_path, rank).start(f"{p.contender} N={p.seq_len}")
+    n, dt = p.seq_len // world, DTYPES[p.dtype]
+    try:
+        c = _contender(p, world)
+
+        def step():
+            q = torch.randn(p.batch, n, p.heads, p.head_dim, dtype=dt, requires_grad=True)
+            k, v = (torch.randn(p.batch, n, p.kv_heads, p.head_dim, dtype=dt, requires_grad=True) for _ in "kv")
+            c.fn(q, k, v).backward(torch.randn(p.batch, n, p.heads, p.head_dim, dtype=dt))
+            return q.grad, k.grad, v.grad  # kept: part of what a training step holds
+
+        dist.barrier()
+        return measure_peak(step)[1].peak_bytes
+    except Exception:  # noqa: BLE001 - a miss (the partner rank's collective then times out or fails too)
+        return None
+
+
+def _search(pool, cfg: MaxlenConfig, name: str, path: str) -> dict:
+    from ..launch import LocalGroupError
+
+    budget = cfg.mem_budget_mib * 2**20
+    probes: list[tuple[int, Optional[int]]] = []
+
+    def fits(seq: int) -> bool:
+        p = GridPoint(name, seq, cfg.causal, cfg.dtype, cfg.heads, cfg.kv_heads, cfg.head_dim, 1, 1, 0, 0, 2)
+        try:
+            peaks = pool.run(_probe, p, path)
+            peak = None if any(x is None for x in peaks) else max(peaks)
+        except LocalGroupError:
+            peak = None
+        probes.append((seq, peak))
+        return peak is not None and peak <= budget
+
+    lo, hi, seq = None, None, cfg.start
+    while seq <= cfg.cap:
+        if not fits(seq):
+            hi = seq
+            break
+        lo, seq = seq, seq * 2
+    note = None
+    if lo is None:
+        note = f"even N={cfg.start} does not fit"
+    elif hi is None:
+        note = f"reached the cap N={cfg.cap}"
+    else:
+        for _ in range(cfg.bisect_steps):
+            mid = (lo + hi) // 2 // cfg.granule * cfg.granule
+            if mid in (lo, hi):
+                break
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    peak_lo = next((b for n, b in probes if n == lo), None)
+    return {"contender": name, "longest": lo, "peak_at_longest": peak_lo, "probes": probes, "note": note}
+
+
+def run_maxlen(cfg: MaxlenConfig, console=None) -> int:
+    """Search every contender; write ``<out>/maxlen.json`` and ``.md``; return 0."""
+    from rich.console import Console
+
+    from ..launch import LocalPool
+    from .report import maxlen_markdown
+
+    console = console or Console()
+    out_dir = Path(cfg.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started, t0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.perf_counter()
+    stages = len(cfg.contenders) * (7 + cfg.bisect_steps)  # an upper bound: the bar may end early
+
+    def work(path: str) -> list[dict]:
+        with LocalPool(cfg.world_size, threads_per_rank=max(1, (os.cpu_count() or 1) // cfg.world_size),
+                       timeout_s=3600.0, pg_timeout_s=300.0) as pool:
+            return [_search(pool, cfg, name, path) for name in cfg.contenders]
+
+    records = run_with_progress("bench maxlen", stages, work, console=console)
+    doc = {"benchmark": "maxlen", "started": started, "duration_s": round(time.perf_counter() - t0, 1),
+           "machine": machine_info(), "code": code_version(), "config": asdict(cfg), "records": records}
+    (out_dir / "maxlen.json").write_text(json.dumps(doc, indent=1))
+    md = maxlen_markdown(doc)
+    (out_dir / "maxlen.md").write_text(md)
+    console.print(md)
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = MaxlenConfig()
+    p.add_argument("--mem-budget", type=float, default=d.mem_budget_mib, metavar="MiB",
+                   help="per-rank budget for the measured peak of one fwd+bwd (default: %(default)s)")
+    p.add_argument("--contenders", nargs="+", default=list(d.contenders),
+                   help=f"ours ({', '.join(OURS)}) and peers as peer:variant")
+    p.add_argument("--world-size", type=int, default=d.world_size)
+    p.add_argument("--non-causal", action="store_true")
+    p.add_argument("--start", type=int, default=d.start)
+    p.add_argument("--cap", type=int, default=d.cap)
+    p.add_argument("--bisect-steps", type=int, default=d.bisect_steps)
+    p.add_argument("--out", default=d.out)
+
+
+def config_from_args(ns: argparse.Namespace) -> MaxlenConfig:
+    return replace(MaxlenConfig(), mem_budget_mib=ns.mem_budget, contenders=tuple(ns.contenders),
+                   world_size=ns.world_size, causal=not ns.non_causal, start=ns.start, cap=ns.cap,
+                   bisect_steps=ns.bisect_steps, out=ns.out)
