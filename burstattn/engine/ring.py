@@ -63,7 +63,8 @@ def ring_loop(comm: Optional[RingComm], plans: tuple[StepPlan, ...], carry: torc
 
     Args:
         comm: the ring communicator (``None`` only for a world of one).
-        carry: packed travelling block; overwritten buffers are allocated once, here.
+        carry: packed travelling block, owned by the loop: it is overwritten from step 1 on (pass
+            a fresh pack, never a view of a caller's tensor); the second buffer is allocated once, here.
         compute: ``compute(plan, block) -> contributions`` for the step's block.
         acc_channel, acc_init, fold: optional travelling accumulator: ``acc_init`` (zeros, for
             this rank's own block) is where step 0 folds; each later step receives the
