@@ -12,7 +12,9 @@ from .autograd import BurstAttnFunction, RingContext
 from .config import AttnConfig
 from .formulas import choose_backward
 from .kernels import resolve_backend
-from .validate import check_inputs
+from .masks.plan import choose_mask_backward
+from .masks.setup import build_mask, plan_for
+from .validate import check_inputs, local_problem
 
 
 def ring_context(group: Optional[dist.ProcessGroup]) -> RingContext:
@@ -30,7 +32,8 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                     group: Optional[dist.ProcessGroup] = None, causal: bool = False,
                     softmax_scale: Optional[float] = None, layout: str = "zigzag",
                     return_lse: bool = False, backend: str = "auto", backward: str = "auto",
-                    schedule: str = "ring"):
+                    schedule: str = "ring", window=None, cu_seqlens=None, document_ids=None,
+                    mask_mod=None, mask=None):
     """Exact softmax attention over a sequence sharded across the ranks of ``group``.
 
     Every rank passes its own shard (see :func:`burstattn.shard_sequence`); K/V circulate
@@ -67,16 +70,22 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         invalid or the ranks disagree on shapes or options.
     """
     ring = ring_context(group)
+    amask, problem = build_mask(window, cu_seqlens, document_ids, mask_mod, mask)
     cfg = AttnConfig(causal=bool(causal), softmax_scale=softmax_scale, layout=layout,
-                     backend=backend, backward=backward, schedule=schedule)
-    check_inputs(q, k, v, cfg, ring.group, ring.world_size)
+                     backend=backend, backward=backward, schedule=schedule, mask=amask)
+    plan = None
+    if problem is None and local_problem(q, k, v, cfg) is None:
+        plan, problem = plan_for(q, cfg, ring.rank, ring.world_size)
+    check_inputs(q, k, v, cfg, ring.group, ring.world_size, extra=problem)
     mode = backward
-    if mode == "auto" and schedule == "ring":
-        mode = choose_backward(batch=q.shape[0], local_seq=q.shape[1], world_size=ring.world_size,
-                               q_heads=q.shape[2], kv_heads=k.shape[2], head_dim=q.shape[3],
-                               dtype=q.dtype)
+    shape = dict(batch=q.shape[0], local_seq=q.shape[1], q_heads=q.shape[2], kv_heads=k.shape[2],
+                 head_dim=q.shape[3], dtype=q.dtype)
+    if mode == "auto" and plan is not None:
+        mode = choose_mask_backward(**shape)
+    elif mode == "auto" and schedule == "ring":
+        mode = choose_backward(world_size=ring.world_size, **shape)
     cfg = replace(cfg, backend=resolve_backend(backend, q.device, q.dtype), backward=mode)
-    out, lse = BurstAttnFunction.apply(q, k, v, ring, cfg)
+    out, lse = BurstAttnFunction.apply(q, k, v, ring, cfg, plan)
     return (out, lse) if return_lse else out
 
 
@@ -85,16 +94,23 @@ class BurstAttention(nn.Module):
 
     def __init__(self, *, group: Optional[dist.ProcessGroup] = None, causal: bool = False,
                  softmax_scale: Optional[float] = None, layout: str = "zigzag",
-                 backend: str = "auto", backward: str = "auto", schedule: str = "ring") -> None:
+                 backend: str = "auto", backward: str = "auto", schedule: str = "ring", window=None,
+                 cu_seqlens=None, document_ids=None, mask_mod=None, mask=None) -> None:
         super().__init__()
         self.group, self.causal, self.softmax_scale = group, causal, softmax_scale
         self.layout, self.backend, self.backward, self.schedule = layout, backend, backward, schedule
+        # one AttnMask for the module's lifetime: its block summaries are built once per shape
+        amask, problem = build_mask(window, cu_seqlens, document_ids, mask_mod, mask)
+        if problem:
+            raise problem[0](f"BurstAttention: {problem[1]}")
+        self.mask = amask
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """``q [B, n, Hq, D]``, ``k, v [B, n, Hkv, D]`` -> ``[B, n, Hq, D]``."""
         return burst_attn_func(q, k, v, group=self.group, causal=self.causal,
                                softmax_scale=self.softmax_scale, layout=self.layout,
-                               backend=self.backend, backward=self.backward, schedule=self.schedule)
+                               backend=self.backend, backward=self.backward, schedule=self.schedule,
+                               mask=self.mask)
 
     def extra_repr(self) -> str:
         return f"causal={self.causal}, layout={self.layout!r}, backend={self.backend!r}, backward={self.backward!r}"

@@ -18,7 +18,8 @@ class AttnConfig:
         causal: query at global position i sees keys at global positions j <= i.
         softmax_scale: multiplier of q @ k^T; ``None`` means ``head_dim ** -0.5``.
         layout: how the global sequence is split over ranks: ``"contiguous"``,
-            ``"zigzag"`` or ``"striped"`` (see :mod:`burstattn.layout`).
+            ``"zigzag"`` or ``"striped"`` (see :mod:`burstattn.layout`), or an explicit
+            :class:`burstattn.partition.Partition` (e.g. from ``document_partition``).
         backend: local kernel name, resolved (never ``"auto"`` once inside the engine).
         backward: ``"burst"`` (query ring: Q, dO, lse, D travel, dQ partials follow),
             ``"kv"`` (RingAttention: K, V travel, dK/dV partials follow) or ``"auto"``.
@@ -32,6 +33,24 @@ class AttnConfig:
     backend: str = "auto"
     backward: str = "auto"
     schedule: str = "ring"
+    mask: Optional[object] = None  # a burstattn.AttnMask (None: no mask beyond ``causal``)
+
+    @property
+    def layout_name(self) -> str:
+        """The layout's name (a partition's ``name``, e.g. ``"documents"``)."""
+        return self.layout if isinstance(self.layout, str) else self.layout.name
+
+    @property
+    def sparse(self) -> bool:
+        """Whether the call runs the masked engine (a mask, or an explicit partition layout)."""
+        return self.mask is not None or not isinstance(self.layout, str)
+
+    def mask_key(self) -> int:
+        """31-bit checksum of the mask and of an explicit partition (0: neither), for the
+        cross-rank check."""
+        parts = [self.mask.fingerprint() if self.mask is not None else 0,
+                 0 if isinstance(self.layout, str) else self.layout.fingerprint]
+        return (parts[0] * 1_000_003 + parts[1]) & 0x7FFFFFFF
 
     def scale_for(self, head_dim: int) -> float:
         """The softmax scale actually used for ``head_dim``."""

@@ -30,7 +30,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
     return q.shape[2] // k.shape[2]
 
 
-def _attend(q, k, v, q_pos, k_pos, causal, softmax_scale):
+def _attend(q, k, v, q_pos, k_pos, causal, softmax_scale, visible_mask=None):
     """Dense attention of q [B, R, Hq, D] at q_pos [R] against k/v [B, N, Hkv, D] at k_pos [N]."""
     group = _check(q, k, v)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
@@ -42,6 +42,8 @@ def _attend(q, k, v, q_pos, k_pos, causal, softmax_scale):
     if causal:
         visible = q_pos.to(k_pos.device)[:, None] >= k_pos[None, :]  # (R, N)
         scores = scores.masked_fill(~visible, float("-inf"))
+    if visible_mask is not None:
+        scores = scores.masked_fill(~visible_mask.to(scores.device), float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # (B, Hq, R); -inf for a row that sees no key
     # rows that see no key get probability 0 everywhere (output 0), not NaN
     safe_lse = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
@@ -51,16 +53,20 @@ def _attend(q, k, v, q_pos, k_pos, causal, softmax_scale):
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                        softmax_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        softmax_scale: float | None = None,
+                        mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention over the full sequence, in float64.
 
     Args:
         q: [B, N, Hq, D]; k, v: [B, N, Hkv, D] with Hq % Hkv == 0. Any floating dtype.
         causal: query i sees keys j <= i.
         softmax_scale: defaults to D ** -0.5.
+        mask: optional bool [N, N] (True: query i may see key j), ANDed with ``causal``; e.g.
+            ``AttnMask.dense(arange(N), arange(N), N, causal)``.
 
     Returns:
-        out [B, N, Hq, D] float64 and lse [B, Hq, N] float64 (log-sum-exp of the scaled scores).
+        out [B, N, Hq, D] float64 and lse [B, Hq, N] float64 (log-sum-exp of the scaled scores;
+        a row that sees no key: output 0, LSE -inf).
 
     Raises:
         ValueError: on shapes that do not fit together.
@@ -68,7 +74,7 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     if q.ndim == 4 and k.ndim == 4 and q.shape[1] != k.shape[1]:
         raise ValueError(f"q and k must have the same sequence length, got {q.shape[1]} and {k.shape[1]}")
     pos = torch.arange(k.shape[1] if k.ndim == 4 else 0, device=k.device)
-    return _attend(q, k, v, pos, pos, causal, softmax_scale)
+    return _attend(q, k, v, pos, pos, causal, softmax_scale, mask)
 
 
 def reference_rows(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_positions: torch.Tensor, *,

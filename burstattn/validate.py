@@ -52,7 +52,15 @@ def local_problem(q, k, v, cfg: AttnConfig) -> Optional[tuple[type, str]]:
                             f"{q.shape[2]}, kv_heads={k.shape[2]}")
     if q.shape[1] == 0 or q.shape[3] == 0 or q.shape[0] == 0:
         return ValueError, f"q must have non-empty batch, local_seq and head_dim, got {tuple(q.shape)}"
-    for arg, value, allowed in (("layout", cfg.layout, LAYOUTS), ("backend", cfg.backend, BACKENDS),
+    if not isinstance(cfg.layout, str):
+        if not hasattr(cfg.layout, "positions_of"):
+            return ValueError, f"layout must be one of {LAYOUTS} or a Partition, got {type(cfg.layout).__name__}"
+        if cfg.layout.local_len != q.shape[1]:
+            return ValueError, (f"layout: the partition gives every rank {cfg.layout.local_len} tokens, but "
+                                f"local_seq (q.shape[1]) is {q.shape[1]}")
+    elif cfg.layout not in LAYOUTS:
+        return ValueError, f"layout must be one of {LAYOUTS} or a Partition, got {cfg.layout!r}"
+    for arg, value, allowed in (("backend", cfg.backend, BACKENDS),
                                 ("backward", cfg.backward, BACKWARDS), ("schedule", cfg.schedule, SCHEDULES)):
         if value not in allowed:
             return ValueError, f"{arg} must be one of {allowed}, got {value!r}"
@@ -60,6 +68,9 @@ def local_problem(q, k, v, cfg: AttnConfig) -> Optional[tuple[type, str]]:
         return ValueError, (f"schedule 'distflash' balances causal attention over the contiguous layout and "
                             f"has its own backward: it needs causal=True, layout='contiguous', backward='auto'; "
                             f"got causal={cfg.causal}, layout={cfg.layout!r}, backward={cfg.backward!r}")
+    if cfg.schedule == "distflash" and cfg.sparse:
+        return ValueError, ("schedule 'distflash' is for dense causal attention over the contiguous layout; masks "
+                            "and partitions run their own sparse schedule (schedule='ring')")
     if cfg.layout == "zigzag" and q.shape[1] % 2:
         return ValueError, (f"layout 'zigzag' needs an even local_seq (two chunks per rank), got "
                             f"local_seq={q.shape[1]}; pad the sequence to a multiple of 2 * world_size")
@@ -77,18 +88,20 @@ def _signature(q, k, cfg: AttnConfig, problem, fn: str) -> list[int]:
     code = 0 if problem is None else (1 if problem[0] is TypeError else 2)
     if code:
         return [code] + [0] * (META_INTS - 1)
-    options = (LAYOUTS.index(cfg.layout), int(cfg.causal), BACKENDS.index(cfg.backend),
+    options = (LAYOUTS.index(cfg.layout) if isinstance(cfg.layout, str) else len(LAYOUTS), int(cfg.causal),
+               BACKENDS.index(cfg.backend),
                BACKWARDS.index(cfg.backward))
     scale_bits = int(torch.tensor(cfg.softmax_scale or 0.0, dtype=torch.float64).view(torch.int64))
     sig = [0, q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3],
            DTYPES.index(q.dtype), *options, scale_bits, SCHEDULES.index(cfg.schedule),
-           zlib.crc32(fn.encode())]
+           zlib.crc32(fn.encode()), cfg.mask_key()]
     return sig + [0] * (META_INTS - len(sig))
 
 
 _FIELDS = ("", "batch", "local_seq (q.shape[1])", "q_heads", "kv_heads", "head_dim", "dtype",
            "layout", "causal", "backend", "backward", "softmax_scale", "schedule",
-           "function (burst_attn_func / attention strategy)")
+           "function (burst_attn_func / attention strategy)",
+           "mask (window / cu_seqlens / document_ids / mask_mod) or partition layout")
 
 
 def check_inputs(q, k, v, cfg: AttnConfig, group: Optional[dist.ProcessGroup], world_size: int,
@@ -131,9 +144,9 @@ def check_inputs(q, k, v, cfg: AttnConfig, group: Optional[dist.ProcessGroup], w
     for i in range(1, len(_FIELDS)):
         col = table[:, i].tolist()
         if len(set(col)) > 1:
-            decode = {6: DTYPES, 7: LAYOUTS, 9: BACKENDS, 10: BACKWARDS, 12: SCHEDULES}.get(i)
+            decode = {6: DTYPES, 7: LAYOUTS + ("partition",), 9: BACKENDS, 10: BACKWARDS, 12: SCHEDULES}.get(i)
             shown = [str(decode[c]) for c in col] if decode else col
-            if i in (11, 13):
+            if i in (11, 13, 14):
                 shown = "differing values"
             raise ValueError(f"{fn}: {_FIELDS[i]} must be the same on every rank of the group, "
                              f"got {shown} (rank order)")

@@ -44,37 +44,38 @@ def direct_loop(comm: Optional[RingComm], plan: tuple[DirectStep, ...], kv: _Sid
     channel ``"ret"``: ``alloc(kind)`` gives a receive buffer for a partial about this rank's
     K/V (``"kv"``) or queries (``"q"``), ``fold(kind, buffer)`` adds a received partial.
     """
-    def post_fetch(st: DirectStep) -> None:
-        t = st.step
+    rank = comm.rank if comm is not None else 0
+
+    def post_fetch(i: int, st: DirectStep) -> None:
         if comm is None:
             return
         if st.kv_to is not None:
             comm.queue("fetch", "send", kv.own, st.kv_to, "kv")
-        if st.own_k is not None and st.own_k != comm.rank:
-            comm.queue("fetch", "recv", kv.bufs[t % 2], st.own_k, "kv")
+        if st.own_k is not None and st.own_k != rank:
+            comm.queue("fetch", "recv", kv.bufs[i % 2], st.own_k, "kv")
         if st.q_to is not None:
             comm.queue("fetch", "send", qs.own, st.q_to, "q")
         if st.helper_q is not None:
-            comm.queue("fetch", "recv", qs.bufs[t % 2], st.helper_q, "q")
-        comm.commit("fetch", t, allow_empty=True)
+            comm.queue("fetch", "recv", qs.bufs[i % 2], st.helper_q, "q")
+        comm.commit("fetch", st.step, allow_empty=True)
 
     received = []
-    for i, st in enumerate(plan):
+    for i, st in enumerate(plan):  # buffers alternate by position in the plan (steps may be sparse)
         t = st.step
         if i + 1 < len(plan):
-            post_fetch(plan[i + 1])
+            post_fetch(i + 1, plan[i + 1])
         t0 = now_ns()
         kv_block = None
         if st.own_k is not None:
-            kv_block = kv.own if t == 0 else kv.bufs[t % 2]
-        q_block = qs.bufs[t % 2] if st.helper_q is not None else None
+            kv_block = kv.own if st.own_k == rank else kv.bufs[i % 2]
+        q_block = qs.bufs[i % 2] if st.helper_q is not None else None
         to_k, to_q = compute(st, kv_block, q_block)
         if comm is not None and comm.trace is not None:
             comm.trace.record("compute", comm.phase, "fetch", t, comm.rank, t0, now_ns())
         if ret is not None and comm is not None:
             alloc, _, kinds = ret
             received = []
-            if to_k is not None and st.own_k != comm.rank:
+            if to_k is not None and st.own_k != rank:
                 comm.queue("ret", "send", to_k, st.own_k, "ret_kv")
             if to_q is not None:
                 comm.queue("ret", "send", to_q, st.helper_q, "ret_q")

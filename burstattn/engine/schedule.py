@@ -40,6 +40,7 @@ class MaskKind(str, Enum):
     FULL = "full"
     CAUSAL = "causal"
     STRICT = "strict"
+    PARTIAL = "partial"  # an explicit mask block (masks, see burstattn.masks.blocks)
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class BlockOp:
     def cost(self) -> float:
         """Score-matrix entries computed (the attention FLOPs up to a constant)."""
         area = (self.q_stop - self.q_start) * (self.k_stop - self.k_start)
-        return area / 2 if self.mask is not MaskKind.FULL else float(area)
+        return area / 2 if self.mask in (MaskKind.CAUSAL, MaskKind.STRICT) else float(area)
 
 
 def block_ops(q_rank: int, k_rank: int, world_size: int, layout: str, causal: bool,

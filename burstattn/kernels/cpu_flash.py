@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import expand_kv, reduce_kv_grad
+from .base import expand_kv, mask_bias, reduce_kv_grad
 
 
 def cpu_flash_available() -> bool:
@@ -21,6 +21,7 @@ class CpuFlashKernel:
     """Fused flash attention on CPU (float32, bfloat16, float16) returning the LSE."""
 
     name = "cpu_flash"
+    supports_mask = True  # as an additive bias of q's dtype (the op rejects bool masks)
 
     def __init__(self) -> None:
         self.native_gqa = _native_gqa()
@@ -30,14 +31,16 @@ class CpuFlashKernel:
             return k, v
         return expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
 
-    def forward(self, q, k, v, scale, causal):
+    def forward(self, q, k, v, scale, causal, mask=None):
         k, v = self._kv(q, k, v)
+        bias = None if mask is None else mask_bias(mask, q.dtype)
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, causal, scale=scale)
+            q, k, v, 0.0, causal, attn_mask=bias, scale=scale)
 
-    def backward(self, dout, q, k, v, out, lse, scale, causal):
+    def backward(self, dout, q, k, v, out, lse, scale, causal, mask=None):
         hkv = k.shape[1]
         k, v = self._kv(q, k, v)
+        bias = None if mask is None else mask_bias(mask, q.dtype)
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dout, q, k, v, out, lse, 0.0, causal, scale=scale)
+            dout, q, k, v, out, lse, 0.0, causal, attn_mask=bias, scale=scale)
         return dq, reduce_kv_grad(dk, hkv), reduce_kv_grad(dv, hkv)

@@ -22,6 +22,7 @@ class FlashAttnKernel:
     """flash-attn 2.x: ``flash_attn_func(..., return_attn_probs=True)`` forward, low-level backward."""
 
     name = "flash_attn"
+    supports_mask = False  # partially masked blocks go to the sdpa kernel (see engine.masked)
 
     def __init__(self) -> None:
         from flash_attn import flash_attn_func
@@ -30,13 +31,17 @@ class FlashAttnKernel:
         self._bwd = _flash_attn_backward
         self._bwd_params = set(inspect.signature(_flash_attn_backward).parameters)
 
-    def forward(self, q, k, v, scale, causal):
+    def forward(self, q, k, v, scale, causal, mask=None):
+        if mask is not None:
+            raise ValueError("flash_attn kernel: explicit masks are not supported (engine bug)")
         out, lse, _ = self._fwd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                 dropout_p=0.0, softmax_scale=scale, causal=causal,
                                 return_attn_probs=True)
         return out.transpose(1, 2), lse
 
-    def backward(self, dout, q, k, v, out, lse, scale, causal):
+    def backward(self, dout, q, k, v, out, lse, scale, causal, mask=None):
+        if mask is not None:
+            raise ValueError("flash_attn kernel: explicit masks are not supported (engine bug)")
         t = [x.transpose(1, 2) for x in (dout, q, k, v, out)]
         dq, dk, dv = (torch.empty_like(x) for x in t[1:4])
         kwargs = dict(dropout_p=0.0, softmax_scale=scale, causal=causal, alibi_slopes=None,

@@ -7,6 +7,7 @@ inputs) and works on every device and dtype.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 
@@ -17,9 +18,12 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _tile_scores(q: torch.Tensor, kt: torch.Tensor, scale: float, causal: bool, k0: int) -> torch.Tensor:
+def _tile_scores(q: torch.Tensor, kt: torch.Tensor, scale: float, causal: bool, k0: int,
+                 mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Scaled scores ``[B, H, Sq, T]`` of one key tile starting at key ``k0``, masked."""
     s = torch.matmul(q, kt.transpose(-1, -2)).mul_(scale)
+    if mask is not None:
+        s.masked_fill_(~mask[:, k0:k0 + kt.shape[-2]], -math.inf)
     if causal:
         rows = torch.arange(q.shape[-2], device=q.device).unsqueeze(1)
         cols = torch.arange(k0, k0 + kt.shape[-2], device=q.device).unsqueeze(0)
@@ -31,11 +35,12 @@ class ReferenceKernel:
     """Tiled online-softmax attention in plain PyTorch."""
 
     name = "reference"
+    supports_mask = True
 
     def __init__(self, tile: int = 512) -> None:
         self.tile = tile
 
-    def forward(self, q, k, v, scale, causal):
+    def forward(self, q, k, v, scale, causal, mask=None):
         acc = _acc_dtype(q.dtype)
         hq = q.shape[1]
         qf = q.to(acc)
@@ -45,7 +50,7 @@ class ReferenceKernel:
         lse = torch.full((b, h, sq), -math.inf, dtype=acc, device=q.device)
         for k0 in range(0, kf.shape[-2], self.tile):
             kt, vt = kf[:, :, k0:k0 + self.tile], vf[:, :, k0:k0 + self.tile]
-            s = _tile_scores(qf, kt, scale, causal, k0)
+            s = _tile_scores(qf, kt, scale, causal, k0, mask)
             tile_lse = torch.logsumexp(s, dim=-1)
             new_lse = torch.logaddexp(lse, tile_lse)
             keep = torch.exp(lse - new_lse).nan_to_num_(0.0).unsqueeze(-1)
@@ -54,7 +59,7 @@ class ReferenceKernel:
             lse = new_lse
         return out, lse  # float32 (float64 for float64 inputs)
 
-    def backward(self, dout, q, k, v, out, lse, scale, causal):
+    def backward(self, dout, q, k, v, out, lse, scale, causal, mask=None):
         acc = _acc_dtype(q.dtype)
         hq, hkv = q.shape[1], k.shape[1]
         qf, dof = q.to(acc), dout.to(acc)
@@ -66,7 +71,7 @@ class ReferenceKernel:
         for k0 in range(0, kf.shape[-2], self.tile):
             sl = slice(k0, k0 + self.tile)
             kt, vt = kf[:, :, sl], vf[:, :, sl]
-            p = torch.exp(_tile_scores(qf, kt, scale, causal, k0) - lse_f).nan_to_num_(0.0)
+            p = torch.exp(_tile_scores(qf, kt, scale, causal, k0, mask) - lse_f).nan_to_num_(0.0)
             dv[:, :, sl] = torch.matmul(p.transpose(-1, -2), dof)
             ds = p * (torch.matmul(dof, vt.transpose(-1, -2)) - delta)
             dq += torch.matmul(ds, kt) * scale

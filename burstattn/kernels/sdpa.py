@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from .base import expand_kv, reduce_kv_grad
+from .base import expand_kv, mask_bias, reduce_kv_grad
 
 
 def sdpa_cuda_available() -> bool:
@@ -28,19 +28,32 @@ def _impl(q: torch.Tensor, prefer_cudnn: bool) -> str:
     return "efficient"
 
 
+def _bias(mask, q):
+    """Additive bias ``[B, H, Sq, Sk]`` (a broadcast view) for the memory-efficient kernel, its
+    rows padded to a multiple of 16 elements as that kernel requires; ``None`` without a mask."""
+    if mask is None:
+        return None
+    sq, sk = mask.shape
+    padded = torch.zeros(sq, math.ceil(sk / 16) * 16, dtype=q.dtype, device=q.device)
+    padded[:, :sk] = mask_bias(mask, q.dtype)
+    return padded[:, :sk].expand(q.shape[0], q.shape[1], sq, sk)
+
+
 class SdpaKernel:
     """CUDA SDPA ops: cuDNN or flash for 16-bit inputs, memory-efficient for float32."""
 
     name = "sdpa"
+    supports_mask = True  # partially masked blocks: the memory-efficient kernel with an additive bias
 
     def __init__(self, prefer_cudnn: bool = True) -> None:
         self.prefer_cudnn = prefer_cudnn
 
-    def forward(self, q, k, v, scale, causal):
+    def forward(self, q, k, v, scale, causal, mask=None):
         hq = q.shape[1]
         k, v = expand_kv(k, hq), expand_kv(v, hq)
         sq = q.shape[-2]
-        impl = _impl(q, self.prefer_cudnn)
+        impl = "efficient" if mask is not None else _impl(q, self.prefer_cudnn)
+        bias = _bias(mask, q)
         if impl == "cudnn":
             res = torch.ops.aten._scaled_dot_product_cudnn_attention(
                 q, k, v, None, True, 0.0, causal, False, scale=scale)
@@ -49,14 +62,15 @@ class SdpaKernel:
             res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
             return res[0], res[1][..., :sq]
         out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
-            q, k, v, None, True, 0.0, causal, scale=scale)
+            q, k, v, bias, True, 0.0, causal, scale=scale)
         return out, lse[..., :sq]
 
-    def backward(self, dout, q, k, v, out, lse, scale, causal):
+    def backward(self, dout, q, k, v, out, lse, scale, causal, mask=None):
         hq, hkv = q.shape[1], k.shape[1]
         k, v = expand_kv(k, hq), expand_kv(v, hq)
         sq, sk = q.shape[-2], k.shape[-2]
-        impl = _impl(q, self.prefer_cudnn)
+        impl = "efficient" if mask is not None else _impl(q, self.prefer_cudnn)
+        bias = _bias(mask, q)
         seed = torch.zeros((), dtype=torch.int64, device=q.device)
         if impl == "cudnn":
             dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
@@ -72,6 +86,6 @@ class SdpaKernel:
             lse_p = lse.new_zeros(*lse.shape[:-1], padded)
             lse_p[..., :sq] = lse
             dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-                dout.contiguous(), q, k, v, None, out.contiguous(), lse_p, seed, seed, 0.0,
+                dout.contiguous(), q, k, v, bias, out.contiguous(), lse_p, seed, seed, 0.0,
                 [True, True, True, False], causal, scale=scale)
         return dq, reduce_kv_grad(dk, hkv), reduce_kv_grad(dv, hkv)

@@ -1,0 +1,153 @@
+"""Block-level summary of a mask for one pair of shards, compiled into kernel calls (pure).
+
+The queries of one rank and the keys of another (both as increasing global positions, ``[n]``
+each) are cut into tiles of ``T = mask.block_size`` rows. Each tile pair is classified:
+
+* empty: no query of the tile sees a key of the tile -> never computed;
+* full: every query sees every key -> the unmasked kernel;
+* causal / strict: exactly the lower triangle (``j <= i`` / ``j < i`` in tile-local indices) ->
+  the kernel's own causal mode (no mask tensor);
+* partial: anything else -> the kernel with an explicit bool mask of that block.
+
+Because causal, window and documents give each query an interval of visible global positions,
+and key positions increase, each query row sees a contiguous *index* range ``[a, b)`` of the key
+shard; the classification is then O(n * n/T) integer work, no dense mask. ``mask_mod`` is
+evaluated only on tiles the interval leaves non-empty. Consecutive tiles of one tile row with
+the same class merge into one call (full runs, partial runs), and consecutive tile rows with
+identical calls merge vertically, so a dense region is one kernel call.
+
+The result for a pair is a tuple of :class:`~burstattn.engine.schedule.BlockOp` (mask kinds
+FULL, CAUSAL, STRICT, PARTIAL); :func:`pair_ops` caches it in the mask object.
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+
+from ..engine.schedule import BlockOp, MaskKind
+from .spec import AttnMask
+
+EMPTY, FULL, PARTIAL, CAUSAL, STRICT = 0, 1, 2, 3, 4
+_KIND = {FULL: MaskKind.FULL, PARTIAL: MaskKind.PARTIAL, CAUSAL: MaskKind.CAUSAL, STRICT: MaskKind.STRICT}
+
+
+def visible_ranges(mask: AttnMask, q_pos: torch.Tensor, k_pos: torch.Tensor, seq_len: int,
+                   causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per query row, the index range ``[a, b)`` of the key shard its interval covers.
+    ``q_pos, k_pos`` LongTensor ``[n]`` (increasing) -> ``a, b`` LongTensor ``[n]``."""
+    lo, hi = mask.intervals(q_pos, seq_len, causal)
+    a = torch.searchsorted(k_pos, lo)
+    b = torch.maximum(torch.searchsorted(k_pos, hi, right=True), a)
+    return a, b
+
+
+def _tri_pattern(a, b, q0, k0, m, shift: int) -> bool:
+    """Whether rows ``q0..q0+m`` see exactly tile-local keys ``0..r-shift`` (shift 0: causal,
+    1: strict) of the key tile starting at ``k0``."""
+    rows = torch.arange(m)
+    return bool((a[q0:q0 + m] <= k0).all() and (b[q0:q0 + m] == k0 + rows + 1 - shift).all())
+
+
+def classify(mask: AttnMask, q_pos: torch.Tensor, k_pos: torch.Tensor, seq_len: int,
+             causal: bool) -> torch.Tensor:
+    """Tile classes ``[ceil(n_q/T), ceil(n_k/T)]`` (int8: EMPTY, FULL, PARTIAL, CAUSAL, STRICT)."""
+    t = mask.block_size
+    nq, nk = q_pos.numel(), k_pos.numel()
+    a, b = visible_ranges(mask, q_pos, k_pos, seq_len, causal)
+    k0s = torch.arange(0, nk, t)
+    k1s = torch.clamp(k0s + t, max=nk)
+    overlap = (torch.minimum(b[:, None], k1s[None, :]) - torch.maximum(a[:, None], k0s[None, :])).clamp_min(0)
+    tq = -(-nq // t)
+    cls = torch.empty(tq, k0s.numel(), dtype=torch.int8)
+    width = k1s - k0s
+    for i in range(tq):
+        q0, q1 = i * t, min(i * t + t, nq)
+        rows = overlap[q0:q1]
+        row_cls = torch.where(rows.max(0).values == 0, EMPTY, torch.where(rows.min(0).values == width, FULL, PARTIAL))
+        if mask.mask_mod is not None:
+            live = torch.nonzero(row_cls != EMPTY).flatten()
+            if live.numel():
+                k_lo, k_hi = int(k0s[live[0]]), int(k1s[live[-1]])
+                dense = mask.dense(q_pos[q0:q1], k_pos[k_lo:k_hi], seq_len, causal)
+                for j in live.tolist():
+                    blk = dense[:, int(k0s[j]) - k_lo:int(k1s[j]) - k_lo]
+                    row_cls[j] = EMPTY if not blk.any() else (FULL if blk.all() else PARTIAL)
+                    if row_cls[j] == PARTIAL and blk.shape[0] == blk.shape[1]:
+                        tri = torch.ones_like(blk).tril_()
+                        row_cls[j] = CAUSAL if torch.equal(blk, tri) else (
+                            STRICT if torch.equal(blk, tri.tril_(-1)) else PARTIAL)
+        else:
+            for j in torch.nonzero(row_cls == PARTIAL).flatten().tolist():
+                k0, m = int(k0s[j]), int(width[j])
+                if m == q1 - q0:
+                    if _tri_pattern(a, b, q0, k0, m, 0):
+                        row_cls[j] = CAUSAL
+                    elif _tri_pattern(a, b, q0, k0, m, 1):
+                        row_cls[j] = STRICT
+        cls[i] = row_cls
+    return cls
+
+
+def compile_ops(cls: torch.Tensor, n_q: int, n_k: int, tile: int) -> tuple[BlockOp, ...]:
+    """Kernel calls from tile classes (see the module docstring for the merging rules)."""
+    rows = []
+    for i in range(cls.shape[0]):
+        calls, run = [], None  # run: [kind, k_start, k_stop]
+        for j, c in enumerate(cls[i].tolist()):
+            k0, k1 = j * tile, min(j * tile + tile, n_k)
+            if run is not None and c == run[0] and c in (FULL, PARTIAL) and run[2] == k0:
+                run[2] = k1
+                continue
+            if run is not None:
+                calls.append(tuple(run))
+                run = None
+            if c != EMPTY:
+                run = [c, k0, k1]
+        if run is not None:
+            calls.append(tuple(run))
+        rows.append(tuple(calls))
+    ops, i = [], 0
+    while i < len(rows):
+        j = i + 1
+        mergeable = all(c[0] in (FULL, PARTIAL) for c in rows[i])
+        while mergeable and j < len(rows) and rows[j] == rows[i]:
+            j += 1
+        q0, q1 = i * tile, min(j * tile, n_q)
+        ops.extend(BlockOp(q0, q1, k0, k1, _KIND[c]) for c, k0, k1 in rows[i])
+        i = j
+    return tuple(ops)
+
+
+def layout_key(layout) -> Union[str, int]:
+    """A hashable, process-independent key for a layout name or a partition."""
+    return layout if isinstance(layout, str) else ("partition", layout.fingerprint)
+
+
+def positions(layout, seq_len: int, world_size: int, rank: int) -> torch.Tensor:
+    """Global positions of ``rank`` (LongTensor ``[seq_len // world_size]``, increasing) for a
+    layout name or a :class:`burstattn.partition.Partition`."""
+    if isinstance(layout, str):
+        from ..layout import local_positions
+        return local_positions(seq_len, rank, world_size, layout)
+    return layout.positions_of(rank)
+
+
+def pair_ops(mask: AttnMask, causal: bool, seq_len: int, world_size: int, layout, q_rank: int,
+             k_rank: int) -> tuple[BlockOp, ...]:
+    """The kernel calls for the queries of ``q_rank`` against the keys of ``k_rank`` (cached)."""
+    key = ("ops", bool(causal), seq_len, world_size, layout_key(layout), q_rank, k_rank)
+    ops = mask.cache.get(key)
+    if ops is None:
+        q_pos = positions(layout, seq_len, world_size, q_rank)
+        k_pos = positions(layout, seq_len, world_size, k_rank)
+        cls = classify(mask, q_pos, k_pos, seq_len, causal)
+        ops = compile_ops(cls, q_pos.numel(), k_pos.numel(), mask.block_size)
+        mask.cache[key] = ops
+    return ops
+
+
+def op_mask(mask: AttnMask, causal: bool, seq_len: int, q_pos: torch.Tensor, k_pos: torch.Tensor,
+            op: BlockOp) -> torch.Tensor:
+    """The explicit bool mask ``[q rows, k rows]`` of a PARTIAL op."""
+    return mask.dense(q_pos[op.q_start:op.q_stop], k_pos[op.k_start:op.k_stop], seq_len, causal)

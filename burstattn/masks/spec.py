@@ -1,0 +1,196 @@
+"""Structured and sparse attention masks over *global* token positions.
+
+A mask says which key positions each query position may see. :class:`AttnMask` combines (all
+conditions must hold):
+
+* ``window=(left, right)``: key j visible to query i iff ``i - left <= j <= i + right``
+  (``None`` on a side: unbounded). With ``causal=True`` (an argument of the call, not of the
+  mask) it is the usual causal sliding window ``(left, 0)``.
+* packed documents, ``cu_seqlens`` (cumulative lengths ``[0, l0, l0+l1, ..., N]``, as
+  flash-attn's varlen API takes them) or ``document_ids`` (one id per global position, each
+  document one contiguous run): a token sees only tokens of its own document.
+* ``mask_mod(q_pos, k_pos) -> bool``: any predicate over global positions (FlexAttention's
+  convention, without batch and head): called with broadcastable LongTensors ``q_pos [R, 1]`` and
+  ``k_pos [1, C]``, it must return a bool tensor broadcastable to ``[R, C]``.
+
+Causal, window and documents make every query's visible keys one *interval* of global
+positions, ``[lo(i), hi(i)]``; that is what lets the block summary (:mod:`.blocks`) classify
+tiles in O(n) per tile row without evaluating a dense mask. ``mask_mod`` is evaluated only on
+tiles the interval leaves non-empty, once per shape: the summaries are cached in the mask object
+(keep one :class:`AttnMask` per model layer, or use :class:`burstattn.BurstAttention`, to reuse
+them across calls).
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+
+IntSeq = Union[Sequence[int], torch.Tensor]
+
+
+def _as_long(x: IntSeq, name: str) -> torch.Tensor:
+    t = x if isinstance(x, torch.Tensor) else torch.as_tensor(list(x))
+    if t.dim() != 1 or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise ValueError(f"{name} must be a 1-D sequence of integers, got "
+                         f"{'shape ' + str(tuple(t.shape)) if t.dim() != 1 else t.dtype}")
+    return t.to(torch.int64).cpu()
+
+
+def _check_window(window) -> Optional[tuple[Optional[int], Optional[int]]]:
+    if window is None:
+        return None
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise ValueError(f"window must be a pair (left, right) of ints >= 0 or None, got {window!r}")
+    out = []
+    for side, w in zip(("left", "right"), window):
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 0):
+            raise ValueError(f"window {side} must be an int >= 0 or None (unbounded), got {w!r}")
+        out.append(w)
+    return out[0], out[1]
+
+
+def _doc_bounds(cu_seqlens, document_ids) -> Optional[torch.Tensor]:
+    """Document boundaries ``[0, ..., N]`` (LongTensor) from either description."""
+    if cu_seqlens is not None and document_ids is not None:
+        raise ValueError("pass cu_seqlens or document_ids, not both")
+    if cu_seqlens is not None:
+        cu = _as_long(cu_seqlens, "cu_seqlens")
+        if cu.numel() < 2 or int(cu[0]) != 0:
+            raise ValueError(f"cu_seqlens must start at 0 and hold at least one document, got "
+                             f"{cu.tolist()[:8]}")
+        if not bool((cu[1:] > cu[:-1]).all()):
+            raise ValueError(f"cu_seqlens must be strictly increasing (no empty documents), got "
+                             f"{cu.tolist()[:16]}")
+        return cu
+    if document_ids is not None:
+        ids = _as_long(document_ids, "document_ids")
+        if ids.numel() == 0:
+            raise ValueError("document_ids must not be empty")
+        change = torch.nonzero(ids[1:] != ids[:-1]).flatten() + 1
+        starts = torch.cat([torch.zeros(1, dtype=torch.int64), change])
+        run_ids = ids[starts]
+        if torch.unique(run_ids).numel() != run_ids.numel():
+            raise ValueError("document_ids: every document must be one contiguous run of positions "
+                             "(an id appears in two separate runs); use mask_mod for other patterns")
+        return torch.cat([starts, torch.tensor([ids.numel()])])
+    return None
+
+
+@dataclass(frozen=True, eq=False)
+class AttnMask:
+    """A mask over global positions; see the module docstring. Build once, reuse: it caches its
+    block summaries per (sequence length, world size, layout, rank pair, causal).
+
+    Raises ``ValueError`` for a negative window, both ``cu_seqlens`` and ``document_ids``,
+    boundaries that do not start at 0 or do not increase, ``mask_mod`` not callable, or
+    ``block_size < 1``.
+    """
+
+    window: Optional[tuple[Optional[int], Optional[int]]] = None
+    cu_seqlens: Optional[IntSeq] = None
+    document_ids: Optional[IntSeq] = None
+    mask_mod: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None
+    block_size: int = 256
+    bounds: Optional[torch.Tensor] = field(init=False, repr=False)
+    cache: dict = field(init=False, repr=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "window", _check_window(self.window))
+        object.__setattr__(self, "bounds", _doc_bounds(self.cu_seqlens, self.document_ids))
+        if self.mask_mod is not None and not callable(self.mask_mod):
+            raise ValueError(f"mask_mod must be callable (q_pos, k_pos) -> bool tensor, got "
+                             f"{type(self.mask_mod).__name__}")
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ValueError(f"block_size must be a positive int, got {self.block_size!r}")
+
+    @property
+    def empty(self) -> bool:
+        """Whether the mask restricts nothing (then the dense engine runs)."""
+        return self.window in (None, (None, None)) and self.bounds is None and self.mask_mod is None
+
+    def problem(self, seq_len: int) -> Optional[str]:
+        """Why this mask cannot apply to a sequence of ``seq_len`` tokens, or ``None``."""
+        if self.bounds is not None and int(self.bounds[-1]) != seq_len:
+            what = "cu_seqlens must end at" if self.cu_seqlens is not None else "document_ids must have"
+            return (f"{what} the global sequence length {seq_len} (local_seq x world_size), got "
+                    f"{int(self.bounds[-1])}")
+        return None
+
+    def fingerprint(self) -> int:
+        """A 31-bit checksum of the mask's definition (equal on every rank that passes the same mask)."""
+        parts = [repr(self.window), str(self.block_size)]
+        if self.bounds is not None:
+            parts.append(self.bounds.numpy().tobytes().hex())
+        if self.mask_mod is not None:
+            fn = self.mask_mod
+            parts.append(f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__name__)}")
+        return zlib.crc32("|".join(parts).encode()) & 0x7FFFFFFF
+
+    def intervals(self, q_pos: torch.Tensor, seq_len: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Visible key interval ``[lo, hi]`` (inclusive, global positions) of each query position.
+
+        ``q_pos`` LongTensor ``[R]`` -> ``lo, hi`` LongTensor ``[R]`` (``lo > hi``: sees nothing).
+        ``mask_mod`` is not part of the interval (see :meth:`dense`).
+        """
+        lo = torch.zeros_like(q_pos)
+        hi = torch.full_like(q_pos, seq_len - 1)
+        if causal:
+            hi = torch.minimum(hi, q_pos)
+        if self.window is not None:
+            left, right = self.window
+            if left is not None:
+                lo = torch.maximum(lo, q_pos - left)
+            if right is not None:
+                hi = torch.minimum(hi, q_pos + right)
+        if self.bounds is not None:
+            b = self.bounds.to(q_pos.device)
+            doc = torch.searchsorted(b, q_pos, right=True) - 1
+            lo = torch.maximum(lo, b[doc])
+            hi = torch.minimum(hi, b[doc + 1] - 1)
+        return lo, hi
+
+    def dense(self, q_pos: torch.Tensor, k_pos: torch.Tensor, seq_len: int, causal: bool) -> torch.Tensor:
+        """The mask as a bool tensor ``[R, C]`` for query positions ``[R]`` x key positions ``[C]``
+        (True: visible). O(R*C): only for tiles and for the test oracle."""
+        lo, hi = self.intervals(q_pos, seq_len, causal)
+        vis = (k_pos[None, :] >= lo[:, None]) & (k_pos[None, :] <= hi[:, None])
+        if self.mask_mod is not None:
+            vis &= self.call_mod(q_pos, k_pos)
+        return vis
+
+    def call_mod(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """``mask_mod`` on ``q_pos [R] x k_pos [C]`` as a bool ``[R, C]``; raises ``ValueError``
+        naming the problem when it raises or returns something else."""
+        try:
+            res = self.mask_mod(q_pos[:, None], k_pos[None, :])
+        except Exception as e:  # a user predicate may raise anything: report it, on every rank
+            raise ValueError(f"mask_mod raised {type(e).__name__}: {e}") from e
+        if not isinstance(res, torch.Tensor) or res.dtype != torch.bool:
+            raise ValueError(f"mask_mod must return a bool tensor, got "
+                             f"{res.dtype if isinstance(res, torch.Tensor) else type(res).__name__}")
+        try:
+            return res.expand(q_pos.numel(), k_pos.numel())
+        except RuntimeError as e:
+            raise ValueError(f"mask_mod returned shape {tuple(res.shape)}, not broadcastable to "
+                             f"[{q_pos.numel()}, {k_pos.numel()}] for q_pos [R, 1], k_pos [1, C]") from e
+
+
+def make_mask(window=None, cu_seqlens=None, document_ids=None, mask_mod=None,
+              mask: Optional[AttnMask] = None) -> Optional[AttnMask]:
+    """The call's mask from the keyword arguments (``None``: no mask). ``mask`` (a prebuilt,
+    caching :class:`AttnMask`) excludes the others."""
+    given = [n for n, v in (("window", window), ("cu_seqlens", cu_seqlens), ("document_ids", document_ids),
+                            ("mask_mod", mask_mod)) if v is not None]
+    if mask is not None:
+        if not isinstance(mask, AttnMask):
+            raise ValueError(f"mask must be a burstattn.AttnMask, got {type(mask).__name__}")
+        if given:
+            raise ValueError(f"pass either mask=AttnMask(...) or {given}, not both")
+        return None if mask.empty else mask
+    if not given:
+        return None
+    built = AttnMask(window=window, cu_seqlens=cu_seqlens, document_ids=document_ids, mask_mod=mask_mod)
+    return None if built.empty else built
