@@ -4,6 +4,7 @@
     burstattn bench core [flags]   # overhead, speedup, bytes and memory benchmarks -> JSON + Markdown
     burstattn bench grid --config bench/configs/targets.toml [--plots docs/img]   # strategies + peers
     burstattn bench maxlen --mem-budget MiB [flags]  # longest sequence under a per-rank memory budget
+    burstattn bench masks [--quick] [--docs docs/benchmarks.md]  # windows, documents, load balance
 
 Subcommands import their modules (and ``rich``) only when they run, so ``burstattn --help`` and
 ``import burstattn`` stay light. Later subcommands (``train``, ``generate``, ``sim``, ``plan``) are
@@ -49,6 +50,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     m = suites.add_parser("maxlen", help="longest sequence each strategy fits under a per-rank memory budget")
     maxlen.add_arguments(m)
     m.set_defaults(handler=_run_bench_maxlen)
+    from .bench import masks
+
+    k = suites.add_parser("masks", help="sliding window, packed documents and DistFlashAttn balance vs dense causal")
+    masks.add_arguments(k)
+    k.set_defaults(handler=_run_bench_masks)
 
 
 def _run_bench_core(ns: argparse.Namespace) -> int:
@@ -74,6 +80,13 @@ def _run_bench_maxlen(ns: argparse.Namespace) -> int:
     from .bench import maxlen
 
     return maxlen.run_maxlen(maxlen.config_from_args(ns))
+
+
+def _run_bench_masks(ns: argparse.Namespace) -> int:
+    from .bench import masks
+
+    masks.run_masks(masks.config_from_args(ns))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:

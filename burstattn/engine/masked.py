@@ -114,7 +114,7 @@ def masked_forward(comm: Optional[RingComm], call: MaskedCall, q, k, v) -> tuple
     return out, lse
 
 
-def _backward_lse(lse: torch.Tensor) -> torch.Tensor:
+def backward_lse(lse: torch.Tensor) -> torch.Tensor:
     """Global LSE with ``-inf`` (rows that see nothing) replaced by ``+inf``: P = 0 there."""
     return lse.masked_fill(lse == float("-inf"), float("inf"))
 
@@ -123,7 +123,7 @@ def masked_backward_kv(comm: Optional[RingComm], call: MaskedCall, dout, q, k, v
     """K/V go to the ranks that need them again; dK/dV partials return to their owners.
     Returns ``dq, dk, dv`` in the accumulator dtype."""
     acc = accum_dtype(q.dtype)
-    rank, lse_b = call.plan.rank, _backward_lse(lse)
+    rank, lse_b = call.plan.rank, backward_lse(lse)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     dkv = torch.zeros((2,) + tuple(k.shape), dtype=acc, device=k.device)
 
@@ -151,7 +151,7 @@ def masked_backward_query(comm: Optional[RingComm], call: MaskedCall, dout, q, k
     Returns ``dq, dk, dv`` in the accumulator dtype."""
     b, hq, n, d = q.shape
     acc = accum_dtype(q.dtype)
-    rank, lse_b = call.plan.rank, _backward_lse(lse)
+    rank, lse_b = call.plan.rank, backward_lse(lse)
     packer = Packer([Field("lse", (b, hq, n), acc), Field("delta", (b, hq, n), acc),
                      Field("q", (b, hq, n, d), q.dtype), Field("dout", (b, hq, n, d), q.dtype)])
     steps = call.plan.q_steps()

@@ -13,21 +13,22 @@ import torch
 import torch.distributed as dist
 
 from ..config import LAYOUTS
-from .base import StrategySpec
+from .base import MASK_OPTIONS, StrategySpec
 
 _ALL = LAYOUTS
 STRATEGIES = MappingProxyType({s.name: s for s in (
-    StrategySpec("burst", "burst", _ALL, "zigzag", ("backend", "backward"),
-                 "BurstAttention: K/V ring forward, query-ring (or K/V-ring) backward, balanced layouts"),
-    StrategySpec("ring", "ring", ("contiguous",), "contiguous", ("backend",),
+    StrategySpec("burst", "burst", _ALL, "zigzag", ("backend", "backward") + MASK_OPTIONS,
+                 "BurstAttention: K/V ring forward, query-ring (or K/V-ring) backward, balanced layouts; masks "
+                 "skip work and traffic", partitions=True),
+    StrategySpec("ring", "ring", ("contiguous",), "contiguous", ("backend",) + MASK_OPTIONS,
                  "RingAttention: K/V ring, contiguous layout, K/V/dK/dV backward ring"),
     StrategySpec("rsa", "rsa", _ALL, "contiguous", ("backend",),
                  "Ring Self-Attention: K ring builds the full local_seq x seq scores (kept: O(n N) memory), "
                  "V ring; backend 'auto' or 'reference' only (plain matmuls)"),
-    StrategySpec("ulysses", "ulysses", _ALL, "contiguous", ("backend",),
-                 "DeepSpeed-Ulysses: all-to-all sequence shards <-> head shards"),
-    StrategySpec("allgather", "allgather", _ALL, "contiguous", ("backend",),
-                 "all-gather K/V, local attention, reduce-scatter dK/dV (Llama 3 CP)"),
+    StrategySpec("ulysses", "ulysses", _ALL, "contiguous", ("backend",) + MASK_OPTIONS,
+                 "DeepSpeed-Ulysses: all-to-all sequence shards <-> head shards", partitions=True),
+    StrategySpec("allgather", "allgather", _ALL, "contiguous", ("backend",) + MASK_OPTIONS,
+                 "all-gather K/V, local attention, reduce-scatter dK/dV (Llama 3 CP)", partitions=True),
     StrategySpec("usp", "usp", _ALL, "zigzag", ("backend", "backward", "ulysses_degree", "ring_degree",
                                                 "mesh", "ulysses_group", "ring_group"),
                  "USP: Ulysses inside a group x burst ring across groups"),
@@ -45,7 +46,11 @@ def _registry_problem(spec, strategy: str, layout, options: dict):
     if unknown:
         return ValueError, (f"strategy {strategy!r} does not take option(s) {unknown}; it takes "
                             f"{list(spec.options)}")
-    if layout is not None and layout not in spec.layouts:
+    if layout is not None and not isinstance(layout, str):
+        if not spec.partitions:
+            return ValueError, (f"strategy {strategy!r} takes layout names {list(spec.layouts)}, not a "
+                                f"{type(layout).__name__}")
+    elif layout is not None and layout not in spec.layouts:
         return ValueError, f"strategy {strategy!r} supports layout(s) {list(spec.layouts)}, got {layout!r}"
     return None
 

@@ -22,20 +22,22 @@ from typing import Optional
 
 import torch
 
-from ..autograd import RingContext
+from ..autograd import RingContext, _masked_call
 from ..comm.collectives import Collectives
 from ..comm.stats import CommStats, active_stats
 from ..config import AttnConfig
+from ..engine.masked import backward_lse
 from ..engine.merge import merge_
 from ..engine.ring import op_slices
 from ..engine.schedule import block_ops
 from ..formulas import accum_dtype, byte_totals, element_size, meta_bytes
 from ..kernels import get_kernel, resolve_backend
-from .base import start
+from .base import start_masked
 
 
 def _pairs(ring: RingContext, cfg: AttnConfig, n: int):
-    """``(j, q rows, k rows, causal)`` for every kernel call of this rank's queries against rank j's K/V."""
+    """``(j, q rows, k rows, causal)`` for every kernel call of this rank's queries against rank j's K/V
+    (dense calls; masked calls use the plan's ops)."""
     for j in range(ring.world_size):
         for op in block_ops(ring.rank, j, ring.world_size, cfg.layout, cfg.causal, n):
             sl = op_slices(op)
@@ -56,7 +58,7 @@ class _AllGatherAttn(torch.autograd.Function):
     """``out = f(q, k, v)``; ``cfg`` resolved (concrete backend)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, ring: RingContext, cfg: AttnConfig):
+    def forward(ctx, q, k, v, ring: RingContext, cfg: AttnConfig, plan=None):
         qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))  # [B, n, H, D] -> [B, H, n, D] views
         b, hq, n, d = qh.shape
         scale, kernel, stats = cfg.scale_for(d), get_kernel(cfg.backend), active_stats()
@@ -64,13 +66,20 @@ class _AllGatherAttn(torch.autograd.Function):
         acc = accum_dtype(q.dtype)
         out32 = torch.zeros(b, hq, n, d, dtype=acc, device=q.device)
         lse = torch.full((b, hq, n), float("-inf"), dtype=acc, device=q.device)
-        for j, qs, ks, causal in _pairs(ring, cfg, n):
+        if plan is not None:  # masked: only the block ops the mask leaves non-empty
+            call = _masked_call(cfg, plan, n, scale)
+            for j in range(ring.world_size):
+                for op in plan.row[j]:
+                    res = call.forward_op(op, qh, kv[j, 0], kv[j, 1], ring.rank, j)
+                    if res is not None:
+                        merge_(out32[:, :, res[0]], lse[:, :, res[0]], res[1], res[2])
+        for j, qs, ks, causal in (() if plan is not None else _pairs(ring, cfg, n)):
             o_j, lse_j = kernel.forward(qh[:, :, qs], kv[j, 0][:, :, ks], kv[j, 1][:, :, ks], scale, causal)
             merge_(out32[:, :, qs], lse[:, :, qs], o_j, lse_j)
         out = out32.transpose(1, 2).to(q.dtype).contiguous()  # (B, n, Hq, D)
         if any(ctx.needs_input_grad[:3]):
             ctx.save_for_backward(q, k, v, out, lse)
-            ctx.ring, ctx.cfg, ctx.stats = ring, cfg, stats
+            ctx.ring, ctx.cfg, ctx.stats, ctx.plan = ring, cfg, stats, plan
         return out
 
     @staticmethod
@@ -83,24 +92,32 @@ class _AllGatherAttn(torch.autograd.Function):
         kv = _gather_kv(ring, kh, vh, "backward", stats)
         dq = torch.zeros(qh.shape, dtype=acc, device=q.device)
         dkv = torch.zeros(kv.shape, dtype=acc, device=q.device)  # (P, 2, B, Hkv, n, D)
-        for j, qs, ks, causal in _pairs(ring, cfg, q.shape[1]):
-            dq_j, dk_j, dv_j = kernel.backward(doh[:, :, qs], qh[:, :, qs], kv[j, 0][:, :, ks],
-                                               kv[j, 1][:, :, ks], oh[:, :, qs], lse[:, :, qs], scale, causal)
+        if ctx.plan is not None:
+            call, lse_b = _masked_call(cfg, ctx.plan, q.shape[1], scale), backward_lse(lse)
+            blocks = ((j, g) for j in range(ring.world_size)
+                      for g in call.backward_ops(ctx.plan.row[j], doh, qh, kv[j, 0], kv[j, 1], oh, lse_b, ring.rank, j))
+        else:
+            blocks = ((j, (qs, ks, *kernel.backward(doh[:, :, qs], qh[:, :, qs], kv[j, 0][:, :, ks], kv[j, 1][:, :, ks],
+                                                    oh[:, :, qs], lse[:, :, qs], scale, causal)))
+                      for j, qs, ks, causal in _pairs(ring, cfg, q.shape[1]))
+        for j, (qs, ks, dq_j, dk_j, dv_j) in blocks:
             dq[:, :, qs] += dq_j
             dkv[j, 0][:, :, ks] += dk_j
             dkv[j, 1][:, :, ks] += dv_j
         mine = dkv[0] if ring.world_size == 1 else Collectives(ring.group, "backward", stats).reduce_scatter(dkv, "dkv")
         return (dq.transpose(1, 2).to(q.dtype), mine[0].transpose(1, 2).to(k.dtype),
-                mine[1].transpose(1, 2).to(v.dtype), None, None)
+                mine[1].transpose(1, 2).to(v.dtype), None, None, None)
 
 
-def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto") -> torch.Tensor:
+def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", **mask_args) -> torch.Tensor:
     """``q [B, n, Hq, D]``, ``k, v [B, n, Hkv, D]`` (this rank's shard in ``layout``) ->
-    ``[B, n, Hq, D]`` in q's dtype. Raises on every rank for invalid inputs (``check_inputs``)."""
-    ring, cfg = start("allgather", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
-                      layout=layout, backend=backend)
+    ``[B, n, Hq, D]`` in q's dtype. Raises on every rank for invalid inputs (``check_inputs``).
+    With a mask (``mask_args``) only the non-empty block ops are computed; the gathers move the
+    same bytes (an all-gather cannot skip ranks)."""
+    ring, cfg, plan = start_masked("allgather", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
+                                   layout=layout, backend=backend, mask_args=mask_args)
     cfg = replace(cfg, backend=resolve_backend(backend, q.device, q.dtype))
-    return _AllGatherAttn.apply(q, k, v, ring, cfg)
+    return _AllGatherAttn.apply(q, k, v, ring, cfg, plan)
 
 
 def bytes_formula(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,

@@ -9,7 +9,10 @@ from typing import Callable, Optional
 from ..api import ring_context
 from ..autograd import RingContext
 from ..config import AttnConfig
-from ..validate import check_inputs
+from ..masks.setup import build_mask, plan_for
+from ..validate import check_inputs, local_problem
+
+MASK_OPTIONS = ("window", "cu_seqlens", "document_ids", "mask_mod", "mask")
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,8 @@ class StrategySpec:
         layouts: sequence layouts it accepts; ``default_layout`` is used when ``layout=None``.
         options: the extra keyword options it takes (anything else is an error).
         summary: one line for error messages and docs.
+        partitions: whether an explicit :class:`~burstattn.partition.Partition` is accepted as
+            ``layout`` (strategies that place tokens by position: burst, allgather, ulysses).
     """
 
     name: str
@@ -30,6 +35,7 @@ class StrategySpec:
     default_layout: str
     options: tuple[str, ...]
     summary: str
+    partitions: bool = False  # whether ``layout`` may be an explicit burstattn.partition.Partition
 
     def runner(self) -> Callable:
         """``run(q, k, v, *, group, causal, softmax_scale, layout, **options) -> out``."""
@@ -56,3 +62,19 @@ def start(name: str, q, k, v, *, group, causal: bool, softmax_scale, layout: str
                      backward=backward)
     check_inputs(q, k, v, cfg, ring.group, ring.world_size, fn=label(name), extra=extra)
     return ring, cfg
+
+
+def start_masked(name: str, q, k, v, *, group, causal: bool, softmax_scale, layout, backend: str = "auto",
+                 mask_args: Optional[dict] = None):
+    """:func:`start` for a strategy that takes masks (``mask_args``: its ``window`` / ``cu_seqlens``
+    / ``document_ids`` / ``mask_mod`` / ``mask`` options). Returns ``(ring, cfg, plan)``: ``plan``
+    is this rank's :class:`~burstattn.masks.plan.MaskPlan` (``None`` without a mask); a bad mask
+    raises on every rank like any bad input."""
+    ring = ring_context(group)
+    amask, problem = build_mask(**(mask_args or {}))
+    cfg = AttnConfig(causal=bool(causal), softmax_scale=softmax_scale, layout=layout, backend=backend, mask=amask)
+    plan = None
+    if problem is None and local_problem(q, k, v, cfg) is None:
+        plan, problem = plan_for(q, cfg, ring.rank, ring.world_size)
+    check_inputs(q, k, v, cfg, ring.group, ring.world_size, fn=label(name), extra=problem)
+    return ring, cfg, plan

@@ -43,3 +43,19 @@ def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     name = resolve_backend(backend, q.device, q.dtype)
     return _LocalAttn.apply(q, k, v, float(scale), bool(causal), name)
+
+
+def masked_local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg) -> torch.Tensor:
+    """Attention of the whole sequence in global order on this device under ``cfg.mask``
+    (``q [B, N, Hq, D]``, ``k, v [B, N, Hkv, D]`` -> ``[B, N, Hq, D]``): the masked engine at a
+    world of one, computing only the non-empty block ops. Differentiable."""
+    from dataclasses import replace
+
+    from ..autograd import BurstAttnFunction, RingContext
+    from ..masks.plan import mask_plan
+
+    n = q.shape[1]
+    plan = mask_plan(cfg.mask, cfg.causal, n, 1, "contiguous", 0)
+    local = replace(cfg, layout="contiguous", backend=resolve_backend(cfg.backend, q.device, q.dtype),
+                    backward="burst")
+    return BurstAttnFunction.apply(q, k, v, RingContext(None, 0, 1), local, plan)[0]

@@ -11,10 +11,12 @@ from ..api import burst_attn_func
 from ..formulas import ring_bytes
 
 
-def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto"):
-    """``layout`` must be ``"contiguous"`` (checked by the registry)."""
+def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", **mask_args):
+    """``layout`` must be ``"contiguous"`` (checked by the registry). With a mask (``mask_args``)
+    the K/V go only where the mask needs them (the same sparse direct schedule as ``burst``),
+    and the backward still moves K/V and dK/dV."""
     return burst_attn_func(q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
-                           layout=layout, backend=backend, backward="kv")
+                           layout=layout, backend=backend, backward="kv", **mask_args)
 
 
 def bytes_formula(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,

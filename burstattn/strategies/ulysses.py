@@ -23,28 +23,36 @@ from __future__ import annotations
 import torch
 
 from ..formulas import byte_totals, meta_bytes
-from .heads import (a2a_bytes, from_global, heads_to_seq, kv_repeats, rank_order, repeat_kv,
-                    seq_to_heads, start_heads, to_global)
-from .local import local_attention
+from .base import label, start_masked
+from .heads import (a2a_bytes, from_global, heads_problem, heads_to_seq, kv_repeats, rank_order, repeat_kv,
+                    seq_to_heads, to_global)
+from .local import local_attention, masked_local_attention
 
 
-def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto") -> torch.Tensor:
+def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", **mask_args) -> torch.Tensor:
     """``q [B, n, Hq, D]``, ``k, v [B, n, Hkv, D]`` (this rank's shard in ``layout``) ->
-    ``[B, n, Hq, D]`` in q's dtype.
+    ``[B, n, Hq, D]`` in q's dtype. With a mask (``mask_args``) the local attention over the whole
+    sequence computes only the block ops the mask leaves non-empty (the all-to-alls are unchanged).
 
     Raises:
-        ValueError / TypeError on every rank: invalid inputs (see ``check_inputs``), or
+        ValueError / TypeError on every rank: invalid inputs or mask (see ``check_inputs``), or
         ``q_heads`` not divisible by the group size.
     """
-    ring = start_heads("ulysses", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
-                       layout=layout, backend=backend)
+    ring, cfg, _ = start_masked("ulysses", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
+                                layout=layout, backend=backend, mask_args=mask_args)
+    problem = heads_problem(q.shape[2], ring.world_size, "ulysses")
+    if problem:
+        raise ValueError(f"{label('ulysses')}: {problem}")
     p = ring.world_size
     reps = kv_repeats(k.shape[2], p)
     # (B, n, Hkv, D) -> (B, n, Hkv*reps, D); then each -> (B, N, H/P, D) in rank order
     qh, kh, vh = seq_to_heads([q, repeat_kv(k, reps), repeat_kv(v, reps)], ring.group, p, "qkv")
     order = rank_order(q.shape[1] * p, p, layout)
-    out = local_attention(to_global(qh, order), to_global(kh, order), to_global(vh, order),
-                          causal=causal, softmax_scale=softmax_scale, backend=backend)
+    qg, kg, vg = to_global(qh, order), to_global(kh, order), to_global(vh, order)
+    if cfg.mask is None:
+        out = local_attention(qg, kg, vg, causal=causal, softmax_scale=softmax_scale, backend=backend)
+    else:
+        out = masked_local_attention(qg, kg, vg, cfg)
     # (B, N, Hq/P, D) in global order -> rank order -> (B, n, Hq, D)
     return heads_to_seq(from_global(out, order), ring.group, p, "out")
 

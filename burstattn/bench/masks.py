@@ -1,0 +1,437 @@
+"""``burstattn bench masks``: sliding windows, packed documents and load balance, in real processes.
+
+Suites (select with ``--suites``):
+
+* ``masks`` (P = ``world_size`` ranks, N = ``seq_len``, causal): dense causal zigzag (the baseline),
+  dense causal contiguous, a causal sliding window of N/8 keys (contiguous layout), and
+  ``documents`` packed documents (cut points from a fixed seed, :func:`packed_documents`) over the
+  contiguous, zigzag and :func:`burstattn.partition.document_partition` layouts. Target: the
+  window at most 1/3 of the dense causal time (fwd+bwd); time and bytes about in proportion to
+  the useful work (visible (q, k) pairs).
+* ``distflash`` (every P of ``distflash_world_sizes``, N = ``distflash_seq_len``): the causal ring
+  over contiguous (unbalanced), zigzag and striped, ``schedule="distflash"``, and the non-causal
+  ring. Target: DistFlashAttn's causal time <= 0.6x the non-causal time (fwd+bwd).
+
+Per point, in every rank (one :class:`~burstattn.launch.LocalPool` per world size, one
+``pool.run`` per point, so a failing point costs only itself):
+
+1. correctness: the same point on ``check_seq_len`` tokens (same mask shape, layout, schedule),
+   out / dQ / dK / dV of every rank's rows against the float64 dense reference with the mask;
+2. bytes: one forward and one forward+backward under :func:`burstattn.comm_stats`, per
+   (phase, op), next to the formula (``mask_bytes`` / ``ring_bytes`` / ``distflash_bytes``);
+3. the full-size result itself: out and dQ of ``check_rows`` sampled rows of every rank (from the
+   forward+backward of step 2) against float64 (dQ of a row depends only on that row);
+4. time: ``warmup`` more calls, then ``repeats`` alternated fwd / fwd+bwd calls; a repeat's time
+   is the slowest rank's, the record keeps the median.
+
+The balance figure is max over mean of the score entries each rank computes under the plan
+actually run (:func:`burstattn.masks.rank_work`, ``engine.schedule.rank_cost``, or the
+``distflash_plan`` steps); the useful work counts the visible (q, k) pairs of the mask.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from .progress import ProgressFile, run_with_progress
+from .timing import code_version, cpu_snapshot, machine_info, other_load, time_interleaved
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SUITES = ("masks", "distflash")
+
+
+@dataclass(frozen=True)
+class MasksConfig:
+    """Flags of ``burstattn bench masks``."""
+
+    out: str = "bench-out"                      # directory for masks.json and masks.md
+    docs: Optional[str] = None                  # also write the section into this file (docs/benchmarks.md)
+    quick: bool = False                         # tiny sizes, 1 repeat: a smoke run
+    suites: tuple[str, ...] = SUITES
+    world_size: int = 4                         # masks suite
+    seq_len: int = 32768                        # masks suite
+    distflash_world_sizes: tuple[int, ...] = (4, 8)
+    distflash_seq_len: int = 16384
+    heads: int = 8
+    kv_heads: int = 8
+    head_dim: int = 64
+    batch: int = 1
+    dtype: str = "float32"
+    window_div: int = 8                         # the window sees seq_len // window_div keys to the left
+    documents: int = 8                          # packed documents of the masks suite
+    doc_seed: int = 0                           # seed of their cut points
+    repeats: int = 3
+    warmup: int = 0                             # extra untimed calls (the byte calls already warm up)
+    check_seq_len: int = 1024                   # correctness instance (full fwd+bwd vs float64)
+    check_rows: int = 8                         # sampled rows per rank checked at full size
+
+    def effective(self) -> "MasksConfig":
+        """The configuration actually run (``quick``: N = 1024, P <= 4, 1 repeat)."""
+        unknown = sorted(set(self.suites) - set(SUITES))
+        if unknown:
+            raise ValueError(f"unknown suite(s) {unknown}; known: {list(SUITES)}")
+        if not self.quick:
+            return self
+        worlds = tuple(w for w in self.distflash_world_sizes if w <= 4) or (4,)
+        return replace(self, seq_len=min(self.seq_len, 1024), distflash_seq_len=min(self.distflash_seq_len, 1024),
+                       distflash_world_sizes=worlds, repeats=1, warmup=0,
+                       check_seq_len=min(self.check_seq_len, 512), check_rows=min(self.check_rows, 4))
+
+
+@dataclass(frozen=True)
+class MaskPoint:
+    """One benchmark point; the mask is described by shape so that it scales to any length."""
+
+    suite: str
+    name: str
+    seq_len: int
+    causal: bool
+    layout: str                  # "contiguous" | "zigzag" | "striped" | "documents" (document_partition)
+    schedule: str = "ring"
+    window_div: int = 0          # > 0: causal window (seq_len // window_div, 0)
+    documents: int = 0           # > 0: that many packed documents (packed_documents(..., doc_seed))
+    doc_seed: int = 0
+    heads: int = 8
+    kv_heads: int = 8
+    head_dim: int = 64
+    batch: int = 1
+    dtype: str = "float32"
+    repeats: int = 3
+    warmup: int = 0
+    check_seq_len: int = 1024
+    check_rows: int = 8
+    target: Optional[float] = None  # max fwd+bwd time ratio (masks: vs dense causal; distflash: vs non-causal)
+
+
+def packed_documents(seq_len: int, documents: int, seed: int) -> list[int]:
+    """``cu_seqlens`` of ``documents`` packed documents: ``documents - 1`` cut points at fractions
+    drawn uniformly (``torch.Generator().manual_seed(seed)``), sorted and scaled to ``seq_len``, so a
+    seed gives the same shape at every length. Raises ValueError if two cuts coincide."""
+    gen = torch.Generator().manual_seed(seed)
+    fracs = torch.rand(documents - 1, generator=gen, dtype=torch.float64).sort().values
+    cu = [0] + [round(float(f) * seq_len) for f in fracs] + [seq_len]
+    if any(b <= a for a, b in zip(cu, cu[1:])):
+        raise ValueError(f"{documents} documents with seed {seed} give an empty document at N={seq_len}: {cu}")
+    return cu
+
+
+def point_mask(p: MaskPoint, seq_len: int):
+    """The point's :class:`burstattn.masks.AttnMask` at ``seq_len`` tokens (``None``: dense)."""
+    from ..masks import AttnMask
+
+    if p.window_div:
+        return AttnMask(window=(seq_len // p.window_div, 0))
+    if p.documents:
+        return AttnMask(cu_seqlens=packed_documents(seq_len, p.documents, p.doc_seed))
+    return None
+
+
+def point_layout(p: MaskPoint, seq_len: int, world: int):
+    """A layout name, or the :class:`~burstattn.partition.Partition` of ``layout="documents"``."""
+    if p.layout != "documents":
+        return p.layout
+    from ..partition import document_partition  # ImportError -> the point is reported unavailable
+
+    return document_partition(packed_documents(seq_len, p.documents, p.doc_seed), world, causal=p.causal)
+
+
+def _positions(layout, seq_len: int, world: int, rank: int) -> torch.Tensor:
+    from ..masks.blocks import positions
+
+    return positions(layout, seq_len, world, rank)
+
+
+# ------------------------------------------------------------------------------ rank side
+def _global(p: MaskPoint, seq_len: int, seed: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """Global q [B, N, Hq, D], k/v [B, N, Hkv, D], dO [B, N, Hq, D] (equal on every rank)."""
+    gen = torch.Generator().manual_seed(seed)
+    sq, skv = (p.batch, seq_len, p.heads, p.head_dim), (p.batch, seq_len, p.kv_heads, p.head_dim)
+    return [torch.randn(s, generator=gen, dtype=dtype) for s in (sq, skv, skv, sq)]
+
+
+def _call(p: MaskPoint, seq_len: int, world: int):
+    """``fn(q, k, v) -> out`` for the point at ``seq_len`` tokens, and the layout it uses."""
+    from .. import burst_attn_func
+
+    layout, mask = point_layout(p, seq_len, world), point_mask(p, seq_len)
+    return (lambda q, k, v: burst_attn_func(q, k, v, causal=p.causal, layout=layout,  # noqa: E731
+                                            schedule=p.schedule, mask=mask)), layout, mask
+
+
+def _visible(mask, q_pos: torch.Tensor, seq_len: int, causal: bool) -> torch.Tensor:
+    from ..masks import AttnMask
+
+    return (mask or AttnMask()).dense(q_pos, torch.arange(seq_len), seq_len, causal)  # [R, N]
+
+
+def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x.detach().double() - ref).abs().max() / ref.abs().max())
+
+
+def _check_small(p: MaskPoint, rank: int, world: int) -> dict:
+    """Relative errors of out, dq, dk, dv on this rank's rows at ``check_seq_len`` vs float64."""
+    from ..reference import reference_attention
+
+    n_chk = p.check_seq_len
+    fn, layout, mask = _call(p, n_chk, world)
+    q, k, v, do = _global(p, n_chk, 1234, torch.float64)
+    ref = [x.clone().requires_grad_() for x in (q, k, v)]
+    out_ref = reference_attention(*ref, mask=_visible(mask, torch.arange(n_chk), n_chk, p.causal))[0]
+    out_ref.backward(do)
+    pos, dt = _positions(layout, n_chk, world, rank), DTYPES[p.dtype]
+    loc = [x[:, pos].to(dt).requires_grad_() for x in (q, k, v)]
+    out = fn(*loc)
+    out.backward(do[:, pos].to(dt))
+    got, want = (out, *(x.grad for x in loc)), (out_ref, *(x.grad for x in ref))
+    return {key: _rel(g, w[:, pos]) for key, g, w in zip(("out", "dq", "dk", "dv"), got, want)}
+
+
+def _check_rows(p: MaskPoint, mask, glob, pos, out, dq) -> dict:
+    """Out and dQ of sampled rows of the full-size call against float64 with the mask."""
+    from ..reference import _attend  # reference_rows takes no mask (see bench masks' report)
+
+    n = pos.numel()
+    idx = torch.linspace(0, n - 1, p.check_rows).round().long().unique()
+    q, k, v, do = glob
+    q_rows = q[:, pos[idx]].clone().requires_grad_()
+    visible = _visible(mask, pos[idx], p.seq_len, p.causal)
+    out_ref = _attend(q_rows, k, v, pos[idx], torch.arange(p.seq_len), False, None, visible)[0]
+    out_ref.backward(do[:, pos[idx]].double())
+    return {"out": _rel(out[:, idx], out_ref), "dq": _rel(dq[:, idx], q_rows.grad), "rows": len(idx)}
+
+
+def _formula(p: MaskPoint, world: int, rank: int, layout, mask) -> dict:
+    """The byte formula of this rank for the point: ``{"backward": used, "ops": {"phase/op": int}}``."""
+    from .. import formulas
+    from ..masks import AttnMask, choose_mask_backward, mask_bytes, mask_plan
+
+    shape = dict(batch=p.batch, local_seq=p.seq_len // world, q_heads=p.heads, kv_heads=p.kv_heads,
+                 head_dim=p.head_dim, dtype=DTYPES[p.dtype])
+    if p.schedule == "distflash":
+        used, f = "distflash", formulas.distflash_bytes(rank=rank, world_size=world, **shape)
+    elif mask is not None or not isinstance(layout, str):
+        used = choose_mask_backward(**shape)
+        plan = mask_plan(mask or AttnMask(), p.causal, p.seq_len, world, layout, rank)
+        f = mask_bytes(plan, backward=used, **shape)
+    else:
+        used = formulas.choose_backward(world_size=world, **shape)
+        f = formulas.ring_bytes(world_size=world, backward=used, **shape)
+    return {"backward": used, "ops": {f"{ph}/{op}": b for (ph, op), b in f["ops"].items()}}
+
+
+def _sent(stats) -> dict[str, int]:
+    return {f"{ph}/{op}": row["sent"] for ph, ops in stats.as_dict().items() for op, row in ops.items()}
+
+
+def _mask_point(rank: int, world: int, p: MaskPoint, progress_path: Optional[str]) -> dict:
+    """One point on one rank (runs inside the pool); see the module docstring for the steps."""
+    from .. import comm_stats
+
+    ProgressFile(progress_path, rank).start(f"P={world} {p.suite}: {p.name}")
+    try:
+        fn, layout, mask = _call(p, p.seq_len, world)
+    except ImportError as e:  # burstattn.partition not there yet
+        return {"unavailable": f"{type(e).__name__}: {e}"}
+    rec: dict = {"check": _check_small(p, rank, world)}
+    glob = _global(p, p.seq_len, 7, torch.float32)  # float32: 4 ranks hold it at N = 32K
+    pos, dt = _positions(layout, p.seq_len, world, rank), DTYPES[p.dtype]
+    q, k, v = (x[:, pos].to(dt).requires_grad_() for x in glob[:3])
+    grad = glob[3][:, pos].to(dt)
+
+    def fwd():
+        return fn(q, k, v)
+
+    def fwd_bwd():
+        q.grad = k.grad = v.grad = None
+        out = fn(q, k, v)
+        out.backward(grad)
+        return out
+
+    dist.barrier()
+    with comm_stats() as s_fwd:
+        fwd()
+    dist.barrier()
+    with comm_stats() as s_all:
+        out = fwd_bwd()
+    rec["sent"] = {"fwd": _sent(s_fwd), "fwd+bwd": _sent(s_all)}
+    rec["formula"] = _formula(p, world, rank, layout, mask)
+    rec["rows"] = _check_rows(p, mask, glob, pos, out.detach(), q.grad)
+    del glob, out
+    t = time_interleaved({"fwd": fwd, "fwd+bwd": fwd_bwd}, repeats=p.repeats, warmup=p.warmup, barrier=dist.barrier)
+    rec["samples"] = {name: list(x.samples) for name, x in t.items()}
+    return rec
+
+
+# ---------------------------------------------------------------------------- parent side
+def _points(cfg: MasksConfig) -> dict[int, list[MaskPoint]]:
+    """The plan: world size -> points (both suites share the spawn of a world size)."""
+    common = dict(heads=cfg.heads, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, batch=cfg.batch, dtype=cfg.dtype,
+                  repeats=cfg.repeats, warmup=cfg.warmup, check_seq_len=cfg.check_seq_len,
+                  check_rows=cfg.check_rows)
+    plan: dict[int, list[MaskPoint]] = {}
+    if "masks" in cfg.suites:
+        n, docs = cfg.seq_len, dict(documents=cfg.documents, doc_seed=cfg.doc_seed)
+        plan.setdefault(cfg.world_size, []).extend([
+            MaskPoint("masks", "dense causal", n, True, "zigzag", **common),
+            MaskPoint("masks", "dense causal", n, True, "contiguous", **common),
+            MaskPoint("masks", f"causal window N/{cfg.window_div}", n, True, "contiguous",
+                      window_div=cfg.window_div, target=1 / 3, **common),
+            *(MaskPoint("masks", f"{cfg.documents} packed documents", n, True, lay, **docs, **common)
+              for lay in ("contiguous", "zigzag", "documents"))])
+    if "distflash" in cfg.suites:
+        n = cfg.distflash_seq_len
+        for world in cfg.distflash_world_sizes:
+            plan.setdefault(world, []).extend([
+                *(MaskPoint("distflash", f"causal ring {lay}", n, True, lay, **common)
+                  for lay in ("contiguous", "zigzag", "striped")),
+                MaskPoint("distflash", "causal distflash", n, True, "contiguous", "distflash", target=0.6, **common),
+                MaskPoint("distflash", "non-causal ring", n, False, "zigzag", **common)])
+    return plan
+
+
+def rank_costs(p: MaskPoint, world: int) -> list[float]:
+    """Score entries each rank computes in the forward under the plan the point runs."""
+    from ..engine.schedule import distflash_plan, rank_cost
+    from ..masks import AttnMask, rank_work
+
+    n = p.seq_len // world
+    if p.schedule == "distflash":
+        return [n * n / 2 + n * n * sum((s.own_k is not None) + (s.helper_q is not None)
+                                        for s in distflash_plan(r, world)[1:]) for r in range(world)]
+    layout, mask = point_layout(p, p.seq_len, world), point_mask(p, p.seq_len)
+    if mask is None and isinstance(layout, str):
+        return [rank_cost(r, world, layout, p.causal, n) for r in range(world)]
+    return rank_work(mask or AttnMask(), p.causal, p.seq_len, world, layout)
+
+
+def useful_pairs(p: MaskPoint) -> int:
+    """Visible (query, key) pairs of the mask over the whole sequence."""
+    from ..masks import AttnMask
+
+    lo, hi = (point_mask(p, p.seq_len) or AttnMask()).intervals(torch.arange(p.seq_len), p.seq_len, p.causal)
+    return int((hi - lo + 1).clamp_min(0).sum())
+
+
+def _median(samples_by_rank: list[list[float]]) -> float:
+    """Median over repeats of the slowest rank's time in each repeat."""
+    return statistics.median(max(rep) for rep in zip(*samples_by_rank))
+
+
+def combine(p: MaskPoint, world: int, ranks: list[dict]) -> dict:
+    """One JSON record from every rank's result."""
+    from ..masks import balance
+
+    rec: dict = {"suite": p.suite, "name": p.name, "layout": p.layout, "world_size": world, "config": asdict(p)}
+    if any("unavailable" in r for r in ranks):
+        return {**rec, "unavailable": next(r["unavailable"] for r in ranks if "unavailable" in r)}
+    rec["errors"] = {k: max(r["check"][k] for r in ranks) for k in ("out", "dq", "dk", "dv")}
+    rec["row_errors"] = {k: max(r["rows"][k] for r in ranks) for k in ("out", "dq")}
+    rec["rows_checked_per_rank"] = ranks[0]["rows"]["rows"]
+    rec["median_s"] = {ph: _median([r["samples"][ph] for r in ranks]) for ph in ("fwd", "fwd+bwd")}
+    rec["samples_s"] = {ph: [r["samples"][ph] for r in ranks] for ph in ("fwd", "fwd+bwd")}
+    rec["backward_used"] = ranks[0]["formula"]["backward"]
+    rec["sent_per_rank"] = [r["sent"] for r in ranks]
+    rec["formula_per_rank"] = [r["formula"]["ops"] for r in ranks]
+    rec["bytes_match"] = all(_matches(r["sent"], r["formula"]["ops"]) for r in ranks)
+    rec["sent_total"] = {ph: [sum(r["sent"][ph].values()) for r in ranks] for ph in ("fwd", "fwd+bwd")}
+    work = rank_costs(p, world)
+    rec["work_per_rank"], rec["balance"] = work, balance(work)
+    rec["useful_pairs"] = useful_pairs(p)
+    if p.documents:
+        rec["cu_seqlens"] = packed_documents(p.seq_len, p.documents, p.doc_seed)
+    return rec
+
+
+def _matches(sent: dict, formula: dict) -> bool:
+    """Forward call = the formula's forward ops; forward+backward call = all of them (per op, exact)."""
+    fwd = {k: v for k, v in formula.items() if k.startswith("forward/")}
+    return all(sent[ph].get(k, 0) == want.get(k, 0)
+               for ph, want in (("fwd", fwd), ("fwd+bwd", formula)) for k in set(sent[ph]) | set(want))
+
+
+def run_masks(cfg: MasksConfig, console=None) -> dict:
+    """Run the suites; write ``masks.json`` and ``masks.md`` under ``cfg.out`` (and the section of
+    ``cfg.docs``); return the JSON document."""
+    from rich.console import Console
+
+    from ..launch import LocalGroupError, LocalPool
+    from .masks_report import derive, masks_markdown, update_section
+
+    console = console or Console()
+    eff = cfg.effective()
+    plan = _points(eff)
+    total = sum(map(len, plan.values()))
+    out_dir = Path(eff.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started, t0, code = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.perf_counter(), code_version()
+    console.print(f"bench masks: {total} points over world sizes {sorted(plan)}, 1 thread per rank, "
+                  f"{os.cpu_count()} cores")
+
+    def work(path: str) -> list[dict]:
+        records = []
+        for world, points in sorted(plan.items()):
+            before = cpu_snapshot()
+            with LocalPool(world, threads_per_rank=1, timeout_s=7200.0, pg_timeout_s=1800.0) as pool:
+                for p in points:
+                    try:
+                        records.append(combine(p, world, pool.run(_mask_point, p, path)))
+                    except LocalGroupError as e:
+                        records.append({"suite": p.suite, "name": p.name, "layout": p.layout,
+                                        "world_size": world, "config": asdict(p), "failed": str(e)[-1500:]})
+            load = other_load(before, cpu_snapshot())  # the pool is joined: its ranks count as ours
+            for r in records[-len(points):]:
+                r["other_load_during_spawn"] = load
+        return records
+
+    records = run_with_progress("bench masks", total, work, console=console)
+    derive(records)
+    doc = {"benchmark": "masks", "started": started, "duration_s": round(time.perf_counter() - t0, 1),
+           "machine": machine_info(), "code": code, "torch": torch.__version__,
+           "threads": "torch.set_num_threads(1) in every rank (LocalPool threads_per_rank=1)",
+           "config": asdict(eff), "records": records}
+    (out_dir / "masks.json").write_text(json.dumps(doc, indent=1))
+    md = masks_markdown(doc)
+    (out_dir / "masks.md").write_text(md)
+    if eff.docs:
+        update_section(eff.docs, md)
+    from rich.markdown import Markdown
+
+    console.print(Markdown(md))
+    console.print("wrote " + ", ".join(map(str, [out_dir / "masks.json", out_dir / "masks.md"]
+                                           + ([eff.docs] if eff.docs else []))))
+    return doc
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of ``burstattn bench masks``."""
+    d = MasksConfig()
+    p.add_argument("--out", default=d.out, help="output directory (default: %(default)s)")
+    p.add_argument("--quick", action="store_true", help="N=1024, P<=4, 1 repeat: a smoke run (not for the docs)")
+    p.add_argument("--docs", default=None, metavar="FILE",
+                   help="also write the section into FILE (e.g. docs/benchmarks.md), keeping its '### Reading'")
+    p.add_argument("--suites", nargs="+", choices=SUITES, default=list(d.suites))
+    p.add_argument("--world-size", type=int, default=d.world_size, help="ranks of the masks suite")
+    p.add_argument("--seq-len", type=int, default=d.seq_len, help="N of the masks suite")
+    p.add_argument("--distflash-world-sizes", nargs="+", type=int, default=list(d.distflash_world_sizes))
+    p.add_argument("--distflash-seq-len", type=int, default=d.distflash_seq_len)
+    p.add_argument("--documents", type=int, default=d.documents)
+    p.add_argument("--doc-seed", type=int, default=d.doc_seed)
+    p.add_argument("--repeats", type=int, default=d.repeats)
+    p.add_argument("--warmup", type=int, default=d.warmup)
+
+
+def config_from_args(ns: argparse.Namespace) -> MasksConfig:
+    """A :class:`MasksConfig` from parsed flags."""
+    return MasksConfig(out=ns.out, docs=ns.docs, quick=ns.quick, suites=tuple(ns.suites), world_size=ns.world_size,
+                       seq_len=ns.seq_len, distflash_world_sizes=tuple(ns.distflash_world_sizes),
+                       distflash_seq_len=ns.distflash_seq_len, documents=ns.documents, doc_seed=ns.doc_seed,
+                       repeats=ns.repeats, warmup=ns.warmup)
