@@ -8,6 +8,10 @@ With P ranks and a global sequence of N tokens, every rank holds n = N / P token
   chunk 2P-1-r. Every rank does the same causal work. Needs ``N % (2P) == 0``.
 * ``striped``: token i lives on rank ``i % P`` (rank r holds r, r+P, r+2P, ...). Equal causal
   work up to one token per row. Needs ``N % P == 0``.
+* an explicit :class:`~burstattn.partition.Partition` (e.g. ``document_partition(cu_seqlens, P)``
+  for packed documents): any equal-size, increasing sets of positions. Wherever a layout name is
+  accepted (``shard_sequence``, ``gather_sequence``, ``sequence_positions``, ``burst_attn_func``,
+  ``attention`` for burst / allgather / ulysses) a partition is too.
 
 In every layout the positions a rank holds are increasing, so a causal mask restricted to
 one rank's own tokens is the ordinary lower-triangular mask.
@@ -22,8 +26,11 @@ import torch.distributed as dist
 from .config import LAYOUTS
 
 
-def check_layout(layout: str) -> None:
-    """Raise ``ValueError`` unless ``layout`` is a known layout name."""
+def check_layout(layout) -> None:
+    """Raise ``ValueError`` unless ``layout`` is a known layout name or a
+    :class:`~burstattn.partition.Partition`."""
+    if not isinstance(layout, str) and hasattr(layout, "positions_of"):
+        return
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
 
@@ -44,6 +51,13 @@ def local_positions(seq_len: int, rank: int, world_size: int, layout: str) -> to
     the layout cannot split.
     """
     check_layout(layout)
+    if not isinstance(layout, str):
+        if (layout.seq_len, layout.world_size) != (seq_len, world_size):
+            raise ValueError(f"the partition is for {layout.world_size} ranks and {layout.seq_len} tokens, "
+                             f"not {world_size} ranks and {seq_len} tokens")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        return layout.positions_of(rank)
     err = split_error(seq_len, world_size, layout)
     if err:
         raise ValueError(err)
@@ -82,9 +96,11 @@ def _split_dim(x: torch.Tensor, dim: int) -> int:
     return dim % x.dim()
 
 
-def _shard(x: torch.Tensor, rank: int, world: int, layout: str, dim: int) -> torch.Tensor:
+def _shard(x: torch.Tensor, rank: int, world: int, layout, dim: int) -> torch.Tensor:
     seq_len = x.shape[dim]
     check_layout(layout)
+    if not isinstance(layout, str):
+        return x.index_select(dim, local_positions(seq_len, rank, world, layout).to(x.device))
     err = split_error(seq_len, world, layout)
     if err:
         raise ValueError(err)

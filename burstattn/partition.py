@@ -24,6 +24,7 @@ from .layout import local_positions
 
 Window = Optional[tuple[Optional[int], Optional[int]]]
 CuSeqlens = Union[torch.Tensor, Sequence[int]]
+_SWAP_REACH = 8  # units past the back run tried as the one swapped in
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,6 +80,10 @@ class Partition:
                 f"seq_len={self.seq_len}, fingerprint={self.fingerprint:#010x})")
 
 
+def _is_int_vector(t: torch.Tensor) -> bool:
+    return t.dim() == 1 and not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
+
+
 def _checked_positions(positions: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     if not isinstance(positions, (tuple, list)) or not positions:
         raise ValueError(f"positions must be a non-empty tuple of tensors, got {type(positions).__name__}")
@@ -86,7 +91,7 @@ def _checked_positions(positions: Sequence[torch.Tensor]) -> tuple[torch.Tensor,
     for r, p in enumerate(positions):
         if not isinstance(p, torch.Tensor):
             raise TypeError(f"positions[{r}] must be a torch.Tensor, got {type(p).__name__}")
-        if p.dim() != 1 or p.dtype.is_floating_point or p.dtype.is_complex or p.dtype == torch.bool:
+        if not _is_int_vector(p):
             raise ValueError(f"positions[{r}] must be a 1-D integer tensor, got shape "
                              f"{tuple(p.shape)} dtype {p.dtype}")
         parts.append(p.to("cpu", torch.int64).contiguous())
@@ -113,8 +118,7 @@ def _crc32(parts: tuple[torch.Tensor, ...]) -> int:
 def _check_cu_seqlens(cu_seqlens: CuSeqlens, seq_len: Optional[int] = None) -> torch.Tensor:
     """``cu_seqlens`` as an int64 CPU tensor ``[D + 1]``, or ``ValueError``/``TypeError``."""
     if isinstance(cu_seqlens, torch.Tensor):
-        if cu_seqlens.dim() != 1 or cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype.is_complex \
-                or cu_seqlens.dtype == torch.bool:
+        if not _is_int_vector(cu_seqlens):
             raise ValueError(f"cu_seqlens must be a 1-D integer tensor, got shape "
                              f"{tuple(cu_seqlens.shape)} dtype {cu_seqlens.dtype}")
         cu = cu_seqlens.to("cpu", torch.int64)
@@ -164,7 +168,8 @@ def token_work(seq_len: int, *, causal: bool, cu_seqlens: Optional[CuSeqlens] = 
     ``causal`` and ``i - left <= j <= i + right`` for ``window = (left, right)`` (``None`` =
     unbounded), so ``i - s + 1`` (causal) or ``e - s`` (non-causal) without a window.
     ``cu_seqlens=None`` means one document of the whole sequence. Raises ``ValueError`` for a
-    non-positive ``seq_len``, invalid ``cu_seqlens`` (see :class:`Partition`) or ``window``.
+    non-positive ``seq_len``, a ``cu_seqlens`` not starting at 0, not strictly increasing or
+    not ending at ``seq_len``, or a bad ``window`` (``TypeError`` for non-integer entries).
     """
     if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len <= 0:
         raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
@@ -205,36 +210,101 @@ def _stream(cu: torch.Tensor, work: torch.Tensor, fold: bool) -> tuple[torch.Ten
     return starts[doc] + offset, boundary
 
 
-def _cut(cum: torch.Tensor, boundary: torch.Tensor, world_size: int,
-         tolerance: float) -> list[tuple[int, int, int]]:
-    """Per rank ``(f, a, b)``: it takes stream runs ``[f, f+a)`` (dense end) and ``[b-n+a, b)``.
+def _pick(g: torch.Tensor, cuts: torch.Tensor, target: float, mean: float, surplus: float,
+          band: float) -> tuple[int, bool]:
+    """Best of K candidate rank works ``g`` [K] with new-cut counts ``cuts`` [K]: (index, in band).
 
-    Two pointers walk in from both ends of the stream, so every rank mixes dense and sparse
-    documents. ``a`` is chosen so the rank's work is within ``tolerance * mean`` of the mean
-    and the running surplus of all ranks so far also stays within it (so the last rank, which
-    takes the rest, does too); inside that band the fewest new mid-document cuts win, then the
-    smallest error against the remaining average. If no ``a`` is in the band, the smallest error.
+    In the band (the rank's work and the running surplus of all ranks so far within ``band``
+    of the mean, so that the last rank, which takes the rest, is too): fewest new cuts, then
+    closest to ``target``. If no candidate is in the band: the closest. Ties: the first index.
     """
-    n = (cum.numel() - 1) // world_size
+    err = (g - target).abs()
+    ok = ((g - mean).abs() <= band) & ((surplus + g - mean).abs() <= band)
+    if not bool(ok.any()):
+        return int(torch.argmin(err)), False
+    key = torch.where(ok, cuts, 3)
+    return int(torch.argmin(torch.where(key == key.min(), err, torch.inf))), True
+
+
+def _swaps(cum: torch.Tensor, boundary: torch.Tensor, f: int, b: int, n: int,
+           c: int) -> Optional[tuple[torch.Tensor, ...]]:
+    """Back sets made of whole units only, close to ``c`` tokens: the ``k`` units that fit in the
+    back run, with unit ``x`` (or none) swapped out for a unit ``y`` just past it.
+
+    A unit is a remaining document (or the remaining piece of one) between two boundaries of
+    the stream; unit j = ``[edges[j+1], edges[j])`` counting inwards from ``b``. Returns flat
+    candidates ``(tokens [K], work [K], x [K] (-1 = none), y [K], edges, k)`` or ``None``.
+    """
+    lo = max(f, b - 2 * n)
+    edges = torch.cat([torch.tensor([b]), (torch.nonzero(boundary[lo:b]).flatten() + lo).flip(0)])
+    length = edges[:-1] - edges[1:]  # [m]
+    unit_work = cum[edges[:-1]] - cum[edges[1:]]  # [m]
+    k = int((b - edges <= c).sum()) - 1  # units wholly inside the back run
+    if k >= length.numel():
+        return None
+    x = torch.arange(-1, k)  # -1: swap nothing out
+    y = torch.arange(k, min(k + _SWAP_REACH, length.numel()))
+    xx, yy = (t.flatten() for t in torch.meshgrid(x, y, indexing="ij"))
+    out_len = torch.where(xx >= 0, length[xx.clamp(min=0)], 0)
+    out_work = torch.where(xx >= 0, unit_work[xx.clamp(min=0)], 0.0)
+    tokens = (b - edges[k]) - out_len + length[yy]
+    work = (cum[b] - cum[edges[k]]) - out_work + unit_work[yy]
+    valid = (tokens <= n) & (f + n - tokens <= edges[yy + 1])  # the front run ends before them
+    return tokens[valid], work[valid], xx[valid], yy[valid], edges, k
+
+
+def _reorder(state: tuple[torch.Tensor, ...], edges: torch.Tensor, x: int, y: int, k: int) -> None:
+    """Move unit ``x`` inwards and unit ``y`` next to units ``0..k-1`` (in place), so that the
+    back run of the stream is exactly units ``0..k-1`` without ``x``, plus ``y``."""
+    stream, ws, cum, boundary = state
+    lo, b = int(edges[y + 1]), int(edges[0])
+    order = list(range(y - 1, k - 1, -1)) + ([x] if x >= 0 else []) + [y] \
+        + [j for j in range(k - 1, -1, -1) if j != x]  # units inner -> outer
+    starts, lens = edges[1:][order], (edges[:-1] - edges[1:])[order]
+    new_starts = lo + torch.cumsum(lens, 0) - lens
+    src = torch.repeat_interleave(starts - new_starts, lens) + torch.arange(lo, b)
+    stream[lo:b], ws[lo:b] = stream[src], ws[src]
+    cum[lo + 1:b + 1] = cum[lo] + ws[lo:b].cumsum(0)
+    boundary[lo:b] = False
+    boundary[new_starts] = True
+
+
+def _cut(stream: torch.Tensor, ws: torch.Tensor, boundary: torch.Tensor, world_size: int,
+         tolerance: float) -> list[torch.Tensor]:
+    """Global positions of every rank (unsorted), cut from the stream ``[N]`` with works ``ws``.
+
+    Two pointers walk in from both ends: rank r takes the run ``[f, f+a)`` from the dense end
+    and ``[b-n+a, b)`` from the sparse end, ``a`` chosen by :func:`_pick` among all ``n+1``
+    values. If that cuts a document although a back run of whole units (:func:`_swaps`) is in
+    the band with fewer cuts, the stream's back is reordered to take that one instead.
+    """
+    state = (stream.clone(), ws.clone(), torch.cat([ws.new_zeros(1), ws.cumsum(0)]), boundary.clone())
+    stream, ws, cum, boundary = state  # cum [N+1]: exact integers in float64
+    n = stream.numel() // world_size
     mean = float(cum[-1]) / world_size
-    band = tolerance * mean
-    a = torch.arange(n + 1)
-    f, b, surplus, cuts = 0, cum.numel() - 1, 0.0, []
+    band, a_all = tolerance * mean, torch.arange(n + 1)
+    f, b, surplus, parts = 0, stream.numel(), 0.0, []
     for r in range(world_size - 1):
         target = float(cum[b] - cum[f]) / (world_size - r)
-        g = (cum[f + a] - cum[f]) + (cum[b] - cum[b - n + a])  # [n+1] work for each a
-        err = (g - target).abs()
-        ok = ((g - mean).abs() <= band) & ((surplus + g - mean).abs() <= band)
-        if bool(ok.any()):
-            new_cuts = ((a > 0) & ~boundary[f + a]).long() + ((a < n) & ~boundary[b - n + a]).long()
-            key = torch.where(ok, new_cuts, 3)
-            err = torch.where(key == key.min(), err, torch.inf)
-        best = int(torch.argmin(err))  # first minimum: deterministic
-        surplus += float(g[best]) - mean
-        cuts.append((f, best, b))
-        f, b = f + best, b - n + best
-    cuts.append((f, b - f, b))
-    return cuts
+        g = (cum[f + a_all] - cum[f]) + (cum[b] - cum[b - n + a_all])  # [n+1] work for each a
+        cuts = ((a_all > 0) & ~boundary[f + a_all]).long() + ((a_all < n) & ~boundary[b - n + a_all]).long()
+        a, in_band = _pick(g, cuts, target, mean, surplus, band)
+        work = float(g[a])
+        swaps = _swaps(cum, boundary, f, b, n, n - a) if in_band and int(cuts[a]) > 0 else None
+        if swaps is not None and swaps[0].numel():
+            tokens, back_work, x, y, edges, k = swaps
+            a2 = n - tokens
+            g2 = (cum[f + a2] - cum[f]) + back_work
+            cuts2 = ((a2 > 0) & ~boundary[f + a2]).long()
+            i, ok = _pick(g2, cuts2, target, mean, surplus, band)
+            if ok and int(cuts2[i]) < int(cuts[a]):
+                _reorder(state, edges, int(x[i]), int(y[i]), k)
+                a, work = int(a2[i]), float(g2[i])
+        surplus += work - mean
+        parts.append(torch.cat([stream[f:f + a], stream[b - n + a:b]]))
+        f, b = f + a, b - n + a
+    parts.append(stream[f:b].clone())
+    return parts
 
 
 def document_partition(cu_seqlens: CuSeqlens, world_size: int, *, causal: bool = True,
@@ -245,8 +315,11 @@ def document_partition(cu_seqlens: CuSeqlens, world_size: int, *, causal: bool =
     ordered densest first (mean work per token, see :func:`token_work`), each folded
     end-to-end when causal or windowed (a run of it is a zigzag pair of its pieces); rank r
     then takes one run from the dense end and one from the sparse end of that stream, sized
-    so its work is within ``tolerance`` of the mean, preferring cuts at document boundaries.
-    A document is thus split only where balance needs it, over consecutive ranks.
+    so its work is within ``tolerance`` of the mean; inside that band it prefers cuts at
+    document boundaries, swapping whole documents of the sparse end in and out to land on one.
+    A document is thus split only where balance needs it. When every rank finds a size in the
+    band (a token's work is small against ``tolerance * mean``), every rank's work, the last
+    one's included, is within ``(1 +- tolerance) * mean``.
 
     Args:
         cu_seqlens: list/tuple of ints or 1-D integer tensor ``[D + 1]``.
@@ -269,11 +342,8 @@ def document_partition(cu_seqlens: CuSeqlens, world_size: int, *, causal: bool =
                          f"world_size = {world_size} ranks: N must be a multiple of world_size")
     work = token_work(seq_len, causal=causal, cu_seqlens=cu, window=window)
     stream, boundary = _stream(cu, work, fold=causal or window is not None)
-    cum = torch.cat([work.new_zeros(1), work[stream].cumsum(0)])  # [N+1], exact integers
-    n = seq_len // world_size
-    parts = [torch.cat([stream[f:f + a], stream[b - n + a:b]]).sort().values
-             for f, a, b in _cut(cum, boundary, world_size, float(tolerance))]
-    return Partition(tuple(parts), name="documents")
+    parts = _cut(stream, work[stream], boundary, world_size, float(tolerance))
+    return Partition(tuple(p.sort().values for p in parts), name="documents")
 
 
 def balance(work_per_rank: Union[torch.Tensor, Sequence[float]]) -> float:
@@ -316,7 +386,8 @@ def layout_positions(layout: Union[str, Partition], seq_len: int, world_size: in
     return [local_positions(seq_len, r, world_size, layout) for r in range(world_size)]
 
 
-def document_spread(partition: Union[Partition, Sequence[torch.Tensor]], cu_seqlens: CuSeqlens) -> torch.Tensor:
+def document_spread(partition: Union[Partition, Sequence[torch.Tensor]],
+                    cu_seqlens: CuSeqlens) -> torch.Tensor:
     """Number of ranks holding tokens of each document: int64 ``[D]`` (1 = not split)."""
     parts = partition.positions if isinstance(partition, Partition) else list(partition)
     seq_len = sum(int(p.numel()) for p in parts)

@@ -78,7 +78,8 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
 
 
 def reference_rows(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_positions: torch.Tensor, *,
-                   causal: bool = False, softmax_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   causal: bool = False, softmax_scale: float | None = None,
+                   mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention for some query rows against the full key/value sequence, in float64.
 
     Args:
@@ -86,6 +87,7 @@ def reference_rows(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_p
         k, v: [B, N, Hkv, D], the full sequence.
         row_positions: LongTensor [R] of global positions in [0, N).
         causal, softmax_scale: as in :func:`reference_attention`.
+        mask: optional bool [R, N] (True: row r may see key j), ANDed with ``causal``.
 
     Returns:
         out_rows [B, R, Hq, D] float64 and lse_rows [B, Hq, R] float64.
@@ -99,4 +101,4 @@ def reference_rows(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_p
     if k.ndim == 4 and row_positions.numel() and not (0 <= int(row_positions.min()) <= int(row_positions.max()) < k.shape[1]):
         raise ValueError(f"row_positions must lie in [0, {k.shape[1]})")
     k_pos = torch.arange(k.shape[1] if k.ndim == 4 else 0, device=k.device)
-    return _attend(q_rows, k, v, row_positions.long(), k_pos, causal, softmax_scale)
+    return _attend(q_rows, k, v, row_positions.long(), k_pos, causal, softmax_scale, mask)

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -197,14 +196,14 @@ def _check_small(p: MaskPoint, rank: int, world: int) -> dict:
 
 def _check_rows(p: MaskPoint, mask, glob, pos, out, dq) -> dict:
     """Out and dQ of sampled rows of the full-size call against float64 with the mask."""
-    from ..reference import _attend  # reference_rows takes no mask (see bench masks' report)
+    from ..reference import reference_rows
 
     n = pos.numel()
     idx = torch.linspace(0, n - 1, p.check_rows).round().long().unique()
     q, k, v, do = glob
     q_rows = q[:, pos[idx]].clone().requires_grad_()
     visible = _visible(mask, pos[idx], p.seq_len, p.causal)
-    out_ref = _attend(q_rows, k, v, pos[idx], torch.arange(p.seq_len), False, None, visible)[0]
+    out_ref = reference_rows(q_rows, k, v, pos[idx], mask=visible)[0]
     out_ref.backward(do[:, pos[idx]].double())
     return {"out": _rel(out[:, idx], out_ref), "dq": _rel(dq[:, idx], q_rows.grad), "rows": len(idx)}
 
@@ -298,73 +297,13 @@ def _points(cfg: MasksConfig) -> dict[int, list[MaskPoint]]:
     return plan
 
 
-def rank_costs(p: MaskPoint, world: int) -> list[float]:
-    """Score entries each rank computes in the forward under the plan the point runs."""
-    from ..engine.schedule import distflash_plan, rank_cost
-    from ..masks import AttnMask, rank_work
-
-    n = p.seq_len // world
-    if p.schedule == "distflash":
-        return [n * n / 2 + n * n * sum((s.own_k is not None) + (s.helper_q is not None)
-                                        for s in distflash_plan(r, world)[1:]) for r in range(world)]
-    layout, mask = point_layout(p, p.seq_len, world), point_mask(p, p.seq_len)
-    if mask is None and isinstance(layout, str):
-        return [rank_cost(r, world, layout, p.causal, n) for r in range(world)]
-    return rank_work(mask or AttnMask(), p.causal, p.seq_len, world, layout)
-
-
-def useful_pairs(p: MaskPoint) -> int:
-    """Visible (query, key) pairs of the mask over the whole sequence."""
-    from ..masks import AttnMask
-
-    lo, hi = (point_mask(p, p.seq_len) or AttnMask()).intervals(torch.arange(p.seq_len), p.seq_len, p.causal)
-    return int((hi - lo + 1).clamp_min(0).sum())
-
-
-def _median(samples_by_rank: list[list[float]]) -> float:
-    """Median over repeats of the slowest rank's time in each repeat."""
-    return statistics.median(max(rep) for rep in zip(*samples_by_rank))
-
-
-def combine(p: MaskPoint, world: int, ranks: list[dict]) -> dict:
-    """One JSON record from every rank's result."""
-    from ..masks import balance
-
-    rec: dict = {"suite": p.suite, "name": p.name, "layout": p.layout, "world_size": world, "config": asdict(p)}
-    if any("unavailable" in r for r in ranks):
-        return {**rec, "unavailable": next(r["unavailable"] for r in ranks if "unavailable" in r)}
-    rec["errors"] = {k: max(r["check"][k] for r in ranks) for k in ("out", "dq", "dk", "dv")}
-    rec["row_errors"] = {k: max(r["rows"][k] for r in ranks) for k in ("out", "dq")}
-    rec["rows_checked_per_rank"] = ranks[0]["rows"]["rows"]
-    rec["median_s"] = {ph: _median([r["samples"][ph] for r in ranks]) for ph in ("fwd", "fwd+bwd")}
-    rec["samples_s"] = {ph: [r["samples"][ph] for r in ranks] for ph in ("fwd", "fwd+bwd")}
-    rec["backward_used"] = ranks[0]["formula"]["backward"]
-    rec["sent_per_rank"] = [r["sent"] for r in ranks]
-    rec["formula_per_rank"] = [r["formula"]["ops"] for r in ranks]
-    rec["bytes_match"] = all(_matches(r["sent"], r["formula"]["ops"]) for r in ranks)
-    rec["sent_total"] = {ph: [sum(r["sent"][ph].values()) for r in ranks] for ph in ("fwd", "fwd+bwd")}
-    work = rank_costs(p, world)
-    rec["work_per_rank"], rec["balance"] = work, balance(work)
-    rec["useful_pairs"] = useful_pairs(p)
-    if p.documents:
-        rec["cu_seqlens"] = packed_documents(p.seq_len, p.documents, p.doc_seed)
-    return rec
-
-
-def _matches(sent: dict, formula: dict) -> bool:
-    """Forward call = the formula's forward ops; forward+backward call = all of them (per op, exact)."""
-    fwd = {k: v for k, v in formula.items() if k.startswith("forward/")}
-    return all(sent[ph].get(k, 0) == want.get(k, 0)
-               for ph, want in (("fwd", fwd), ("fwd+bwd", formula)) for k in set(sent[ph]) | set(want))
-
-
 def run_masks(cfg: MasksConfig, console=None) -> dict:
     """Run the suites; write ``masks.json`` and ``masks.md`` under ``cfg.out`` (and the section of
     ``cfg.docs``); return the JSON document."""
     from rich.console import Console
 
     from ..launch import LocalGroupError, LocalPool
-    from .masks_report import derive, masks_markdown, update_section
+    from .masks_report import combine, derive, masks_markdown, update_section
 
     console = console or Console()
     eff = cfg.effective()

@@ -1,15 +1,80 @@
-"""Ratios, verdicts and Markdown of ``burstattn bench masks`` (:mod:`.masks`), and the section of
-``docs/benchmarks.md`` it rewrites (keeping that section's hand-written ``### Reading``)."""
+"""Records, ratios, verdicts and Markdown of ``burstattn bench masks`` (:mod:`.masks`), and the
+section of ``docs/benchmarks.md`` it rewrites (keeping that section's hand-written ``### Reading``)."""
 from __future__ import annotations
 
+import statistics
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
-from .report import TOLERANCE
+import torch
 
-__all__ = ["SECTION", "derive", "masks_markdown", "update_section"]
+from .masks import MaskPoint, packed_documents, point_layout, point_mask
+from .report import TOLERANCE, _s, _table
+
+__all__ = ["SECTION", "rank_costs", "useful_pairs", "combine", "derive", "masks_markdown", "update_section"]
 
 SECTION = "## Masks and load balance: `burstattn bench masks`"
+
+
+def rank_costs(p: MaskPoint, world: int) -> list[float]:
+    """Score entries each rank computes in the forward under the plan the point runs."""
+    from ..engine.schedule import distflash_plan, rank_cost
+    from ..masks import AttnMask, rank_work
+
+    n = p.seq_len // world
+    if p.schedule == "distflash":
+        return [n * n / 2 + n * n * sum((s.own_k is not None) + (s.helper_q is not None)
+                                        for s in distflash_plan(r, world)[1:]) for r in range(world)]
+    layout, mask = point_layout(p, p.seq_len, world), point_mask(p, p.seq_len)
+    if mask is None and isinstance(layout, str):
+        return [rank_cost(r, world, layout, p.causal, n) for r in range(world)]
+    return rank_work(mask or AttnMask(), p.causal, p.seq_len, world, layout)
+
+
+def useful_pairs(p: MaskPoint) -> int:
+    """Visible (query, key) pairs of the mask over the whole sequence."""
+    from ..masks import AttnMask
+
+    lo, hi = (point_mask(p, p.seq_len) or AttnMask()).intervals(torch.arange(p.seq_len), p.seq_len, p.causal)
+    return int((hi - lo + 1).clamp_min(0).sum())
+
+
+def _median(samples_by_rank: list[list[float]]) -> float:
+    """Median over repeats of the slowest rank's time in each repeat."""
+    return statistics.median(max(rep) for rep in zip(*samples_by_rank))
+
+
+def combine(p: MaskPoint, world: int, ranks: list[dict]) -> dict:
+    """One JSON record from every rank's result."""
+    from ..masks import balance
+
+    rec: dict = {"suite": p.suite, "name": p.name, "layout": p.layout, "world_size": world, "config": asdict(p)}
+    if any("unavailable" in r for r in ranks):
+        return {**rec, "unavailable": next(r["unavailable"] for r in ranks if "unavailable" in r)}
+    rec["errors"] = {k: max(r["check"][k] for r in ranks) for k in ("out", "dq", "dk", "dv")}
+    rec["row_errors"] = {k: max(r["rows"][k] for r in ranks) for k in ("out", "dq")}
+    rec["rows_checked_per_rank"] = ranks[0]["rows"]["rows"]
+    rec["median_s"] = {ph: _median([r["samples"][ph] for r in ranks]) for ph in ("fwd", "fwd+bwd")}
+    rec["samples_s"] = {ph: [r["samples"][ph] for r in ranks] for ph in ("fwd", "fwd+bwd")}
+    rec["backward_used"] = ranks[0]["formula"]["backward"]
+    rec["sent_per_rank"] = [r["sent"] for r in ranks]
+    rec["formula_per_rank"] = [r["formula"]["ops"] for r in ranks]
+    rec["bytes_match"] = all(_matches(r["sent"], r["formula"]["ops"]) for r in ranks)
+    rec["sent_total"] = {ph: [sum(r["sent"][ph].values()) for r in ranks] for ph in ("fwd", "fwd+bwd")}
+    work = rank_costs(p, world)
+    rec["work_per_rank"], rec["balance"] = work, balance(work)
+    rec["useful_pairs"] = useful_pairs(p)
+    if p.documents:
+        rec["cu_seqlens"] = packed_documents(p.seq_len, p.documents, p.doc_seed)
+    return rec
+
+
+def _matches(sent: dict, formula: dict) -> bool:
+    """Forward call = the formula's forward ops; forward+backward call = all of them (per op, exact)."""
+    fwd = {k: v for k, v in formula.items() if k.startswith("forward/")}
+    return all(sent[ph].get(k, 0) == want.get(k, 0)
+               for ph, want in (("fwd", fwd), ("fwd+bwd", formula)) for k in set(sent[ph]) | set(want))
 
 
 def _ok(r: dict) -> bool:
@@ -53,17 +118,9 @@ def derive(records: list[dict]) -> None:
                 r["met"] = r["vs_noncausal"]["fwd+bwd"] <= r["config"]["target"]
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
-
-
-def _s(x: float) -> str:
-    return f"{x:.3f} s"
-
-
-def _x(x: float) -> str:
-    return f"{x:.3f}x"
+def _pair(d: dict) -> str:
+    """``{"fwd": x, "fwd+bwd": y}`` as ``"x / y"`` ratios."""
+    return f"{d['fwd']:.3f}x / {d['fwd+bwd']:.3f}x"
 
 
 def _verdict(r: dict) -> str:
@@ -111,7 +168,9 @@ def _masks_section(recs: list[dict]) -> list[str]:
     from ..masks import AttnMask
 
     c, world = recs[0]["config"], recs[0]["world_size"]
-    cu = next((r["cu_seqlens"] for r in recs if "cu_seqlens" in r), None)
+    win = next((r["config"]["window_div"] for r in recs if r["config"]["window_div"]), None)
+    docs = next((r for r in recs if "cu_seqlens" in r), None)
+    cu = docs["cu_seqlens"] if docs else None
     rows = []
     for r in recs:
         miss = _missing(r, 12)
@@ -119,16 +178,15 @@ def _masks_section(recs: list[dict]) -> list[str]:
             rows.append(miss)
             continue
         m, vs = r["median_s"], r.get("vs_dense")
-        ratio = (lambda d: f"{_x(d['fwd'])} / {_x(d['fwd+bwd'])}") if vs else (lambda d: "-")  # noqa: E731
         rows.append([r["name"], r["layout"], _correct(r), _s(m["fwd"]), _s(m["fwd+bwd"]),
-                     f"{vs['work']:.3f}" if vs else "-", ratio(vs["time"]) if vs else "-",
-                     ratio(vs["bytes"]) if vs else "-", f"{r['balance']:.3f}",
+                     f"{vs['work']:.3f}" if vs else "-", _pair(vs["time"]) if vs else "-",
+                     _pair(vs["bytes"]) if vs else "-", f"{r['balance']:.3f}",
                      f"{sum(r['work_per_rank']) / r['useful_pairs']:.3f}",
                      f"{vs['time']['fwd+bwd'] / vs['work']:.2f}" if vs else "-", _verdict(r)])
     out = [f"### Sliding window and packed documents (P={world}, N={c['seq_len']}, causal)", "",
            f"{c['heads']} heads (kv {c['kv_heads']}), head_dim {c['head_dim']}, batch {c['batch']}, {c['dtype']}. "
-           f"Window: `window=(N/{c['window_div'] or 8}, 0)`. "
-           + (f"Documents (`cu_seqlens`, cut points at seeded uniform fractions, seed {c['doc_seed']}): "
+           + (f"Window: `window=(N/{win}, 0)`. " if win else "")
+           + (f"Documents (`cu_seqlens`, cut points at seeded uniform fractions, seed {docs['config']['doc_seed']}): "
               f"`{cu}`, lengths {[b - a for a, b in zip(cu, cu[1:])]}. " if cu else "")
            + "\"documents\" layout: `partition.document_partition(cu_seqlens, P, causal=True)`. "
            "Ratios are against dense causal zigzag: useful work = visible (q, k) pairs of the mask; "
@@ -153,7 +211,7 @@ def _distflash_section(recs: list[dict]) -> list[str]:
         m, vs = r["median_s"], r.get("vs_noncausal")
         causal = r["config"]["causal"]
         rows.append([r["name"], r["layout"], _correct(r), _s(m["fwd"]), _s(m["fwd+bwd"]),
-                     f"{_x(vs['fwd'])} / {_x(vs['fwd+bwd'])}" if vs and causal else "-",
+                     _pair(vs) if vs and causal else "-",
                      f"{r['plan_ratio']:.3f}" if vs and causal else "-", f"{r['balance']:.3f}",
                      f"{max(sum(s['fwd+bwd'].values()) for s in r['sent_per_rank']):,}",
                      _verdict(r)])

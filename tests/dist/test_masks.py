@@ -36,6 +36,15 @@ def _cases():
          "local_global", 8),
         (Case(world=4, local_seq=16, heads="mha", head_dim=16, causal=True, layout="contiguous", backend="cpu_flash",
               softmax_scale=0.3), "window_causal", 64),
+        # the document-aware partition as the layout
+        (Case(world=2, local_seq=12, heads="gqa", head_dim=16, causal=True, layout="documents", backend="cpu_flash"),
+         "docs", 4),
+        (Case(world=3, local_seq=10, heads="mha", head_dim=16, causal=True, layout="documents", backend="reference",
+              backward="kv"), "docs_window", 4),
+        (Case(world=4, local_seq=16, heads="gqa", head_dim=32, causal=False, layout="documents", backend="cpu_flash"),
+         "docs", 8),
+        (Case(world=4, local_seq=8, heads="mha", head_dim=16, causal=True, layout="documents", backend="reference"),
+         "one_doc", 4),
     ]
     return out
 
