@@ -50,7 +50,8 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
             ``layout``).
         softmax_scale: scale of ``q @ k^T``; default ``head_dim ** -0.5``.
         layout: ``"zigzag"`` (default, balanced causal), ``"striped"`` or ``"contiguous"``:
-            how the global sequence was split; must match how the inputs were sharded.
+            how the global sequence was split; must match how the inputs were sharded. Or an
+            explicit :class:`burstattn.Partition` (e.g. :func:`burstattn.document_partition`).
         return_lse: also return the log-sum-exp ``[batch, q_heads, local_seq]``, float32
             (float64 for float64 inputs, which are accumulated in float64 throughout)
             (not differentiable).

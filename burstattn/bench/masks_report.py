@@ -19,13 +19,12 @@ SECTION = "## Masks and load balance: `burstattn bench masks`"
 
 def rank_costs(p: MaskPoint, world: int) -> list[float]:
     """Score entries each rank computes in the forward under the plan the point runs."""
-    from ..engine.schedule import distflash_plan, rank_cost
+    from ..engine.schedule import distflash_cost, rank_cost
     from ..masks import AttnMask, rank_work
 
     n = p.seq_len // world
     if p.schedule == "distflash":
-        return [n * n / 2 + n * n * sum((s.own_k is not None) + (s.helper_q is not None)
-                                        for s in distflash_plan(r, world)[1:]) for r in range(world)]
+        return [distflash_cost(r, world, n) for r in range(world)]
     layout, mask = point_layout(p, p.seq_len, world), point_mask(p, p.seq_len)
     if mask is None and isinstance(layout, str):
         return [rank_cost(r, world, layout, p.causal, n) for r in range(world)]
@@ -218,7 +217,7 @@ def _distflash_section(recs: list[dict]) -> list[str]:
     return [f"### DistFlashAttn against the ring layouts (P={world}, N={c['seq_len']})", "",
             f"{c['heads']} heads (kv {c['kv_heads']}), head_dim {c['head_dim']}, {c['dtype']}. \"plan\": max over ranks "
             "of the score entries computed, over the non-causal ring's (the time ratio a rank per core would "
-            f"show; for distflash 0.5 + 0.5/P = {0.5 + 0.5 / world:.3f}).", ""] \
+            "show; for distflash 0.5 at every P: the last step of an even P is split in row halves).", ""] \
         + _table(["schedule", "layout", "correct (max err: N-check / full-size rows)", "fwd", "fwd+bwd",
                   "causal / non-causal (fwd / fwd+bwd)", "plan", "balance (max/mean)",
                   "sent fwd+bwd per rank (max)", "target"], rows) + [""]

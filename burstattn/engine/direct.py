@@ -23,7 +23,7 @@ from ..trace import now_ns
 from .merge import merge_
 from .payload import Field, Packer
 from .ring import _pseudo_out
-from .schedule import DirectStep, block_ops
+from .schedule import DirectStep, block_ops, part_rows
 
 
 class _Side:
@@ -123,10 +123,22 @@ def distflash_forward(comm: Optional[RingComm], plan: tuple[DirectStep, ...], ke
         to_q = None
         if st.own_k is not None:
             kk, vv = (k, v) if kv_block is None else (kv_block[0], kv_block[1])
-            fold_partial(*kernel.forward(q, kk, vv, scale, _full_or_causal(rank, st.own_k, world, n)))
+            rows = part_rows(st.own_part, n)
+            o_j, lse_j = kernel.forward(q[:, :, rows], kk, vv, scale, _full_or_causal(rank, st.own_k, world, n))
+            if st.own_part is None:
+                fold_partial(o_j, lse_j)
+            else:  # half a block (the last step for even P); state exists since step 0
+                merge_(state["out"][:, :, rows], state["lse"][:, :, rows], o_j, lse_j)
         if q_block is not None:
-            o_h, lse_h = kernel.forward(q_block, k, v, scale, False)  # helper: strictly earlier keys
-            to_q = result.pack({"lse": lse_h, "out": o_h}, q.device)
+            rows = part_rows(st.helper_part, n)
+            o_h, lse_h = kernel.forward(q_block[:, :, rows], k, v, scale, False)  # helper: strictly earlier keys
+            to_q = result.alloc(q.device)
+            f = result.views(to_q)
+            if st.helper_part is not None:  # rows not computed here: LSE -inf, ignored by the merge
+                f["lse"].fill_(float("-inf"))
+                f["out"].zero_()
+            f["lse"][:, :, rows] = lse_h
+            f["out"][:, :, rows] = o_h
         return None, to_q
 
     def fold(kind: str, buf: torch.Tensor) -> None:
@@ -157,21 +169,23 @@ def distflash_backward(comm: Optional[RingComm], plan: tuple[DirectStep, ...], k
         to_k = to_q = None
         if st.own_k is not None:
             kk, vv = (k, v) if kv_block is None else (kv_block[0], kv_block[1])
-            dq_j, dk_j, dv_j = kernel.backward(dout, q, kk, vv, out, lse, scale,
-                                               _full_or_causal(rank, st.own_k, world, n))
-            dq.add_(dq_j)
+            rows = part_rows(st.own_part, n)
+            dq_j, dk_j, dv_j = kernel.backward(dout[:, :, rows], q[:, :, rows], kk, vv, out[:, :, rows],
+                                               lse[:, :, rows], scale, _full_or_causal(rank, st.own_k, world, n))
+            dq[:, :, rows] += dq_j
             if st.own_k == rank:
                 dkv[0].add_(dk_j)
                 dkv[1].add_(dv_j)
             else:
                 to_k = torch.stack([dk_j.to(acc), dv_j.to(acc)])
         if q_block is not None:
-            f = packer.views(q_block)
+            f = {name: x[:, :, part_rows(st.helper_part, n)] for name, x in packer.views(q_block).items()}
             dq_j, dk_j, dv_j = kernel.backward(f["dout"], f["q"], k, v, _pseudo_out(f["dout"], f["delta"]),
                                                f["lse"], scale, False)
             dkv[0].add_(dk_j)
             dkv[1].add_(dv_j)
-            to_q = dq_j.to(acc).contiguous()
+            to_q = torch.zeros_like(dq)
+            to_q[:, :, part_rows(st.helper_part, n)] = dq_j
         return to_k, to_q
 
     def alloc(kind: str) -> torch.Tensor:

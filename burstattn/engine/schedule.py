@@ -136,6 +136,9 @@ class DirectStep:
             K/V and send the partial result back; ``None``: no helper work.
         kv_to: the rank that computes with this rank's K/V at this step (send them to it).
         q_to: the rank that computes this rank's queries at this step as a helper.
+        own_part, helper_part: ``(i, parts)``: only query rows ``[i*n/parts, (i+1)*n/parts)`` of
+            that work (``None``: all rows). The helper's result still covers every row (the
+            others with LSE ``-inf``, which the merge ignores).
     """
 
     step: int
@@ -143,6 +146,16 @@ class DirectStep:
     helper_q: Optional[int]
     kv_to: Optional[int]
     q_to: Optional[int]
+    own_part: Optional[tuple[int, int]] = None
+    helper_part: Optional[tuple[int, int]] = None
+
+
+def part_rows(part: Optional[tuple[int, int]], n: int) -> slice:
+    """The query rows of a :class:`DirectStep` part for ``n`` local rows."""
+    if part is None:
+        return slice(0, n)
+    i, parts = part
+    return slice(i * n // parts, (i + 1) * n // parts)
 
 
 def distflash_plan(rank: int, world_size: int) -> tuple[DirectStep, ...]:
@@ -153,17 +166,41 @@ def distflash_plan(rank: int, world_size: int) -> tuple[DirectStep, ...]:
     so (while 2t < P) it helps the overloaded rank r+P-t: it receives Q_(r+P-t), computes it
     against its own K_r and returns the partial (output, LSE) for rank r+P-t to merge. Step t
     thus covers the block distances t and P-t, and steps 1..P//2 cover every pair (i, j < i)
-    exactly once, with every rank busy on every step but the last (P even). Causal work per
-    step is one n x n block on every rank, so the causal run takes about (P/2+1)/P of the
-    non-causal ring's time instead of the same time.
+    exactly once. For even P the last step (t = P/2) has one distance only: rank r >= P/2
+    computes the first half of Q_r's rows against K_(r-P/2) and rank r-P/2 the second half
+    against its own K/V, so every rank does half a block there. Every rank then does the same
+    work, P/2 blocks (the causal half of the P x P block matrix, P^2/2 blocks, spread evenly):
+    the causal run takes about half the time of the non-causal ring.
     """
     steps = [DirectStep(0, rank, None, None, None)]
-    for t in range(1, world_size // 2 + 1):
-        helps = 2 * t < world_size  # distances t and P - t differ
+    half = world_size // 2
+    for t in range(1, half + 1):
+        if 2 * t == world_size:  # last step, even P: split Q_(r+t) x K_r between ranks r+t and r
+            late = rank >= t
+            steps.append(DirectStep(
+                step=t, own_k=rank - t if late else None, helper_q=None if late else rank + t,
+                kv_to=None if late else rank + t, q_to=rank - t if late else None,
+                own_part=(0, 2) if late else None, helper_part=None if late else (1, 2)))
+            continue
         steps.append(DirectStep(
             step=t,
             own_k=rank - t if rank >= t else None,
-            helper_q=rank + world_size - t if (rank < t and helps) else None,
+            helper_q=rank + world_size - t if rank < t else None,
             kv_to=rank + t if rank + t < world_size else None,
-            q_to=rank - (world_size - t) if (helps and rank >= world_size - t) else None))
+            q_to=rank - (world_size - t) if rank >= world_size - t else None))
     return tuple(steps)
+
+
+def distflash_cost(rank: int, world_size: int, local_len: int) -> float:
+    """Score entries ``rank`` computes over a forward under :func:`distflash_plan` (the diagonal
+    block counts half, a half step half a block)."""
+    n = local_len
+    total = 0.0
+    for st in distflash_plan(rank, world_size):
+        if st.own_k is not None:
+            rows = part_rows(st.own_part, n)
+            total += (rows.stop - rows.start) * n / (2 if st.own_k == rank else 1)
+        if st.helper_q is not None:
+            rows = part_rows(st.helper_part, n)
+            total += (rows.stop - rows.start) * n
+    return total

@@ -9,14 +9,28 @@ from burstattn.engine.schedule import distflash_plan
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 8, 9])
 def test_plan_covers_each_causal_pair_once(world):
-    pairs = []
+    """Every causal (query rank, key rank) pair is computed exactly once, row halves counted as 1/2."""
+    covered = {}
     for r in range(world):
         for st in distflash_plan(r, world):
             if st.own_k is not None:
-                pairs.append((r, st.own_k))
+                covered.setdefault((r, st.own_k), []).append(st.own_part or (0, 1))
             if st.helper_q is not None:
-                pairs.append((st.helper_q, r))
-    assert sorted(pairs) == sorted((i, j) for i in range(world) for j in range(i + 1))
+                covered.setdefault((st.helper_q, r), []).append(st.helper_part or (0, 1))
+    assert sorted(covered) == sorted((i, j) for i in range(world) for j in range(i + 1))
+    for parts in covered.values():
+        assert sorted(parts) in ([(0, 1)], [(0, 2), (1, 2)])
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 6, 8, 9])
+def test_every_rank_does_the_same_work(world):
+    """P/2 blocks per rank (the diagonal counts 1/2, a half step 1/2): perfect balance."""
+    for r in range(world):
+        work = sum((0.5 if st.own_k == r else (1.0 if st.own_part is None else 0.5)) if st.own_k is not None else 0
+                   for st in distflash_plan(r, world))
+        work += sum(1.0 if st.helper_part is None else 0.5 for st in distflash_plan(r, world)
+                    if st.helper_q is not None)
+        assert work == world / 2
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 6, 8])
@@ -34,11 +48,11 @@ def test_plan_transfers_are_symmetric(world):
                 assert plans[st.helper_q][st.step].q_to == r
 
 
-@pytest.mark.parametrize("world", [3, 4, 5, 8])
-def test_every_rank_works_on_every_step_but_the_last(world):
+@pytest.mark.parametrize("world", [2, 3, 4, 5, 8])
+def test_every_rank_works_on_every_step(world):
     steps = len(distflash_plan(0, world))
     assert steps == world // 2 + 1
-    for t in range(steps - (1 if world % 2 == 0 else 0)):
+    for t in range(steps):
         busy = [st.own_k is not None or st.helper_q is not None
                 for st in (distflash_plan(r, world)[t] for r in range(world))]
         assert all(busy), (world, t)
