@@ -7,6 +7,7 @@ from .comm.stats import CommStats, comm_stats
 from .formulas import ring_bytes
 from .strategies import attention
 from .layout import gather_sequence, sequence_positions, shard_sequence
+from .engine.double import two_level_groups
 from .masks import AttnMask
 from .partition import Partition, document_partition
 from .trace import StepTrace, trace_steps
@@ -15,4 +16,5 @@ __version__ = "0.1.0"
 
 __all__ = ["attention", "burst_attn_func", "BurstAttention", "shard_sequence", "gather_sequence",
            "sequence_positions", "comm_stats", "CommStats", "trace_steps", "StepTrace",
-           "ring_bytes", "AttnMask", "Partition", "document_partition", "__version__"]
+           "ring_bytes", "AttnMask", "Partition", "document_partition", "two_level_groups",
+           "__version__"]

@@ -33,7 +33,7 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                     softmax_scale: Optional[float] = None, layout: str = "zigzag",
                     return_lse: bool = False, backend: str = "auto", backward: str = "auto",
                     schedule: str = "ring", window=None, cu_seqlens=None, document_ids=None,
-                    mask_mod=None, mask=None):
+                    mask_mod=None, mask=None, topology=None):
     """Exact softmax attention over a sequence sharded across the ranks of ``group``.
 
     Every rank passes its own shard (see :func:`burstattn.shard_sequence`); K/V circulate
@@ -73,17 +73,21 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     ring = ring_context(group)
     amask, problem = build_mask(window, cu_seqlens, document_ids, mask_mod, mask)
     cfg = AttnConfig(causal=bool(causal), softmax_scale=softmax_scale, layout=layout,
-                     backend=backend, backward=backward, schedule=schedule, mask=amask)
+                     backend=backend, backward=backward, schedule=schedule, mask=amask, topology=topology)
     plan = None
     if problem is None and local_problem(q, k, v, cfg) is None:
         plan, problem = plan_for(q, cfg, ring.rank, ring.world_size)
+    if problem is None and topology is not None and hasattr(topology, "nodes") \
+            and topology.nodes * topology.ranks_per_node != ring.world_size:
+        problem = (ValueError, f"topology has {topology.nodes} nodes x {topology.ranks_per_node} ranks, but the "
+                               f"group has {ring.world_size} ranks")
     check_inputs(q, k, v, cfg, ring.group, ring.world_size, extra=problem)
     mode = backward
     shape = dict(batch=q.shape[0], local_seq=q.shape[1], q_heads=q.shape[2], kv_heads=k.shape[2],
                  head_dim=q.shape[3], dtype=q.dtype)
     if mode == "auto" and plan is not None:
         mode = choose_mask_backward(**shape)
-    elif mode == "auto" and schedule == "ring":
+    elif mode == "auto" and schedule in ("ring", "double"):
         mode = choose_backward(world_size=ring.world_size, **shape)
     cfg = replace(cfg, backend=resolve_backend(backend, q.device, q.dtype), backward=mode)
     out, lse = BurstAttnFunction.apply(q, k, v, ring, cfg, plan)

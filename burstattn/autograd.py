@@ -28,10 +28,16 @@ class RingContext:
     rank: int
     world_size: int
 
-    def comm(self, phase: str, stats: Optional[CommStats], trace: Optional[StepTrace]) -> Optional[RingComm]:
-        """A fresh ring communicator for one pass (``None`` for a world of one)."""
+    def comm(self, phase: str, stats: Optional[CommStats], trace: Optional[StepTrace],
+             topology=None):
+        """A fresh ring communicator for one pass (``None`` for a world of one); with a
+        ``topology`` (schedule "double") the inner and outer ring communicators."""
         if self.world_size == 1:
             return None
+        if topology is not None:
+            from .engine.double import TwoLevelComm
+            return TwoLevelComm(RingComm(topology.inner_group, phase, stats, trace) if topology.ranks_per_node > 1 else None,
+                                RingComm(topology.outer_group, phase, stats, trace) if topology.nodes > 1 else None)
         return RingComm(self.group, phase, stats, trace)
 
 
@@ -40,6 +46,15 @@ def _masked_call(cfg: AttnConfig, plan, local_len: int, scale: float) -> masked.
     fallback = kernel if kernel.supports_mask else get_kernel("sdpa")  # flash-attn: no explicit masks
     return masked.MaskedCall(effective_mask(cfg), cfg.causal, local_len * plan.world_size, cfg.layout, plan,
                              kernel, fallback, scale)
+
+
+def _plans(ring: RingContext, cfg: AttnConfig, n: int, travelling: str):
+    """The flat ring plan, or the two-level plan of schedule "double"."""
+    if cfg.schedule == "double" and ring.world_size > 1:
+        from .engine.double import double_plan
+        return double_plan(ring.rank, ring.world_size, cfg.topology.ranks_per_node, cfg.layout, cfg.causal, n,
+                           travelling)
+    return ring_plan(ring.rank, ring.world_size, cfg.layout, cfg.causal, n, travelling)
 
 
 class BurstAttnFunction(torch.autograd.Function):
@@ -55,15 +70,14 @@ class BurstAttnFunction(torch.autograd.Function):
         n = q.shape[1]
         scale = cfg.scale_for(q.shape[-1])
         stats, trace = active_stats(), active_trace()
-        comm, kernel = ring.comm("forward", stats, trace), get_kernel(cfg.backend)
+        comm, kernel = ring.comm("forward", stats, trace, cfg.topology), get_kernel(cfg.backend)
         if plan is not None:
             out32, lse = masked.masked_forward(comm, _masked_call(cfg, plan, n, scale), qh, kh, vh)
         elif cfg.schedule == "distflash":
             out32, lse = direct.distflash_forward(comm, distflash_plan(ring.rank, ring.world_size), kernel,
                                                   qh, kh, vh, scale)
         else:
-            plans = ring_plan(ring.rank, ring.world_size, cfg.layout, cfg.causal, n, "kv")
-            out32, lse = engine.forward(comm, plans, kernel, qh, kh, vh, scale)
+            out32, lse = engine.forward(comm, _plans(ring, cfg, n, "kv"), kernel, qh, kh, vh, scale)
         out = out32.transpose(1, 2).to(q.dtype).contiguous()  # [B, n, Hq, D]
         if any(ctx.needs_input_grad[:3]):
             # keep the contiguous [B, H, n, D] copies (not q, k, v): the backward kernels want them
@@ -81,7 +95,7 @@ class BurstAttnFunction(torch.autograd.Function):
         stats = active_stats() or ctx.stats
         trace = active_trace() or ctx.trace
         dout_h, out_h = (x.transpose(1, 2).contiguous() for x in (dout, out))
-        comm = ring.comm("backward", stats, trace)
+        comm = ring.comm("backward", stats, trace, cfg.topology)
         if ctx.plan is not None:
             run = masked.masked_backward_kv if cfg.backward == "kv" else masked.masked_backward_query
             dq, dk, dv = run(comm, _masked_call(cfg, ctx.plan, qh.shape[2], ctx.scale), dout_h.to(qh.dtype),
@@ -92,7 +106,7 @@ class BurstAttnFunction(torch.autograd.Function):
             plans, run = distflash_plan(ring.rank, ring.world_size), direct.distflash_backward
         else:
             travelling = "kv" if cfg.backward == "kv" else "q"
-            plans = ring_plan(ring.rank, ring.world_size, cfg.layout, cfg.causal, qh.shape[2], travelling)
+            plans = _plans(ring, cfg, qh.shape[2], travelling)
             run = engine.backward_kv if cfg.backward == "kv" else engine.backward_query
         dq, dk, dv = run(comm, plans, get_kernel(cfg.backend), dout_h.to(qh.dtype), qh, kh, vh, out_h, lse,
                          ctx.scale)

@@ -5,6 +5,9 @@
     burstattn bench grid --config bench/configs/targets.toml [--plots docs/img]   # strategies + peers
     burstattn bench maxlen --mem-budget MiB [flags]  # longest sequence under a per-rank memory budget
     burstattn bench masks [--quick] [--docs docs/benchmarks.md]  # windows, documents, load balance
+    burstattn bench --cluster PRESET|SPEC [flags]   # the strategies on an emulated cluster (root)
+    burstattn cluster up --nodes N --ranks-per-node R --inter BW[,LAT] --intra BW[,LAT] | --preset NAME
+    burstattn cluster down | status | run -- ARGS   # tear down / describe / torchrun ARGS on every node
 
 Subcommands import their modules (and ``rich``) only when they run, so ``burstattn --help`` and
 ``import burstattn`` stay light. Later subcommands (``train``, ``generate``, ``sim``, ``plan``) are
@@ -13,6 +16,8 @@ added to :func:`build_parser` the same way: one ``_add_<name>`` function each.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -38,7 +43,19 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     from .bench import core
 
     p = sub.add_parser("bench", help="benchmarks (JSON + Markdown)")
-    suites = p.add_subparsers(dest="suite", metavar="SUITE", required=True)
+    p.add_argument("--cluster", default=None, metavar="PRESET|SPEC",
+                   help="run the strategies on an emulated cluster (needs root): a preset (a100-pcie-roce, "
+                        "h100-nvlink-ib) or 'inter=BW[,LAT];intra=BW[,LAT]'; no SUITE then")
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--ranks-per-node", type=int, default=2)
+    p.add_argument("--cluster-seq-len", type=int, default=8192, help="sequence length of the cluster run")
+    p.add_argument("--cluster-causal", action="store_true", help="causal attention in the cluster run")
+    p.add_argument("--cluster-strategies", nargs="+", default=None)
+    p.add_argument("--cluster-repeats", type=int, default=3)
+    p.add_argument("--cluster-out", default="bench-out")
+    p.add_argument("--cluster-docs", default=None, help="also write the tables into this Markdown file")
+    p.set_defaults(handler=_run_bench_cluster)
+    suites = p.add_subparsers(dest="suite", metavar="SUITE", required=False)
     c = suites.add_parser("core", help="overhead at world size 1, parallel speedup, bytes sent, peak memory")
     core.add_arguments(c)
     c.set_defaults(handler=_run_bench_core)
@@ -55,6 +72,80 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     k = suites.add_parser("masks", help="sliding window, packed documents and DistFlashAttn balance vs dense causal")
     masks.add_arguments(k)
     k.set_defaults(handler=_run_bench_masks)
+
+
+def _run_bench_cluster(ns: argparse.Namespace) -> int:
+    if ns.cluster is None:
+        print("burstattn bench: give a SUITE (core, grid, maxlen, masks) or --cluster PRESET|SPEC", file=sys.stderr)
+        return 2
+    from .cluster.bench import STRATEGIES, run_cluster_bench
+
+    run_cluster_bench(ns.cluster, nodes=ns.nodes, ranks_per_node=ns.ranks_per_node, seq_len=ns.cluster_seq_len,
+                      causal=ns.cluster_causal, strategies=tuple(ns.cluster_strategies or STRATEGIES),
+                      repeats=ns.cluster_repeats, out=ns.cluster_out, docs=ns.cluster_docs)
+    return 0
+
+
+def _add_cluster(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("cluster", help="emulated multi-node cluster on this machine (network namespaces, tc)")
+    acts = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    up = acts.add_parser("up", help="create the namespaces, links and shaping")
+    up.add_argument("--nodes", type=int, default=2)
+    up.add_argument("--ranks-per-node", type=int, default=1)
+    up.add_argument("--inter", default=None, help="BANDWIDTH[,LATENCY] between nodes, e.g. 10mbit,2ms")
+    up.add_argument("--intra", default=None, help="BANDWIDTH[,LATENCY] inside a node, e.g. 100mbit")
+    up.add_argument("--preset", default=None, help="a100-pcie-roce or h100-nvlink-ib (calibrated here)")
+    up.add_argument("--prefix", default="bt")
+    up.set_defaults(handler=_run_cluster)
+    for name, text in (("down", "remove everything of the cluster (also after a crash)"),
+                       ("status", "describe the cluster that is up")):
+        a = acts.add_parser(name, help=text)
+        a.add_argument("--prefix", default="bt")
+        a.set_defaults(handler=_run_cluster)
+    r = acts.add_parser("run", help="torchrun ARGS on every node (e.g. run -- examples/train_step.py)")
+    r.add_argument("--prefix", default="bt")
+    r.add_argument("--timeout", type=float, default=3600)
+    r.add_argument("args", nargs=argparse.REMAINDER)
+    r.set_defaults(handler=_run_cluster)
+
+
+def _run_cluster(ns: argparse.Namespace) -> int:
+    from .cluster import netns
+    from .cluster.spec import ClusterSpec, parse_link, preset
+
+    try:
+        if ns.action == "down":
+            removed = netns.down(ns.prefix)
+            print(f"removed {len(removed)}: {' '.join(removed) or '(nothing was up)'}")
+            return 0
+        if ns.action == "status":
+            print(netns.load(ns.prefix).describe())
+            return 0
+        if ns.action == "run":
+            from .cluster.launch import run_job
+
+            args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+            results = run_job(netns.load(ns.prefix), args, timeout_s=ns.timeout)
+            for res in results:
+                print(f"--- node {res.node} (exit {res.returncode}) ---\n{res.output}")
+            return max(1 if r.returncode is None else r.returncode for r in results)
+        if ns.preset is not None:
+            if ns.inter or ns.intra:
+                raise ValueError("give --preset or --inter/--intra, not both")
+            from .cluster.spec import calibrate
+            world = ns.nodes * ns.ranks_per_node
+            spec = preset(ns.preset, ns.nodes, ns.ranks_per_node, calibrate() * min(1.0, (os.cpu_count() or 1) / world))
+            spec = netns.up(dataclasses.replace(spec, prefix=ns.prefix), allow_no_latency=True)
+        else:
+            if not ns.inter or not ns.intra:
+                raise ValueError("give --inter BANDWIDTH[,LATENCY] and --intra BANDWIDTH[,LATENCY], or --preset NAME")
+            spec = netns.up(ClusterSpec(ns.nodes, ns.ranks_per_node, parse_link(ns.inter), parse_link(ns.intra),
+                                        prefix=ns.prefix))
+        print(f"up: {spec.describe()}; node addresses {[spec.address(i) for i in range(spec.nodes)]}")
+        return 0
+    except (ValueError, netns.ClusterError) as e:
+        print(f"burstattn cluster: {e}", file=sys.stderr)
+        return 2
 
 
 def _run_bench_core(ns: argparse.Namespace) -> int:
@@ -96,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_demo(sub)
     _add_bench(sub)
+    _add_cluster(sub)
     return parser
 
 

@@ -7,7 +7,7 @@ from typing import Optional
 LAYOUTS = ("contiguous", "zigzag", "striped")
 BACKENDS = ("auto", "reference", "cpu_flash", "sdpa", "flash_attn")
 BACKWARDS = ("auto", "burst", "kv")
-SCHEDULES = ("ring", "distflash")
+SCHEDULES = ("ring", "distflash", "double")
 
 
 @dataclass(frozen=True)
@@ -23,8 +23,9 @@ class AttnConfig:
         backend: local kernel name, resolved (never ``"auto"`` once inside the engine).
         backward: ``"burst"`` (query ring: Q, dO, lse, D travel, dQ partials follow),
             ``"kv"`` (RingAttention: K, V travel, dK/dV partials follow) or ``"auto"``.
-        schedule: ``"ring"`` (neighbour ring, every layout) or ``"distflash"``
-            (DistFlashAttn's load-balanced direct schedule: causal, contiguous layout only).
+        schedule: ``"ring"`` (neighbour ring, every layout), ``"distflash"`` (DistFlashAttn's
+            load-balanced direct schedule: causal, contiguous layout only) or ``"double"`` (the
+            two-level ring over ``topology``: nodes x ranks per node).
     """
 
     causal: bool = False
@@ -34,6 +35,7 @@ class AttnConfig:
     backward: str = "auto"
     schedule: str = "ring"
     mask: Optional[object] = None  # a burstattn.AttnMask (None: no mask beyond ``causal``)
+    topology: Optional[object] = None  # TwoLevelGroups of schedule="double"
 
     @property
     def layout_name(self) -> str:
@@ -49,8 +51,9 @@ class AttnConfig:
         """31-bit checksum of the mask and of an explicit partition (0: neither), for the
         cross-rank check."""
         parts = [self.mask.fingerprint() if self.mask is not None else 0,
-                 0 if isinstance(self.layout, str) else self.layout.fingerprint]
-        return (parts[0] * 1_000_003 + parts[1]) & 0x7FFFFFFF
+                 0 if isinstance(self.layout, str) else self.layout.fingerprint,
+                 self.topology.ranks_per_node if self.topology is not None else 0]
+        return ((parts[0] * 1_000_003 + parts[1]) * 1009 + parts[2]) & 0x7FFFFFFF
 
     def scale_for(self, head_dim: int) -> float:
         """The softmax scale actually used for ``head_dim``."""

@@ -120,3 +120,32 @@ def distflash_bytes(*, rank: int, batch: int, local_seq: int, world_size: int, q
         for key, nbytes in add.items():
             ops[key] = ops.get(key, 0) + nbytes
     return byte_totals(ops)
+
+
+def double_bytes(*, batch: int, local_seq: int, world_size: int, ranks_per_node: int, q_heads: int,
+                 kv_heads: int, head_dim: int, dtype: torch.dtype, backward: str) -> dict:
+    """Bytes each rank sends under ``schedule="double"`` (:mod:`burstattn.engine.double`), ops named
+    by channel: inside nodes ``kv`` / ``q`` and the accumulators ``dkv`` / ``dq``; across nodes the
+    same with ``_outer``. R ranks per node, M = P / R nodes: travelling blocks ``(R-1)*M`` inside and
+    ``M-1`` across; accumulators ``R*M`` inside (R > 1) and ``M`` across (M > 1)."""
+    r, m = ranks_per_node, world_size // ranks_per_node
+    e, a = element_size(dtype), element_size(accum_dtype(dtype))
+    kv_block = 2 * batch * local_seq * kv_heads * head_dim
+    rows = batch * local_seq * q_heads
+    inner_hops, outer_hops = (r - 1) * m, m - 1
+    inner_acc, outer_acc = (r * m if r > 1 else 0), (m if m > 1 else 0)
+    ops = {("forward", "kv"): inner_hops * kv_block * e, ("forward", "kv_outer"): outer_hops * kv_block * e,
+           ("forward", "meta"): (world_size - 1) * META_INTS * 8}
+    if backward == "kv":
+        ops.update({("backward", "kv"): inner_hops * kv_block * e, ("backward", "kv_outer"): outer_hops * kv_block * e,
+                    ("backward", "dkv"): inner_acc * kv_block * a, ("backward", "dkv_outer"): outer_acc * kv_block * a})
+    elif backward == "burst":
+        pack = rows * (2 * head_dim * e + 2 * a)
+        ops.update({("backward", "q"): inner_hops * pack, ("backward", "q_outer"): outer_hops * pack,
+                    ("backward", "dq"): inner_acc * rows * head_dim * a,
+                    ("backward", "dq_outer"): outer_acc * rows * head_dim * a})
+    else:
+        raise ValueError(f"backward must be 'burst' or 'kv', got {backward!r}")
+    if world_size == 1:
+        ops = {key: 0 for key in ops}
+    return byte_totals(ops)

@@ -68,6 +68,13 @@ def local_problem(q, k, v, cfg: AttnConfig) -> Optional[tuple[type, str]]:
         return ValueError, (f"schedule 'distflash' balances causal attention over the contiguous layout and "
                             f"has its own backward: it needs causal=True, layout='contiguous', backward='auto'; "
                             f"got causal={cfg.causal}, layout={cfg.layout!r}, backward={cfg.backward!r}")
+    if cfg.schedule == "double" and (cfg.topology is None or not hasattr(cfg.topology, "ranks_per_node")):
+        return ValueError, ("schedule 'double' needs topology=burstattn.two_level_groups(ranks_per_node) "
+                            "(built once, on every rank)")
+    if cfg.schedule != "double" and cfg.topology is not None:
+        return ValueError, f"topology is only used by schedule='double', got schedule={cfg.schedule!r}"
+    if cfg.schedule == "double" and cfg.sparse:
+        return ValueError, "schedule 'double' runs dense attention; masks and partitions use their own schedule"
     if cfg.schedule == "distflash" and cfg.sparse:
         return ValueError, ("schedule 'distflash' is for dense causal attention over the contiguous layout; masks "
                             "and partitions run their own sparse schedule (schedule='ring')")

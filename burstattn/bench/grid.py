@@ -37,8 +37,9 @@ from .progress import ProgressFile, run_with_progress
 from .timing import code_version, cpu_snapshot, machine_info, other_load, time_interleaved
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-OURS = ("burst", "ring", "rsa", "ulysses", "allgather", "usp", "tp", "burst-distflash")
-LAYOUT_OF = {"burst": "zigzag", "usp": "zigzag", "burst-distflash": "contiguous"}  # else contiguous
+OURS = ("burst", "ring", "rsa", "ulysses", "allgather", "usp", "tp", "burst-distflash", "burst-double")
+LAYOUT_OF = {"burst": "zigzag", "usp": "zigzag", "burst-distflash": "contiguous",
+             "burst-double": "zigzag"}  # else contiguous
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,17 @@ def _ours(name: str, p: GridPoint, world: int, group):
         def formula(rank, **kw):
             from ..formulas import distflash_bytes
             return distflash_bytes(rank=rank, **kw)
+        return Contender(name, fn, positions, "ring", formula, ours=True)
+    if name == "burst-double":  # two-level ring: ranks_per_node = usp_ulysses_degree (the node size)
+        from ..engine.double import two_level_groups
+        from ..formulas import choose_backward, double_bytes
+        per_node = min(p.usp_ulysses_degree, world)
+        topo = two_level_groups(per_node)
+        fn = lambda q, k, v: burst_attn_func(q, k, v, causal=p.causal, layout=layout, schedule="double",  # noqa: E731
+                                             topology=topo)
+
+        def formula(rank, **kw):
+            return double_bytes(ranks_per_node=per_node, backward=choose_backward(**kw), **kw)
         return Contender(name, fn, positions, "ring", formula, ours=True)
     if name == "usp":
         u = min(p.usp_ulysses_degree, world)

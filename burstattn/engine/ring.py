@@ -72,6 +72,9 @@ def ring_loop(comm: Optional[RingComm], plans: tuple[StepPlan, ...], carry: torc
             (``fold(acc, contributions)``) and sends it on; after the last step it arrives
             home. Returns this rank's final accumulator (``None`` without one).
     """
+    if not isinstance(plans, tuple):  # a two-level plan: the same loop, nested (engine/double.py)
+        from .double import double_loop
+        return double_loop(comm, plans, carry, channel, compute, acc_channel, acc_init, fold)
     world = len(plans)
     bufs = [carry, torch.empty_like(carry)] if world > 1 else [carry]
     accs = [acc_init, torch.empty_like(acc_init)] if (acc_init is not None and world > 1) else [acc_init]
@@ -104,6 +107,11 @@ def ring_loop(comm: Optional[RingComm], plans: tuple[StepPlan, ...], carry: torc
     return accs[world % 2]
 
 
+def world_of(plans) -> int:
+    """World size of a flat plan (a tuple of steps) or of a two-level plan."""
+    return plans.world_size if hasattr(plans, "world_size") else len(plans)
+
+
 def _pack_kv(k: torch.Tensor, v: torch.Tensor, world: int):
     """K and V as one travelling buffer ``[2, B, Hkv, n, D]`` (a plain pair in a world of one)."""
     return torch.stack([k, v]) if world > 1 else (k, v)
@@ -132,7 +140,7 @@ def forward(comm: Optional[RingComm], plans, kernel: Kernel, q: torch.Tensor, k:
                 state["lse"] = torch.full((b, hq, n), float("-inf"), dtype=acc, device=q.device)
             merge_(state["out"][:, :, qs], state["lse"][:, :, qs], o_j, lse_j)
 
-    ring_loop(comm, plans, _pack_kv(k, v, len(plans)), "kv", compute)
+    ring_loop(comm, plans, _pack_kv(k, v, world_of(plans)), "kv", compute)
     if not state:  # nothing computed (cannot happen with the dense plans: the diagonal is never empty)
         state["out"] = torch.zeros(b, hq, n, d, dtype=acc, device=q.device)
         state["lse"] = torch.full((b, hq, n), float("-inf"), dtype=acc, device=q.device)
@@ -160,7 +168,7 @@ def backward_kv(comm: Optional[RingComm], plans, kernel: Kernel, dout, q, k, v, 
             acc[1][:, :, ks] += dv_j
 
     acc0 = torch.zeros((2,) + tuple(k.shape), dtype=acc, device=k.device)
-    dkv = ring_loop(comm, plans, _pack_kv(k, v, len(plans)), "kv", compute, "dkv", acc0, fold)
+    dkv = ring_loop(comm, plans, _pack_kv(k, v, world_of(plans)), "kv", compute, "dkv", acc0, fold)
     return dq, dkv[0], dkv[1]
 
 
@@ -186,7 +194,7 @@ def backward_query(comm: Optional[RingComm], plans, kernel: Kernel, dout, q, k, 
                      Field("q", (b, hq, n, d), q.dtype), Field("dout", (b, hq, n, d), q.dtype)])
     delta = (dout.to(acc) * out.to(acc)).sum(-1)  # D = rowsum(dO * O), [B, Hq, n]
     fields = {"lse": lse, "delta": delta, "q": q, "dout": dout}
-    carry = packer.pack(fields, q.device) if len(plans) > 1 else None  # a world of one ships nothing
+    carry = packer.pack(fields, q.device) if world_of(plans) > 1 else None  # a world of one ships nothing
     dk = torch.zeros(k.shape, dtype=acc, device=k.device)
     dv = torch.zeros(v.shape, dtype=acc, device=v.device)
 
@@ -194,7 +202,7 @@ def backward_query(comm: Optional[RingComm], plans, kernel: Kernel, dout, q, k, 
         if not plan.ops:
             return []
         f = packer.views(payload) if payload is not None else fields
-        o_s = out if plan.step == 0 else _pseudo_out(f["dout"], f["delta"])
+        o_s = out if plan.q_rank == plan.k_rank else _pseudo_out(f["dout"], f["delta"])  # own queries: the real O
         parts = []
         for qs, ks, dq_j, dk_j, dv_j in block_grads(kernel, plan.ops, f["dout"], f["q"], k, v, o_s, f["lse"],
                                                     scale):

@@ -17,7 +17,7 @@ from .base import MASK_OPTIONS, StrategySpec
 
 _ALL = LAYOUTS
 STRATEGIES = MappingProxyType({s.name: s for s in (
-    StrategySpec("burst", "burst", _ALL, "zigzag", ("backend", "backward") + MASK_OPTIONS,
+    StrategySpec("burst", "burst", _ALL, "zigzag", ("backend", "backward", "schedule", "topology") + MASK_OPTIONS,
                  "BurstAttention: K/V ring forward, query-ring (or K/V-ring) backward, balanced layouts; masks "
                  "skip work and traffic", partitions=True),
     StrategySpec("ring", "ring", ("contiguous",), "contiguous", ("backend",) + MASK_OPTIONS,

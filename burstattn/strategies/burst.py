@@ -5,12 +5,14 @@ from ..api import burst_attn_func
 from ..formulas import choose_backward, ring_bytes
 
 
-def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backward="auto", **mask_args):
+def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backward="auto", schedule="ring",
+        topology=None, **mask_args):
     """K/V ring forward, query-ring or K/V-ring backward (fewer bytes wins with ``"auto"``);
     ``mask_args``: ``window`` / ``cu_seqlens`` / ``document_ids`` / ``mask_mod`` / ``mask`` (the
     sparse direct schedule of :mod:`burstattn.masks.plan`)."""
     return burst_attn_func(q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
-                           layout=layout, backend=backend, backward=backward, **mask_args)
+                           layout=layout, backend=backend, backward=backward, schedule=schedule, topology=topology,
+                           **mask_args)
 
 
 def bytes_formula(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,

@@ -27,3 +27,16 @@ def distflash_bad(rank: int, world: int, kwargs: dict) -> tuple[str, str]:
     except (TypeError, ValueError) as e:
         return type(e).__name__, str(e)
     return "no error", ""
+
+
+def double_ring(rank: int, world: int, case: Case, ranks_per_node: int) -> dict:
+    """Forward (with LSE) and backward under ``schedule="double"``, with the bytes sent."""
+    topo = burstattn.two_level_groups(ranks_per_node)
+    q, k, v, dout = _sharded_leaves(case)
+    with burstattn.comm_stats() as stats:
+        out, lse = burstattn.burst_attn_func(q, k, v, causal=case.causal, layout=case.layout, schedule="double",
+                                             topology=topo, return_lse=True, backend=case.backend,
+                                             backward=case.backward)
+        out.backward(dout)
+    sent = {(phase, op): row["sent"] for phase, ops in stats.as_dict().items() for op, row in ops.items()}
+    return dict(out=out.detach(), lse=lse, dq=q.grad, dk=k.grad, dv=v.grad, sent=sent)

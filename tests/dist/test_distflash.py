@@ -48,3 +48,38 @@ def test_distflash_matches_reference_and_formula(pools, case):
 def test_distflash_bad_options_raise_on_every_rank(pools, kwargs, needle):
     for kind, message in pools.get(2).run(distflash_cases.distflash_bad, kwargs):
         assert kind == "ValueError" and "distflash" in message and needle in message, message
+
+
+DOUBLE = [
+    (Case(world=4, local_seq=16, heads="mha", head_dim=32, causal=True, layout="zigzag", backend="cpu_flash",
+          backward="burst"), 2),
+    (Case(world=4, local_seq=8, heads="gqa", head_dim=32, causal=False, layout="contiguous", backend="reference",
+          backward="kv"), 2),
+    (Case(world=2, local_seq=16, heads="mha", head_dim=32, causal=True, layout="striped", backend="cpu_flash",
+          backward="burst"), 1),
+    (Case(world=2, local_seq=16, heads="gqa", head_dim=32, causal=True, layout="zigzag", backend="cpu_flash",
+          backward="kv"), 2),
+    (Case(world=3, local_seq=8, heads="mqa", head_dim=32, causal=True, layout="zigzag", backend="reference",
+          backward="burst"), 3),
+    (Case(world=8, local_seq=8, heads="mha", head_dim=32, causal=True, layout="zigzag", backend="cpu_flash",
+          backward="kv", dtype="bfloat16"), 4),
+    (Case(world=8, local_seq=8, heads="gqa", head_dim=16, causal=False, layout="zigzag", backend="cpu_flash",
+          backward="burst"), 2),
+]
+
+
+@pytest.mark.parametrize("case,ranks_per_node", DOUBLE, ids=lambda x: x.id() if isinstance(x, Case) else f"R{x}")
+def test_double_ring_matches_reference_and_formula(pools, case, ranks_per_node):
+    from burstattn.formulas import double_bytes
+
+    results = pools.get(case.world).run(distflash_cases.double_ring, case, ranks_per_node)
+    ref = reference_results(case)
+    got = {name: assemble(case, [r[name] for r in results], 2 if name == "lse" else 1)
+           for name in ("out", "lse", "dq", "dk", "dv")}
+    errors = {name: rel_err(got[name], ref[name]) for name in got}
+    assert all(e <= TOL[case.dtype] for e in errors.values()), errors
+    want = double_bytes(batch=case.batch, local_seq=case.local_seq, world_size=case.world, ranks_per_node=ranks_per_node,
+                        q_heads=case.q_heads, kv_heads=case.kv_heads, head_dim=case.head_dim,
+                        dtype=DTYPES[case.dtype], backward=case.backward)["ops"]
+    for rank, r in enumerate(results):
+        assert {key: v for key, v in r["sent"].items() if v} == {key: v for key, v in want.items() if v}, rank

@@ -1,0 +1,113 @@
+"""The two-level ("double") ring for clusters of nodes: most ring traffic stays inside nodes.
+
+With P = M nodes x R ranks per node (rank ``r = m*R + i``), the flat ring crosses a node boundary on
+every step, so every step waits for the slow inter-node link. The double ring (as in LoongTrain's
+double-ring attention) nests two rings:
+
+* an *outer* ring over the ranks with the same index ``i`` on every node (one inter-node hop per
+  outer step): at outer step d, rank (m, i) holds the outer block of rank ((m-d) mod M, i);
+* an *inner* ring inside each node (R ranks, intra-node links only) that circulates the outer
+  blocks: at inner step s of outer step d, rank (m, i) holds the block of ((m-d) mod M, (i-s) mod R).
+
+Over (d, s) every rank meets every block exactly once. The outer transfer that brings the next
+outer block is posted before the R inner steps and waited for after them, so the inter-node link
+has R steps of compute to hide behind instead of one. Accumulators (dK/dV or dQ) follow the same
+two levels: each inner ring returns its partial to the rank that held the outer block, which folds
+it into the outer accumulator travelling one outer step behind (home after the last).
+
+This is :func:`.ring.ring_loop` nested in itself (:func:`double_loop`), so the three passes
+(forward, both backwards) run unchanged on a :class:`DoublePlan` and a :class:`TwoLevelComm`.
+Bytes per rank: the same ``P - 1`` travelling blocks as the flat ring (``(R-1)*M`` inside nodes,
+``M-1`` across), accumulators ``R*M`` hops inside nodes (when R > 1) and ``M`` across (when M > 1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from ..comm.ring import RingComm
+from .schedule import StepPlan, block_ops
+
+
+@dataclass(frozen=True)
+class TwoLevelGroups:
+    """The process groups of a double ring (build once with :func:`two_level_groups`)."""
+
+    inner_group: Optional[dist.ProcessGroup]   # the ranks of this rank's node
+    outer_group: Optional[dist.ProcessGroup]   # the ranks with this rank's index on every node
+    ranks_per_node: int
+    nodes: int
+
+
+def two_level_groups(ranks_per_node: int, group: Optional[dist.ProcessGroup] = None) -> TwoLevelGroups:
+    """Groups for ``schedule="double"``; ranks are numbered node by node (as torchrun does).
+    Every process of the job must call it (``dist.new_group`` is collective)."""
+    from ..strategies.usp import usp_groups
+
+    if not dist.is_available() or not dist.is_initialized():
+        return TwoLevelGroups(None, None, 1, 1)
+    world = dist.get_world_size(group if group is not None else dist.group.WORLD)
+    if ranks_per_node < 1 or world % ranks_per_node:
+        raise ValueError(f"two_level_groups: ranks_per_node must divide the group size {world}, got {ranks_per_node}")
+    g = usp_groups(ranks_per_node, world // ranks_per_node, group)  # ulysses = node, ring = across nodes
+    return TwoLevelGroups(g.ulysses_group, g.ring_group, ranks_per_node, world // ranks_per_node)
+
+
+@dataclass
+class TwoLevelComm:
+    """The inner and outer ring communicators of one pass (``None`` for a level of size 1)."""
+
+    inner: Optional[RingComm]
+    outer: Optional[RingComm]
+
+
+@dataclass(frozen=True)
+class DoublePlan:
+    """``outer[d]`` is the inner plan (R :class:`StepPlan`) of outer step ``d``."""
+
+    outer: tuple[tuple[StepPlan, ...], ...]
+    world_size: int
+
+
+def double_plan(rank: int, world_size: int, ranks_per_node: int, layout: str, causal: bool, local_len: int,
+                travelling: str) -> DoublePlan:
+    """The double ring's plan of ``rank`` (pure): who pairs with whom at each (outer, inner) step."""
+    r_, m_ = ranks_per_node, world_size // ranks_per_node
+    m, i = divmod(rank, r_)
+    outer = []
+    for d in range(m_):
+        inner = []
+        for s in range(r_):
+            src = ((m - d) % m_) * r_ + (i - s) % r_
+            q_rank, k_rank = (rank, src) if travelling == "kv" else (src, rank)
+            inner.append(StepPlan(s, q_rank, k_rank, block_ops(q_rank, k_rank, world_size, layout, causal, local_len),
+                                  prefetch=s < r_ - 1))
+        outer.append(tuple(inner))
+    return DoublePlan(tuple(outer), world_size)
+
+
+def double_loop(comm: TwoLevelComm, plans: DoublePlan, carry, channel: str, compute, acc_channel=None,
+                acc_init=None, fold=None):
+    """:func:`.ring.ring_loop`'s contract over two levels (see the module docstring)."""
+    from .ring import ring_loop
+
+    m_ = len(plans.outer)
+    outer_plans = tuple(StepPlan(d, -1, -1, (), prefetch=d < m_ - 1) for d in range(m_))
+
+    def outer_compute(plan: StepPlan, block):
+        inner = plans.outer[plan.step]
+        # the outer ring is sending `block` while the inner ring runs, and the inner ring overwrites
+        # its carry from its second step on: give it a copy when both happen
+        own = block.clone() if (m_ > 1 and len(inner) > 1) else block
+        acc0 = torch.zeros_like(acc_init) if acc_init is not None else None
+        return ring_loop(comm.inner, inner, own, channel, compute, acc_channel, acc0, fold)
+
+    def outer_fold(acc: torch.Tensor, partial: torch.Tensor) -> None:
+        acc.add_(partial)
+
+    return ring_loop(comm.outer, outer_plans, carry, channel + "_outer", outer_compute,
+                     None if acc_channel is None else acc_channel + "_outer", acc_init,
+                     outer_fold if acc_channel is not None else None)
