@@ -85,8 +85,9 @@ def _combine(cfg: dict, ranks: list[dict], spec: ClusterSpec) -> list[dict]:
     return records
 
 
-def run_on_cluster(spec: ClusterSpec, cfg: dict, timeout_s: float = 3600) -> list[dict]:
-    """Bring ``spec`` up, run the grid worker on it, tear it down; the combined records."""
+def run_on_cluster(spec: ClusterSpec, cfg: dict, timeout_s: float = 3600) -> tuple[list[dict], ClusterSpec]:
+    """Bring ``spec`` up, run the grid worker on it, tear it down; the combined records and the spec
+    actually applied (latencies dropped where the kernel has no netem)."""
     from . import netns
     from .launch import run_job
 
@@ -106,7 +107,7 @@ def run_on_cluster(spec: ClusterSpec, cfg: dict, timeout_s: float = 3600) -> lis
             bad = [r for r in ranks if not r.get("ok")]
             if bad:
                 raise RuntimeError(f"rank {bad[0]['rank']} failed: {bad[0].get('traceback')}")
-            return _combine(cfg, ranks, applied)
+            return _combine(cfg, ranks, applied), applied
     finally:
         netns.down(spec.prefix)
 
@@ -129,10 +130,11 @@ def run_cluster_bench(cluster: str, *, nodes: int = 2, ranks_per_node: int = 2, 
     cfg = dict(strategies=list(strategies), seq_len=seq_len, causal=causal, heads=heads, kv_heads=kv_heads,
                head_dim=head_dim, repeats=repeats, check_seq_len=check_seq_len, pg_timeout_s=600, threads=1)
     t0 = time.perf_counter()
-    shaped = run_on_cluster(spec, cfg)
-    base = run_on_cluster(replace(spec, inter=Link(None), intra=Link(None), name="unshaped"), cfg)
-    result = dict(spec=asdict(spec), local_flops=local, per_core_flops=per_core, config=cfg, shaped=shaped,
-                  unshaped=base, wall_s=time.perf_counter() - t0, date=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    shaped, applied = run_on_cluster(spec, cfg)
+    base, _ = run_on_cluster(replace(spec, inter=Link(None), intra=Link(None), name="unshaped"), cfg)
+    result = dict(spec=asdict(applied), requested=asdict(spec), local_flops=local, per_core_flops=per_core,
+                  config=cfg, shaped=shaped, unshaped=base, wall_s=time.perf_counter() - t0,
+                  date=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     Path(out).mkdir(parents=True, exist_ok=True)
     stem = f"cluster-{spec.name}-{'causal' if causal else 'full'}-{seq_len}"
     (Path(out) / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))

@@ -59,8 +59,16 @@ def requirements_problem() -> Optional[str]:
     res = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if res.returncode != 0:
         return f"cannot create network namespaces here (ip netns add: {res.stderr.strip()})"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
+    try:
+        for what, cmd in (("veth links", ["ip", "link", "add", "btpa", "type", "veth", "peer", "name", "btpb"]),
+                          ("tbf shaping", ["tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", "1mbit",
+                                           "burst", "64kb", "limit", "1mb"])):
+            res = _run(*cmd, ns=probe, check=False)
+            if res.returncode != 0:
+                return f"cannot create {what} here ({' '.join(cmd)}: {res.stderr.strip()})"
+        return None
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
 
 
 def netem_available() -> bool:

@@ -15,6 +15,15 @@ def _mb(x) -> str:
     return "-" if x is None else f"{x / 2**20:.1f}"
 
 
+def _latency_note(result: dict) -> str:
+    req = result.get("requested", result["spec"])
+    if (req["inter"]["latency_ms"], req["intra"]["latency_ms"]) == (result["spec"]["inter"]["latency_ms"],
+                                                                  result["spec"]["intra"]["latency_ms"]):
+        return ""
+    return (f"; the preset asks {req['inter']['latency_ms']:.3g} / {req['intra']['latency_ms']:.3g} ms, not "
+            "emulated: this kernel has no netem")
+
+
 def cluster_markdown(result: dict) -> str:
     """One run: a heading and a table (shaped vs unshaped, exposed communication, bytes)."""
     spec, cfg = result["spec"], result["config"]
@@ -26,7 +35,7 @@ def cluster_markdown(result: dict) -> str:
     lines = [head, "",
              f"Links: inter {inter['bandwidth'] / 1e6 if inter['bandwidth'] else float('inf'):.3g} MB/s, intra "
              f"{intra['bandwidth'] / 1e6 if intra['bandwidth'] else float('inf'):.3g} MB/s per node (latency "
-             f"{inter['latency_ms']:g} / {intra['latency_ms']:g} ms); kernel {result['per_core_flops'] / 1e9:.1f} "
+             f"{inter['latency_ms']:g} / {intra['latency_ms']:g} ms{_latency_note(result)}); kernel {result['per_core_flops'] / 1e9:.1f} "
              f"GFLOP/s per core, {result['local_flops'] / 1e9:.1f} per rank. {cfg['heads']} heads (kv "
              f"{cfg['kv_heads']}), head_dim {cfg['head_dim']}, float32, medians of {cfg['repeats']} (slowest rank). "
              f"Run {result['date']}, {result['wall_s']:.0f} s.", "",
@@ -47,6 +56,11 @@ def cluster_markdown(result: dict) -> str:
         lines.append(f"| {name} | {'yes' if err < 1e-4 else 'NO'} ({err:.1e}) | {_s(r['median_s']['fwd'])} | {_s(t)} | "
                      f"{_s(b)} | {_s(exposed)} | {_s(r.get('wait_s'))} | {_mb(r['sent_bytes']['fwd+bwd'])} | "
                      f"{_mb(iface.get('inter'))} | {_mb(iface.get('intra'))} | {vs} |")
+    from .spec import ClusterSpec, Link, ring_schedule
+    chosen = ring_schedule(ClusterSpec(spec["nodes"], spec["ranks_per_node"], Link(inter["bandwidth"]),
+                                       Link(intra["bandwidth"])))
+    lines += ["", f"The spec calls for burst's `schedule={chosen!r}` "
+              f"(`cluster.spec.ring_schedule`: the two-level ring when the intra-node link is the faster one)."]
     lines += ["", "Traced wait: time the slowest rank spent waiting for transfers in one traced forward + backward "
               "(ring loops only; '0.000' for strategies built on collectives, whose waits are inside the "
               "collective). Interface bytes are the node's counters over one traced forward + backward divided by "

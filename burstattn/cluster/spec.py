@@ -155,3 +155,15 @@ def resolve(text: str, nodes: int, ranks_per_node: int, local_flops: Optional[fl
 def without_latency(spec: ClusterSpec) -> ClusterSpec:
     """The same cluster with latencies dropped (when the kernel has no netem)."""
     return replace(spec, inter=Link(spec.inter.bandwidth), intra=Link(spec.intra.bandwidth))
+
+
+def ring_schedule(spec: ClusterSpec) -> str:
+    """The burst schedule this cluster calls for: ``"double"`` (two-level ring, most traffic inside
+    nodes) when there are several nodes of several ranks and the intra-node link is faster than the
+    inter-node one (NVLink + InfiniBand), else ``"ring"`` (A100s on PCIe without P2P behind RoCE: the
+    node's internal path is the slower one, and the flat ring puts less on it)."""
+    if spec.nodes < 2 or spec.ranks_per_node < 2:
+        return "ring"
+    intra = float("inf") if spec.intra.bandwidth is None else spec.intra.bandwidth
+    inter = float("inf") if spec.inter.bandwidth is None else spec.inter.bandwidth
+    return "double" if intra > inter else "ring"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from burstattn.cluster.spec import REAL, ClusterSpec, Link, parse_link, preset, resolve
+from burstattn.cluster.spec import REAL, ClusterSpec, Link, parse_link, preset, resolve, ring_schedule
 
 
 @pytest.mark.parametrize("text,bw,lat", [("10mbit", 1.25e6, 0.0), ("2MB", 2e6, 0.0), ("8gbit,5ms", 1e9, 5.0),
@@ -38,3 +38,10 @@ def test_resolve_and_validation():
         ClusterSpec(0, 1, Link(None), Link(None))
     with pytest.raises(ValueError, match="prefix"):
         ClusterSpec(1, 1, Link(None), Link(None), prefix="Bad-")
+
+
+def test_topology_choice_follows_the_links():
+    assert ring_schedule(preset("h100-nvlink-ib", 2, 4, 80e9)) == "double"   # NVLink >> InfiniBand
+    assert ring_schedule(preset("a100-pcie-roce", 2, 4, 80e9)) == "ring"     # PCIe w/o P2P < RoCE
+    assert ring_schedule(preset("h100-nvlink-ib", 1, 8, 80e9)) == "ring"     # one node: nothing to nest
+    assert ring_schedule(ClusterSpec(2, 2, Link(1e6), Link(None))) == "double"
