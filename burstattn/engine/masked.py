@@ -6,8 +6,8 @@ unmasked kernel, diagonal blocks with its causal mode, partial blocks with an ex
 and K/V (or queries) go only to the ranks that need them (:func:`.direct.direct_loop`).
 
 Rows that see no key anywhere get output 0 and LSE ``-inf``; in the backward their LSE is
-replaced by ``+inf`` so that every kernel computes ``P = exp(s - lse) = 0`` for them (zero
-gradients, never NaN).
+replaced by a huge finite value (``1e30``) so that every kernel computes ``P = exp(s - lse) = 0``
+for them (zero gradients, never NaN; finite, so that no fused kernel forms ``inf - inf``).
 """
 from __future__ import annotations
 
@@ -114,9 +114,12 @@ def masked_forward(comm: Optional[RingComm], call: MaskedCall, q, k, v) -> tuple
     return out, lse
 
 
+BLIND_LSE = 1e30  # exp(s - 1e30) == 0 in float32 and float64; finite, so no kernel forms inf - inf
+
+
 def backward_lse(lse: torch.Tensor) -> torch.Tensor:
-    """Global LSE with ``-inf`` (rows that see nothing) replaced by ``+inf``: P = 0 there."""
-    return lse.masked_fill(lse == float("-inf"), float("inf"))
+    """Global LSE with ``-inf`` (rows that see nothing) replaced by a huge finite value: P = 0 there."""
+    return lse.masked_fill(lse == float("-inf"), BLIND_LSE)
 
 
 def masked_backward_kv(comm: Optional[RingComm], call: MaskedCall, dout, q, k, v, out, lse):

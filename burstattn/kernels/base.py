@@ -32,7 +32,7 @@ class Kernel(Protocol):
         """Gradients of one block given the *global* ``out`` and ``lse`` of these query rows.
 
         Uses ``P = exp(scale * q k^T - lse)`` and ``D = rowsum(dout * out)``, so the block's
-        forward is never recomputed in full. A row whose global LSE is ``+inf`` (the engine's
+        forward is never recomputed in full. A row whose global LSE is huge (``1e30``, the engine's
         marker for a row that sees no key anywhere) gets zero gradients. Returns ``dq [B, Hq, Sq, D]``,
         ``dk, dv [B, Hkv, Sk, D]`` (any float dtype; the engine accumulates in float32).
         """

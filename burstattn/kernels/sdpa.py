@@ -43,14 +43,21 @@ class SdpaKernel:
     """CUDA SDPA ops: cuDNN or flash for 16-bit inputs, memory-efficient for float32."""
 
     name = "sdpa"
-    supports_mask = True  # partially masked blocks: the memory-efficient kernel with an additive bias
+    supports_mask = True  # partial blocks: memory-efficient kernel + bias, in float32 (16-bit blocks copied)
 
     def __init__(self, prefer_cudnn: bool = True) -> None:
         self.prefer_cudnn = prefer_cudnn
+        # 16-bit partial (explicitly masked) blocks: the memory-efficient kernel's backward with a
+        # bias gave wrong dQ/dK (NaN or ~0.4 relative error) for bf16 and fp16 on an H200 with
+        # torch 2.11 while float32 was exact, so those blocks run it on float32 copies
 
     def forward(self, q, k, v, scale, causal, mask=None):
+        if mask is not None and q.dtype != torch.float32:  # see __init__: float32 copies of the block
+            return self.forward(q.float(), k.float(), v.float(), scale, causal, mask=mask)
         hq = q.shape[1]
-        k, v = expand_kv(k, hq), expand_kv(v, hq)
+        # dense [B, H, S, D] strides: the fused kernels misread row slices of a longer sequence
+        # (measured on an H200: wrong dQ/dK and illegal memory accesses with cuDNN)
+        q, k, v = (x.contiguous() for x in (q, expand_kv(k, hq), expand_kv(v, hq)))
         sq = q.shape[-2]
         impl = "efficient" if mask is not None else _impl(q, self.prefer_cudnn)
         bias = _bias(mask, q)
@@ -66,8 +73,12 @@ class SdpaKernel:
         return out, lse[..., :sq]
 
     def backward(self, dout, q, k, v, out, lse, scale, causal, mask=None):
+        if mask is not None and q.dtype != torch.float32:
+            return self.backward(dout.float(), q.float(), k.float(), v.float(), out.float(), lse, scale, causal,
+                                 mask=mask)
         hq, hkv = q.shape[1], k.shape[1]
-        k, v = expand_kv(k, hq), expand_kv(v, hq)
+        dout, q, out, lse = (x.contiguous() for x in (dout, q, out, lse))
+        k, v = (x.contiguous() for x in (expand_kv(k, hq), expand_kv(v, hq)))
         sq, sk = q.shape[-2], k.shape[-2]
         impl = "efficient" if mask is not None else _impl(q, self.prefer_cudnn)
         bias = _bias(mask, q)
