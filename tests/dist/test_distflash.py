@@ -3,7 +3,6 @@ to the plan's formula on every rank, bad options rejected on every rank."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from burstattn.formulas import distflash_bytes
 from tests.dist import distflash_cases

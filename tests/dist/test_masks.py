@@ -36,6 +36,8 @@ def _cases():
          "local_global", 8),
         (Case(world=4, local_seq=16, heads="mha", head_dim=16, causal=True, layout="contiguous", backend="cpu_flash",
               softmax_scale=0.3), "window_causal", 64),
+        (Case(world=2, local_seq=12, heads="gqa", head_dim=16, causal=True, layout="zigzag", backend="auto",
+              dtype="float64"), "docs_window", 4),
         # the document-aware partition as the layout
         (Case(world=2, local_seq=12, heads="gqa", head_dim=16, causal=True, layout="documents", backend="cpu_flash"),
          "docs", 4),
