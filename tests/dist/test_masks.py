@@ -156,6 +156,10 @@ STRATEGY_CASES = [
     for strategy, layout in (("ring", "contiguous"), ("allgather", "zigzag"), ("ulysses", "contiguous"))
     for world, heads, backend in ((1, "gqa", "cpu_flash"), (2, "gqa", "reference"), (4, "4/2", "cpu_flash"))
     for causal, kind in ((True, "docs_window"), (False, "blind_rows"), (True, "window_causal"))
+] + [  # the document-aware partition as the layout of the strategies that place tokens by position
+    (strategy, Case(world=world, local_seq=12, heads="4/2", head_dim=16, causal=True, layout="documents",
+                    backend="cpu_flash", seed=3), "docs")
+    for strategy in ("allgather", "ulysses") for world in (2, 4)
 ]
 
 
