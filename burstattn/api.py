@@ -9,12 +9,10 @@ import torch.distributed as dist
 from torch import nn
 
 from .autograd import BurstAttnFunction, RingContext
-from .config import AttnConfig
 from .formulas import choose_backward
 from .kernels import resolve_backend
 from .masks.plan import choose_mask_backward
-from .masks.setup import build_mask, plan_for
-from .validate import check_inputs, local_problem
+from .masks.setup import build_mask, checked_config
 
 
 def ring_context(group: Optional[dist.ProcessGroup]) -> RingContext:
@@ -71,17 +69,10 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         invalid or the ranks disagree on shapes or options.
     """
     ring = ring_context(group)
-    amask, problem = build_mask(window, cu_seqlens, document_ids, mask_mod, mask)
-    cfg = AttnConfig(causal=bool(causal), softmax_scale=softmax_scale, layout=layout,
-                     backend=backend, backward=backward, schedule=schedule, mask=amask, topology=topology)
-    plan = None
-    if problem is None and local_problem(q, k, v, cfg) is None:
-        plan, problem = plan_for(q, cfg, ring.rank, ring.world_size)
-    if problem is None and topology is not None and hasattr(topology, "nodes") \
-            and topology.nodes * topology.ranks_per_node != ring.world_size:
-        problem = (ValueError, f"topology has {topology.nodes} nodes x {topology.ranks_per_node} ranks, but the "
-                               f"group has {ring.world_size} ranks")
-    check_inputs(q, k, v, cfg, ring.group, ring.world_size, extra=problem)
+    mask_args = dict(window=window, cu_seqlens=cu_seqlens, document_ids=document_ids, mask_mod=mask_mod, mask=mask)
+    cfg, plan = checked_config(q, k, v, ring, mask_args, "burst_attn_func", causal=bool(causal),
+                               softmax_scale=softmax_scale, layout=layout, backend=backend, backward=backward,
+                               schedule=schedule, topology=topology)
     mode = backward
     shape = dict(batch=q.shape[0], local_seq=q.shape[1], q_heads=q.shape[2], kv_heads=k.shape[2],
                  head_dim=q.shape[3], dtype=q.dtype)

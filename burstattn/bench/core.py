@@ -21,7 +21,6 @@ world sizes 3 and 4 only count bytes, where oversubscription does not matter).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -274,7 +273,7 @@ def run_core(cfg: CoreConfig, console=None) -> int:
     from rich.console import Console
 
     from ..launch import run_local
-    from .report import update_document, write_markdown
+    from .report import publish, update_document, write_markdown
 
     console = console or Console()
     eff = cfg.effective()
@@ -306,16 +305,7 @@ def run_core(cfg: CoreConfig, console=None) -> int:
            "machine": machine, "code": code_version(), "load_avg_1m_end": round(os.getloadavg()[0], 2), "torch": torch.__version__,
            "threads": "torch.set_num_threads(1) in every rank (launch.run_local threads_per_rank=1)",
            "config": asdict(eff), "records": records}
-    (out_dir / "core.json").write_text(json.dumps(doc, indent=1))
-    md = write_markdown(doc)
-    (out_dir / "core.md").write_text(md)
-    if eff.docs:
-        update_document(eff.docs, md)
-    from rich.markdown import Markdown
-
-    console.print(Markdown(md))
-    written = [out_dir / "core.json", out_dir / "core.md"] + ([eff.docs] if eff.docs else [])
-    console.print("wrote " + ", ".join(map(str, written)))
+    publish(out_dir, "core", doc, write_markdown(doc), eff.docs, update_document, console)
     return 0
 
 

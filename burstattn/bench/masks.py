@@ -31,7 +31,6 @@ actually run (:func:`burstattn.masks.rank_work`, ``engine.schedule.rank_cost``, 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from dataclasses import asdict, dataclass, replace
@@ -41,6 +40,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ..layout import local_positions
 from .progress import ProgressFile, run_with_progress
 from .timing import code_version, cpu_snapshot, machine_info, other_load, time_interleaved
 
@@ -143,12 +143,6 @@ def point_layout(p: MaskPoint, seq_len: int, world: int):
     return document_partition(packed_documents(seq_len, p.documents, p.doc_seed), world, causal=p.causal)
 
 
-def _positions(layout, seq_len: int, world: int, rank: int) -> torch.Tensor:
-    from ..masks.blocks import positions
-
-    return positions(layout, seq_len, world, rank)
-
-
 # ------------------------------------------------------------------------------ rank side
 def _global(p: MaskPoint, seq_len: int, seed: int, dtype: torch.dtype) -> list[torch.Tensor]:
     """Global q [B, N, Hq, D], k/v [B, N, Hkv, D], dO [B, N, Hq, D] (equal on every rank)."""
@@ -186,7 +180,7 @@ def _check_small(p: MaskPoint, rank: int, world: int) -> dict:
     ref = [x.clone().requires_grad_() for x in (q, k, v)]
     out_ref = reference_attention(*ref, mask=_visible(mask, torch.arange(n_chk), n_chk, p.causal))[0]
     out_ref.backward(do)
-    pos, dt = _positions(layout, n_chk, world, rank), DTYPES[p.dtype]
+    pos, dt = local_positions(n_chk, rank, world, layout), DTYPES[p.dtype]
     loc = [x[:, pos].to(dt).requires_grad_() for x in (q, k, v)]
     out = fn(*loc)
     out.backward(do[:, pos].to(dt))
@@ -242,7 +236,7 @@ def _mask_point(rank: int, world: int, p: MaskPoint, progress_path: Optional[str
         return {"unavailable": f"{type(e).__name__}: {e}"}
     rec: dict = {"check": _check_small(p, rank, world)}
     glob = _global(p, p.seq_len, 7, torch.float32)  # float32: 4 ranks hold it at N = 32K
-    pos, dt = _positions(layout, p.seq_len, world, rank), DTYPES[p.dtype]
+    pos, dt = local_positions(p.seq_len, rank, world, layout), DTYPES[p.dtype]
     q, k, v = (x[:, pos].to(dt).requires_grad_() for x in glob[:3])
     grad = glob[3][:, pos].to(dt)
 
@@ -304,6 +298,7 @@ def run_masks(cfg: MasksConfig, console=None) -> dict:
 
     from ..launch import LocalGroupError, LocalPool
     from .masks_report import combine, derive, masks_markdown, update_section
+    from .report import publish
 
     console = console or Console()
     eff = cfg.effective()
@@ -337,16 +332,7 @@ def run_masks(cfg: MasksConfig, console=None) -> dict:
            "machine": machine_info(), "code": code, "torch": torch.__version__,
            "threads": "torch.set_num_threads(1) in every rank (LocalPool threads_per_rank=1)",
            "config": asdict(eff), "records": records}
-    (out_dir / "masks.json").write_text(json.dumps(doc, indent=1))
-    md = masks_markdown(doc)
-    (out_dir / "masks.md").write_text(md)
-    if eff.docs:
-        update_section(eff.docs, md)
-    from rich.markdown import Markdown
-
-    console.print(Markdown(md))
-    console.print("wrote " + ", ".join(map(str, [out_dir / "masks.json", out_dir / "masks.md"]
-                                           + ([eff.docs] if eff.docs else []))))
+    publish(out_dir, "masks", doc, masks_markdown(doc), eff.docs, update_section, console)
     return doc
 
 

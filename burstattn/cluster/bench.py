@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import tempfile
 import time
 from dataclasses import asdict, replace
@@ -146,8 +145,3 @@ def run_cluster_bench(cluster: str, *, nodes: int = 2, ranks_per_node: int = 2, 
         from .report import append_section
         append_section(docs, result, md)
     return result
-
-
-def medians(records: list[dict]) -> dict:
-    """``{strategy: median fwd+bwd seconds}`` of a record list (for quick comparisons)."""
-    return {r["contender"]: r.get("median_s", {}).get("fwd+bwd", statistics.nan) for r in records}

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .netns import IFNAME
+from .netns import IFNAME, kill_processes
 from .spec import ClusterSpec
 
 
@@ -56,13 +56,7 @@ class ClusterJob:
 
     def kill_node(self, node: int) -> None:
         """SIGKILL node ``node``'s agent and its workers (a node crash)."""
-        pids = subprocess.run(["ip", "netns", "pids", self.spec.namespace(node)], capture_output=True,
-                              text=True).stdout.split()
-        for pid in pids:
-            try:
-                os.kill(int(pid), 9)
-            except (ProcessLookupError, ValueError):
-                pass
+        kill_processes(self.spec.namespace(node))
 
     def kill(self) -> list[NodeResult]:
         """Kill every node's agent and workers now (after a fault the agents wait in torchrun's exit

@@ -163,18 +163,23 @@ def existing(prefix: str) -> list[str]:
     return names
 
 
+def kill_processes(namespace: str) -> None:
+    """SIGKILL every process running inside ``namespace`` (a crashed node, or leftovers)."""
+    pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), 9)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
 def down(prefix: str = "bt") -> list[str]:
     """Remove everything of the cluster ``prefix`` (kills processes left in its namespaces); never
     raises for what is already gone. Returns what it removed."""
     removed = []
     for name in existing(prefix):
         if name.startswith(f"{prefix}-n"):
-            pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), 9)
-                except (ProcessLookupError, ValueError):
-                    pass
+            kill_processes(name)
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
         else:
             subprocess.run(["ip", "link", "del", name], capture_output=True)

@@ -19,7 +19,8 @@ import torch
 from ..comm.ring import RingComm
 from ..formulas import accum_dtype
 from ..kernels.base import Kernel
-from ..masks.blocks import op_mask, positions
+from ..layout import local_positions
+from ..masks.blocks import op_mask
 from ..masks.plan import MaskPlan
 from ..masks.spec import AttnMask
 from .direct import _Side, direct_loop
@@ -48,39 +49,39 @@ class MaskedCall:
     scale: float
 
     def pos(self, rank: int) -> torch.Tensor:
-        return positions(self.layout, self.seq_len, self.plan.world_size, rank)
+        return local_positions(self.seq_len, rank, self.plan.world_size, self.layout)
+
+    def call(self, op: BlockOp, q_rank: int, k_rank: int, device):
+        """``(q rows, k rows, causal, kernel, mask)`` of one op, ``None`` if it computes nothing:
+        FULL / CAUSAL / STRICT run the kernel's own modes, PARTIAL an explicit bool mask block."""
+        if op.mask is not MaskKind.PARTIAL:
+            sl = op_slices(op)
+            return None if sl is None else (*sl, self.kernel, None)
+        m = op_mask(self.mask, self.causal, self.seq_len, self.pos(q_rank), self.pos(k_rank), op).to(device)
+        return (slice(op.q_start, op.q_stop), slice(op.k_start, op.k_stop), False,
+                self.kernel if self.kernel.supports_mask else self.fallback, m)
 
     def forward_op(self, op: BlockOp, q, k, v, q_rank: int, k_rank: int):
         """``(q rows, out_j, lse_j)`` of one op (``None`` if it computes nothing)."""
-        if op.mask is not MaskKind.PARTIAL:
-            sl = op_slices(op)
-            if sl is None:
-                return None
-            qs, ks, causal = sl
-            return (qs, *self.kernel.forward(q[:, :, qs], k[:, :, ks], v[:, :, ks], self.scale, causal))
-        m = op_mask(self.mask, self.causal, self.seq_len, self.pos(q_rank), self.pos(k_rank), op)
-        qs, ks = slice(op.q_start, op.q_stop), slice(op.k_start, op.k_stop)
-        kern = self.kernel if self.kernel.supports_mask else self.fallback
-        o_j, lse_j = kern.forward(q[:, :, qs], k[:, :, ks], v[:, :, ks], self.scale, False, mask=m.to(q.device))
-        blind = ~m.any(1).to(q.device)  # rows of this block that see none of its keys
-        if bool(blind.any()):
-            lse_j = lse_j.masked_fill(blind, float("-inf"))
-            o_j = o_j.masked_fill(blind[:, None], 0.0)
+        c = self.call(op, q_rank, k_rank, q.device)
+        if c is None:
+            return None
+        qs, ks, causal, kern, m = c
+        o_j, lse_j = kern.forward(q[:, :, qs], k[:, :, ks], v[:, :, ks], self.scale, causal, mask=m)
+        if m is not None:
+            blind = ~m.any(1)  # rows of this block that see none of its keys
+            if bool(blind.any()):
+                lse_j = lse_j.masked_fill(blind, float("-inf"))
+                o_j = o_j.masked_fill(blind[:, None], 0.0)
         return qs, o_j, lse_j
 
     def backward_ops(self, ops, dout, q, k, v, out, lse, q_rank: int, k_rank: int):
-        """Yield ``(q rows, k rows, dq_j, dk_j, dv_j)`` per op (``lse``: +inf for blind rows)."""
+        """Yield ``(q rows, k rows, dq_j, dk_j, dv_j)`` per op (``lse``: huge for blind rows)."""
         for op in ops:
-            if op.mask is not MaskKind.PARTIAL:
-                sl = op_slices(op)
-                if sl is None:
-                    continue
-                qs, ks, causal = sl
-                kern, m = self.kernel, None
-            else:
-                qs, ks, causal = slice(op.q_start, op.q_stop), slice(op.k_start, op.k_stop), False
-                kern = self.kernel if self.kernel.supports_mask else self.fallback
-                m = op_mask(self.mask, self.causal, self.seq_len, self.pos(q_rank), self.pos(k_rank), op).to(q.device)
+            c = self.call(op, q_rank, k_rank, q.device)
+            if c is None:
+                continue
+            qs, ks, causal, kern, m = c
             yield (qs, ks, *kern.backward(dout[:, :, qs], q[:, :, qs], k[:, :, ks], v[:, :, ks], out[:, :, qs],
                                           lse[:, :, qs], self.scale, causal, mask=m))
 

@@ -26,6 +26,7 @@ from typing import Union
 import torch
 
 from ..engine.schedule import BlockOp, MaskKind
+from ..layout import local_positions
 from .spec import AttnMask
 
 EMPTY, FULL, PARTIAL, CAUSAL, STRICT = 0, 1, 2, 3, 4
@@ -124,23 +125,14 @@ def layout_key(layout) -> Union[str, int]:
     return layout if isinstance(layout, str) else ("partition", layout.fingerprint)
 
 
-def positions(layout, seq_len: int, world_size: int, rank: int) -> torch.Tensor:
-    """Global positions of ``rank`` (LongTensor ``[seq_len // world_size]``, increasing) for a
-    layout name or a :class:`burstattn.partition.Partition`."""
-    if isinstance(layout, str):
-        from ..layout import local_positions
-        return local_positions(seq_len, rank, world_size, layout)
-    return layout.positions_of(rank)
-
-
 def pair_ops(mask: AttnMask, causal: bool, seq_len: int, world_size: int, layout, q_rank: int,
              k_rank: int) -> tuple[BlockOp, ...]:
     """The kernel calls for the queries of ``q_rank`` against the keys of ``k_rank`` (cached)."""
     key = ("ops", bool(causal), seq_len, world_size, layout_key(layout), q_rank, k_rank)
     ops = mask.cache.get(key)
     if ops is None:
-        q_pos = positions(layout, seq_len, world_size, q_rank)
-        k_pos = positions(layout, seq_len, world_size, k_rank)
+        q_pos = local_positions(seq_len, q_rank, world_size, layout)
+        k_pos = local_positions(seq_len, k_rank, world_size, layout)
         cls = classify(mask, q_pos, k_pos, seq_len, causal)
         ops = compile_ops(cls, q_pos.numel(), k_pos.numel(), mask.block_size)
         mask.cache[key] = ops

@@ -1,11 +1,13 @@
-"""Per-call mask setup shared by the strategies: build the mask and this rank's plan *before* the
-cross-rank input check, so that a bad mask (or a ``mask_mod`` that raises) becomes a problem
-that the check reports on every rank instead of an exception on one."""
+"""Per-call setup shared by ``burst_attn_func`` and the strategies: build the mask and this rank's
+plan *before* the cross-rank input check, so that a bad mask (or a ``mask_mod`` that raises)
+becomes a problem that the check reports on every rank instead of an exception on one
+(:func:`checked_config`)."""
 from __future__ import annotations
 
 from typing import Optional
 
 from ..config import AttnConfig
+from ..validate import check_inputs, local_problem
 from .plan import MaskPlan, mask_plan
 from .spec import AttnMask, make_mask
 
@@ -45,3 +47,21 @@ def plan_for(q, cfg: AttnConfig, rank: int, world_size: int) -> tuple[Optional[M
         return mask_plan(mask, cfg.causal, seq_len, world_size, cfg.layout, rank), None
     except ValueError as e:
         return None, (ValueError, str(e))
+
+
+def checked_config(q, k, v, ring, mask_args: dict, fn: str, **cfg_args) -> tuple[AttnConfig, Optional[MaskPlan]]:
+    """The call's :class:`~burstattn.config.AttnConfig` (``cfg_args`` plus the mask built from
+    ``mask_args``) and this rank's mask plan (``None`` for a dense call), after
+    :func:`~burstattn.validate.check_inputs` has passed on every rank of ``ring``'s group: a bad
+    input, mask or topology on any rank raises on all of them."""
+    amask, problem = build_mask(**mask_args)
+    cfg = AttnConfig(mask=amask, **cfg_args)
+    plan = None
+    if problem is None and local_problem(q, k, v, cfg) is None:
+        plan, problem = plan_for(q, cfg, ring.rank, ring.world_size)
+    topo = cfg.topology
+    if problem is None and hasattr(topo, "nodes") and topo.nodes * topo.ranks_per_node != ring.world_size:
+        problem = (ValueError, f"topology has {topo.nodes} nodes x {topo.ranks_per_node} ranks, but the group has "
+                               f"{ring.world_size} ranks")
+    check_inputs(q, k, v, cfg, ring.group, ring.world_size, fn=fn, extra=problem)
+    return cfg, plan

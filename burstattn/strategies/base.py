@@ -9,8 +9,8 @@ from typing import Callable, Optional
 from ..api import ring_context
 from ..autograd import RingContext
 from ..config import AttnConfig
-from ..masks.setup import build_mask, plan_for
-from ..validate import check_inputs, local_problem
+from ..masks.setup import checked_config
+from ..validate import check_inputs
 
 MASK_OPTIONS = ("window", "cu_seqlens", "document_ids", "mask_mod", "mask")
 
@@ -71,10 +71,6 @@ def start_masked(name: str, q, k, v, *, group, causal: bool, softmax_scale, layo
     is this rank's :class:`~burstattn.masks.plan.MaskPlan` (``None`` without a mask); a bad mask
     raises on every rank like any bad input."""
     ring = ring_context(group)
-    amask, problem = build_mask(**(mask_args or {}))
-    cfg = AttnConfig(causal=bool(causal), softmax_scale=softmax_scale, layout=layout, backend=backend, mask=amask)
-    plan = None
-    if problem is None and local_problem(q, k, v, cfg) is None:
-        plan, problem = plan_for(q, cfg, ring.rank, ring.world_size)
-    check_inputs(q, k, v, cfg, ring.group, ring.world_size, fn=label(name), extra=problem)
+    cfg, plan = checked_config(q, k, v, ring, mask_args or {}, label(name), causal=bool(causal),
+                               softmax_scale=softmax_scale, layout=layout, backend=backend)
     return ring, cfg, plan

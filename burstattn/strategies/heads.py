@@ -22,6 +22,7 @@ import torch.distributed as dist
 from ..comm.autograd import all_to_all
 from ..formulas import element_size
 from ..autograd import RingContext
+from ..layout import local_positions
 from .base import label, start
 
 
@@ -101,8 +102,7 @@ def rank_order(seq_len: int, world_size: int, layout: str) -> Optional[torch.Ten
     LongTensor ``[seq_len]``; ``None`` when that is already the global order (contiguous)."""
     if layout == "contiguous":
         return None
-    from ..masks.blocks import positions  # named layouts and explicit partitions alike
-    return torch.cat([positions(layout, seq_len, world_size, r) for r in range(world_size)])
+    return torch.cat([local_positions(seq_len, r, world_size, layout) for r in range(world_size)])
 
 
 def to_global(x: torch.Tensor, order: Optional[torch.Tensor]) -> torch.Tensor:
