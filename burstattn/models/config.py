@@ -1,0 +1,110 @@
+"""LLaMA-style model configurations and the named presets shared by training, inference and the
+simulator (one table: ``burstattn.models.PRESETS``)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from types import MappingProxyType
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The shape of a LLaMA-family decoder (pre-norm, RMSNorm, rotary embeddings, SwiGLU, GQA)."""
+
+    vocab_size: int = 256
+    """Number of token ids (256 for the byte-level tokenizer of the synthetic and text data)."""
+    dim: int = 64
+    """Hidden size (model width); equals ``n_heads * head_dim``."""
+    n_layers: int = 2
+    """Number of transformer blocks."""
+    n_heads: int = 4
+    """Query heads per attention layer."""
+    n_kv_heads: int = 2
+    """Key/value heads (GQA when fewer than ``n_heads``; must divide it)."""
+    ffn_dim: int = 128
+    """Inner size of the SwiGLU MLP (``w1``/``w3``: dim -> ffn_dim, ``w2``: ffn_dim -> dim)."""
+    norm_eps: float = 1e-5
+    """Epsilon of RMSNorm."""
+    rope_theta: float = 10000.0
+    """Base of the rotary embedding frequencies."""
+    max_seq_len: int = 131072
+    """Longest global sequence the model is meant for (documentation; rotary tables are computed
+    from positions on the fly, so this is not a hard limit)."""
+    tie_embeddings: bool = False
+    """Share the token embedding matrix with the output head."""
+    init_std: float = 0.02
+    """Standard deviation of the normal initialisation of linear and embedding weights."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("int",) and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+                raise ValueError(f"LlamaConfig.{f.name} must be a positive int, got {value!r}")
+        if self.dim % self.n_heads:
+            raise ValueError(f"LlamaConfig: dim ({self.dim}) must be divisible by n_heads ({self.n_heads})")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"LlamaConfig: n_heads ({self.n_heads}) must be divisible by n_kv_heads "
+                             f"({self.n_kv_heads})")
+        if (self.dim // self.n_heads) % 2:
+            raise ValueError(f"LlamaConfig: head_dim ({self.dim // self.n_heads}) must be even for rotary "
+                             "embeddings")
+
+    @property
+    def head_dim(self) -> int:
+        """``dim // n_heads``."""
+        return self.dim // self.n_heads
+
+    def num_params(self) -> int:
+        """Exact parameter count of :class:`~burstattn.models.Llama` built from this config."""
+        d, hd = self.dim, self.head_dim
+        attn = d * self.n_heads * hd * 2 + d * self.n_kv_heads * hd * 2  # wq, wo, wk, wv
+        mlp = 3 * d * self.ffn_dim
+        block = attn + mlp + 2 * d  # two RMSNorm weights
+        head = 0 if self.tie_embeddings else self.vocab_size * d
+        return self.vocab_size * d + self.n_layers * block + d + head  # + final norm
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (for ``config.json`` beside saved weights)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "LlamaConfig":
+        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError`` naming them."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"LlamaConfig: unknown field(s) {unknown}; known: {sorted(known)}")
+        return cls(**dict(values))
+
+    def with_overrides(self, **overrides: Any) -> "LlamaConfig":
+        """A copy with some fields replaced (validated again)."""
+        return replace(self, **overrides)
+
+
+PRESETS: Mapping[str, LlamaConfig] = MappingProxyType({
+    # tests: a few thousand parameters, GQA 4/2, exercises every code path quickly
+    "tiny": LlamaConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128),
+    # benchmarks on this 2-core machine: attention-dominated at a few thousand tokens
+    "small": LlamaConfig(vocab_size=256, dim=256, n_layers=4, n_heads=4, n_kv_heads=4, ffn_dim=688),
+    # LLaMA-1 7B / 13B (Touvron et al. 2023, Table 2): MHA, vocab 32000
+    "llama-7b": LlamaConfig(vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32,
+                            ffn_dim=11008, norm_eps=1e-6),
+    "llama-13b": LlamaConfig(vocab_size=32000, dim=5120, n_layers=40, n_heads=40, n_kv_heads=40,
+                             ffn_dim=13824, norm_eps=1e-6),
+    # Llama 3 8B (Meta's model card / params.json): GQA 32/8, vocab 128256, rope 500000
+    "llama3-8b": LlamaConfig(vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+                             ffn_dim=14336, rope_theta=500000.0),
+    # Llama 2 70B (params.json): GQA 64/8
+    "llama-70b": LlamaConfig(vocab_size=32000, dim=8192, n_layers=80, n_heads=64, n_kv_heads=8,
+                             ffn_dim=28672),
+    # Llama 3.1 405B (params.json): GQA 128/8
+    "llama3-405b": LlamaConfig(vocab_size=128256, dim=16384, n_layers=126, n_heads=128, n_kv_heads=8,
+                               ffn_dim=53248, rope_theta=500000.0),
+})
+
+
+def preset(name: str) -> LlamaConfig:
+    """The named preset (``ValueError`` naming the known ones otherwise)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}")
+    return PRESETS[name]
