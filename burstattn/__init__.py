@@ -7,7 +7,7 @@ from .comm.stats import CommStats, comm_stats
 from .formulas import ring_bytes
 from .strategies import attention
 from .layout import gather_sequence, sequence_positions, shard_sequence
-from .engine.double import two_level_groups
+from .groups import two_level_groups
 from .masks import AttnMask
 from .partition import Partition, document_partition
 from .trace import StepTrace, trace_steps

@@ -172,7 +172,7 @@ def _run_point(p: Point, rank: int, world: int, repeats: int, warmup: int) -> Ra
     elif p.suite == "bytes":
         with burstattn.comm_stats() as stats:
             fwd_bwd()
-        res.sent = {f"{ph}/{op}": row["sent"] for ph, ops in stats.as_dict().items() for op, row in ops.items()}
+        res.sent = stats.sent_by_op("str")
         res.extra["backward_used"] = "burst" if stats.sent(phase="backward", op="q") else "kv"
     return res
 

@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from .masks import MaskPoint, packed_documents, point_layout, point_mask
+from .mask_points import MaskPoint, packed_documents, point_layout, point_mask
 from .report import TOLERANCE, _s, _table
 
 __all__ = ["SECTION", "rank_costs", "useful_pairs", "combine", "derive", "masks_markdown", "update_section"]

@@ -36,7 +36,7 @@ def task_grid(cfg: dict) -> dict:
 
     from ..bench.grid import GridPoint, _contender, _grid_point
     from ..trace import trace_steps
-    from .worker import iface_tx
+    from .netns import iface_tx
 
     rank, world = dist.get_rank(), dist.get_world_size()
     out = []

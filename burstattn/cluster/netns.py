@@ -214,3 +214,14 @@ def counters(spec: ClusterSpec) -> dict[int, dict[str, int]]:
 def set_link(spec: ClusterSpec, node: int, up_: bool) -> None:
     """Cut (``up_=False``) or restore node ``node``'s link to the bridge."""
     _run("ip", "link", "set", f"{spec.prefix}-h{node}", "up" if up_ else "down")
+
+
+def iface_tx() -> dict[str, int]:
+    """Bytes this node's interfaces sent so far (this process is inside the node's namespace)."""
+    out = {}
+    for kind, dev in (("inter", IFNAME), ("intra", "lo")):
+        try:
+            out[kind] = int(Path(f"/sys/class/net/{dev}/statistics/tx_bytes").read_text())
+        except OSError:
+            out[kind] = -1
+    return out

@@ -47,6 +47,16 @@ class CommStats:
         """Bytes received, optionally restricted to one phase and/or op."""
         return self._sum("recv", phase, op)
 
+    def sent_by_op(self, key: str = "tuple") -> dict:
+        """Bytes sent per ``(phase, op)``: ``{(phase, op): bytes}``, or with ``key="str"``
+        ``{"phase/op": bytes}`` (the form JSON reports use)."""
+        if key not in ("tuple", "str"):
+            raise ValueError(f"key must be 'tuple' or 'str', got {key!r}")
+        rows = sorted(self._data.items())
+        if key == "str":
+            return {f"{phase}/{op}": row["sent"] for (phase, op), row in rows}
+        return {(phase, op): row["sent"] for (phase, op), row in rows}
+
     def as_dict(self) -> dict[str, dict[str, dict[str, int]]]:
         """``{phase: {op: {"sent": bytes, "recv": bytes, "msgs": count}}}``."""
         out: dict[str, dict[str, dict[str, int]]] = {}

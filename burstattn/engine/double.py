@@ -26,34 +26,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 
 from ..comm.ring import RingComm
+from ..groups import TwoLevelGroups, two_level_groups  # noqa: F401  (moved to burstattn.groups; kept importable)
 from .schedule import StepPlan, block_ops
-
-
-@dataclass(frozen=True)
-class TwoLevelGroups:
-    """The process groups of a double ring (build once with :func:`two_level_groups`)."""
-
-    inner_group: Optional[dist.ProcessGroup]   # the ranks of this rank's node
-    outer_group: Optional[dist.ProcessGroup]   # the ranks with this rank's index on every node
-    ranks_per_node: int
-    nodes: int
-
-
-def two_level_groups(ranks_per_node: int, group: Optional[dist.ProcessGroup] = None) -> TwoLevelGroups:
-    """Groups for ``schedule="double"``; ranks are numbered node by node (as torchrun does).
-    Every process of the job must call it (``dist.new_group`` is collective)."""
-    from ..strategies.usp import usp_groups
-
-    if not dist.is_available() or not dist.is_initialized():
-        return TwoLevelGroups(None, None, 1, 1)
-    world = dist.get_world_size(group if group is not None else dist.group.WORLD)
-    if ranks_per_node < 1 or world % ranks_per_node:
-        raise ValueError(f"two_level_groups: ranks_per_node must divide the group size {world}, got {ranks_per_node}")
-    g = usp_groups(ranks_per_node, world // ranks_per_node, group)  # ulysses = node, ring = across nodes
-    return TwoLevelGroups(g.ulysses_group, g.ring_group, ranks_per_node, world // ranks_per_node)
 
 
 @dataclass
