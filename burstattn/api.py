@@ -9,10 +9,13 @@ import torch.distributed as dist
 from torch import nn
 
 from .autograd import BurstAttnFunction, RingContext
+from .config import AttnConfig
 from .formulas import choose_backward
 from .kernels import resolve_backend
 from .masks.plan import choose_mask_backward
-from .masks.setup import build_mask, checked_config
+from .masks.setup import build_mask
+from .ops import call_attention, checked_plan
+from .validate import check_inputs, local_problem, scale_value
 
 
 def ring_context(group: Optional[dist.ProcessGroup]) -> RingContext:
@@ -26,6 +29,43 @@ def ring_context(group: Optional[dist.ProcessGroup]) -> RingContext:
     return RingContext(group, dist.get_rank(group), dist.get_world_size(group))
 
 
+def resolved(cfg: AttnConfig, q: torch.Tensor, k: torch.Tensor, world_size: int) -> AttnConfig:
+    """``cfg`` with a concrete backend and backward mode (``"auto"`` resolved by shapes)."""
+    mode = cfg.backward
+    shape = dict(batch=q.shape[0], local_seq=q.shape[1], q_heads=q.shape[2], kv_heads=k.shape[2],
+                 head_dim=q.shape[3], dtype=q.dtype)
+    if mode == "auto" and cfg.sparse:
+        mode = choose_mask_backward(**shape)
+    elif mode == "auto" and cfg.schedule in ("ring", "double"):
+        mode = choose_backward(world_size=world_size, **shape)
+    return replace(cfg, backend=resolve_backend(cfg.backend, q.device, q.dtype), backward=mode)
+
+
+def attend(fn: str, q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backward="auto",
+           schedule="ring", topology=None, mask_args: Optional[dict] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``out, lse`` of one call of the engine (``fn`` names the caller in error messages): the
+    options are checked here (a problem raises on every rank), then the custom op runs, with the
+    cross-rank check inside it (:mod:`burstattn.ops`). A ``mask_mod`` call runs the eager
+    autograd function instead (a Python function cannot be an op argument)."""
+    ring = ring_context(group)
+    amask, problem = build_mask(**(mask_args or {}))
+    cfg = AttnConfig(causal=causal, softmax_scale=scale_value(softmax_scale), layout=layout, backend=backend,
+                     backward=backward, schedule=schedule, mask=amask, topology=topology)
+    if problem is None and all(isinstance(x, torch.Tensor) for x in (q, k, v)):
+        problem = local_problem(q, k, v, cfg)
+    topo = cfg.topology
+    if problem is None and hasattr(topo, "nodes") and topo.nodes * topo.ranks_per_node != ring.world_size:
+        problem = (ValueError, f"topology has {topo.nodes} nodes x {topo.ranks_per_node} ranks, but the group has "
+                               f"{ring.world_size} ranks")
+    if problem is not None or not all(isinstance(x, torch.Tensor) for x in (q, k, v)):
+        check_inputs(q, k, v, cfg, ring.group, ring.world_size, fn=fn, extra=problem)  # raises on every rank
+    cfg = resolved(cfg, q, k, ring.world_size)
+    if amask is not None and amask.mask_mod is not None:
+        plan = checked_plan(q, k, v, ring, cfg, fn)
+        return BurstAttnFunction.apply(q, k, v, ring, cfg, plan)
+    return call_attention(q, k, v, ring, cfg, fn)
+
+
 def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                     group: Optional[dist.ProcessGroup] = None, causal: bool = False,
                     softmax_scale: Optional[float] = None, layout: str = "zigzag",
@@ -36,7 +76,9 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 
     Every rank passes its own shard (see :func:`burstattn.shard_sequence`); K/V circulate
     around the ring and partial results merge by log-sum-exp, so no rank ever holds a
-    ``local_seq x seq`` score matrix.
+    ``local_seq x seq`` score matrix. Runs as the custom op ``torch.ops.burstattn.attention_fwd``
+    (:mod:`burstattn.ops`): ``torch.compile(..., fullgraph=True)`` and selective checkpointing
+    see it (calls with ``mask_mod`` run eagerly).
 
     Args:
         q: ``[batch, local_seq, q_heads, head_dim]``.
@@ -44,9 +86,10 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
             (GQA/MQA: K/V travel at kv_heads size).
         group: process group (default: the world; a world of one if torch.distributed is
             not initialised).
-        causal: global token at position i attends to positions j <= i (positions per
-            ``layout``).
-        softmax_scale: scale of ``q @ k^T``; default ``head_dim ** -0.5``.
+        causal: ``True`` or ``False`` (a bool, nothing else): global token at position i attends
+            to positions j <= i (positions per ``layout``).
+        softmax_scale: scale of ``q @ k^T`` (a positive real: float, int, NumPy float or 0-d
+            tensor; not a bool); default ``head_dim ** -0.5``.
         layout: ``"zigzag"`` (default, balanced causal), ``"striped"`` or ``"contiguous"``:
             how the global sequence was split; must match how the inputs were sharded. Or an
             explicit :class:`burstattn.Partition` (e.g. :func:`burstattn.document_partition`).
@@ -56,57 +99,69 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         backend: local kernel: ``"auto"``, ``"cpu_flash"``, ``"sdpa"`` (CUDA),
             ``"flash_attn"`` (CUDA, optional package), ``"reference"`` (plain PyTorch).
         backward: ``"burst"`` (query ring), ``"kv"`` (K/V ring) or ``"auto"`` (fewer bytes).
-        schedule: ``"ring"`` (default) or ``"distflash"``: DistFlashAttn's load-balanced
+        schedule: ``"ring"`` (default); ``"distflash"``: DistFlashAttn's load-balanced
             schedule for causal attention over the contiguous layout (idle early ranks compute
             blocks of the overloaded late ranks; K/V and queries go straight to the rank that
-            needs them). Needs ``causal=True``, ``layout="contiguous"``, ``backward="auto"``.
+            needs them; needs ``causal=True``, ``layout="contiguous"``, ``backward="auto"``);
+            ``"double"``: the two-level ring over ``topology`` (inner rings inside nodes, an outer
+            ring across them; dense attention only).
+        window: ``(left, right)`` sliding window: query i sees keys ``i - left <= j <= i + right``
+            (``None`` for an unbounded side); with ``causal=True`` right is cut at i.
+        cu_seqlens: packed documents as cumulative lengths (flash-attn varlen style, global
+            positions, starting at 0 and ending at the global length): a token sees its own
+            document only. Excludes ``document_ids``.
+        document_ids: packed documents as one id per global position (``[seq]``, non-decreasing).
+        mask_mod: ``mask_mod(q_pos, k_pos) -> bool tensor`` over global positions (broadcast
+            ``[R, 1] x [1, C]``, True = visible), combined with the above; the ranks must pass the
+            same predicate (checked by its values). Runs eagerly (not as the custom op).
+        mask: a prebuilt :class:`burstattn.AttnMask` (caches its block summaries: build it once and
+            reuse it); excludes the four mask keywords above.
+        topology: ``burstattn.two_level_groups(ranks_per_node)`` (built once, on every rank) for
+            ``schedule="double"``; refused with any other schedule.
 
     Returns:
-        ``out [batch, local_seq, q_heads, head_dim]`` in q's dtype (and ``lse``).
+        ``out [batch, local_seq, q_heads, head_dim]`` in q's dtype (and ``lse``). Under
+        ``torch.autocast`` the inputs are used in their own dtype (attention is not an autocast
+        op here; cast q, k, v yourself), and ``out`` has q's dtype: every strategy does the same.
 
     Raises:
         TypeError / ValueError on every rank of the group if any rank's arguments are
-        invalid or the ranks disagree on shapes or options.
+        invalid or the ranks disagree on shapes or options (or on the mask).
+        RuntimeError: a second-order gradient (double backward) is asked for.
     """
-    ring = ring_context(group)
-    mask_args = dict(window=window, cu_seqlens=cu_seqlens, document_ids=document_ids, mask_mod=mask_mod, mask=mask)
-    cfg, plan = checked_config(q, k, v, ring, mask_args, "burst_attn_func", causal=bool(causal),
-                               softmax_scale=softmax_scale, layout=layout, backend=backend, backward=backward,
-                               schedule=schedule, topology=topology)
-    mode = backward
-    shape = dict(batch=q.shape[0], local_seq=q.shape[1], q_heads=q.shape[2], kv_heads=k.shape[2],
-                 head_dim=q.shape[3], dtype=q.dtype)
-    if mode == "auto" and plan is not None:
-        mode = choose_mask_backward(**shape)
-    elif mode == "auto" and schedule in ("ring", "double"):
-        mode = choose_backward(world_size=ring.world_size, **shape)
-    cfg = replace(cfg, backend=resolve_backend(backend, q.device, q.dtype), backward=mode)
-    out, lse = BurstAttnFunction.apply(q, k, v, ring, cfg, plan)
+    out, lse = attend("burst_attn_func", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
+                      layout=layout, backend=backend, backward=backward, schedule=schedule, topology=topology,
+                      mask_args=dict(window=window, cu_seqlens=cu_seqlens, document_ids=document_ids,
+                                     mask_mod=mask_mod, mask=mask))
     return (out, lse) if return_lse else out
 
 
 class BurstAttention(nn.Module):
-    """:func:`burst_attn_func` as a module (no parameters): ``forward(q, k, v) -> out``."""
+    """:func:`burst_attn_func` as a module (no parameters): ``forward(q, k, v) -> out`` (or
+    ``(out, lse)`` with ``return_lse=True``). Takes every keyword of :func:`burst_attn_func`; the
+    mask keywords are built into one :class:`~burstattn.AttnMask` for the module's lifetime."""
 
     def __init__(self, *, group: Optional[dist.ProcessGroup] = None, causal: bool = False,
-                 softmax_scale: Optional[float] = None, layout: str = "zigzag",
+                 softmax_scale: Optional[float] = None, layout: str = "zigzag", return_lse: bool = False,
                  backend: str = "auto", backward: str = "auto", schedule: str = "ring", window=None,
-                 cu_seqlens=None, document_ids=None, mask_mod=None, mask=None) -> None:
+                 cu_seqlens=None, document_ids=None, mask_mod=None, mask=None, topology=None) -> None:
         super().__init__()
         self.group, self.causal, self.softmax_scale = group, causal, softmax_scale
         self.layout, self.backend, self.backward, self.schedule = layout, backend, backward, schedule
+        self.return_lse, self.topology = return_lse, topology
         # one AttnMask for the module's lifetime: its block summaries are built once per shape
         amask, problem = build_mask(window, cu_seqlens, document_ids, mask_mod, mask)
         if problem:
             raise problem[0](f"BurstAttention: {problem[1]}")
         self.mask = amask
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """``q [B, n, Hq, D]``, ``k, v [B, n, Hkv, D]`` -> ``[B, n, Hq, D]``."""
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """``q [B, n, Hq, D]``, ``k, v [B, n, Hkv, D]`` -> ``[B, n, Hq, D]`` (and ``lse [B, Hq, n]``)."""
         return burst_attn_func(q, k, v, group=self.group, causal=self.causal,
-                               softmax_scale=self.softmax_scale, layout=self.layout,
+                               softmax_scale=self.softmax_scale, layout=self.layout, return_lse=self.return_lse,
                                backend=self.backend, backward=self.backward, schedule=self.schedule,
-                               mask=self.mask)
+                               mask=self.mask, topology=self.topology)
 
     def extra_repr(self) -> str:
-        return f"causal={self.causal}, layout={self.layout!r}, backend={self.backend!r}, backward={self.backward!r}"
+        return (f"causal={self.causal}, layout={self.layout!r}, backend={self.backend!r}, "
+                f"backward={self.backward!r}, schedule={self.schedule!r}")

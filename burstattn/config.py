@@ -47,10 +47,11 @@ class AttnConfig:
         """Whether the call runs the masked engine (a mask, or an explicit partition layout)."""
         return self.mask is not None or not isinstance(self.layout, str)
 
-    def mask_key(self) -> int:
-        """31-bit checksum of the mask and of an explicit partition (0: neither), for the
+    def mask_key(self, seq_len: Optional[int] = None) -> int:
+        """31-bit checksum of the mask (its values, probed at ``seq_len``: see
+        :meth:`burstattn.AttnMask.fingerprint`) and of an explicit partition (0: neither), for the
         cross-rank check."""
-        parts = [self.mask.fingerprint() if self.mask is not None else 0,
+        parts = [self.mask.fingerprint(seq_len) if self.mask is not None else 0,
                  0 if isinstance(self.layout, str) else self.layout.fingerprint,
                  self.topology.ranks_per_node if self.topology is not None else 0]
         return ((parts[0] * 1_000_003 + parts[1]) * 1009 + parts[2]) & 0x7FFFFFFF

@@ -9,6 +9,7 @@ the problem.
 from __future__ import annotations
 
 import math
+import numbers
 import zlib
 from typing import Optional
 
@@ -25,8 +26,38 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _KINDS = {1: TypeError, 2: ValueError}
 
 
+def scale_value(softmax_scale):
+    """``softmax_scale`` as a Python float when it is a real number (a Python or NumPy float or int,
+    or a 0-d real tensor), ``None`` for ``None``; anything else (a bool, a string, a 1-d tensor) is
+    returned unchanged for :func:`local_problem` to report."""
+    s = softmax_scale
+    if s is None or isinstance(s, bool):
+        return s
+    if isinstance(s, torch.Tensor):
+        if s.dim() == 0 and not s.dtype.is_complex and s.dtype != torch.bool:
+            return float(s)  # a 0-d tensor: one value, read once here (outside any traced region)
+        return s
+    return float(s) if isinstance(s, numbers.Real) else s
+
+
+def option_problem(cfg: AttnConfig) -> Optional[tuple[type, str]]:
+    """Type problems of the scalar options (``causal`` a bool, ``softmax_scale`` a positive real)."""
+    if not isinstance(cfg.causal, bool):
+        return TypeError, f"causal must be a bool (True or False), got {type(cfg.causal).__name__} {cfg.causal!r}"
+    s = cfg.softmax_scale
+    if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float))):
+        return TypeError, (f"softmax_scale must be None or a real number (float, int, NumPy float, 0-d tensor), "
+                           f"got {type(s).__name__} {s!r}")
+    if s is not None and (not math.isfinite(s) or s <= 0):
+        return ValueError, f"softmax_scale must be None or a positive finite number, got {s!r}"
+    return None
+
+
 def local_problem(q, k, v, cfg: AttnConfig) -> Optional[tuple[type, str]]:
     """The first problem with this rank's arguments as ``(exception class, message)``, or None."""
+    problem = option_problem(cfg)
+    if problem:
+        return problem
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
             return TypeError, f"{name} must be a torch.Tensor, got {type(x).__name__}"
@@ -81,9 +112,6 @@ def local_problem(q, k, v, cfg: AttnConfig) -> Optional[tuple[type, str]]:
     if cfg.layout == "zigzag" and q.shape[1] % 2:
         return ValueError, (f"layout 'zigzag' needs an even local_seq (two chunks per rank), got "
                             f"local_seq={q.shape[1]}; pad the sequence to a multiple of 2 * world_size")
-    s = cfg.softmax_scale
-    if s is not None and (not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0):
-        return ValueError, f"softmax_scale must be None or a positive finite number, got {s!r}"
     try:
         resolve_backend(cfg.backend, q.device, q.dtype)
     except ValueError as e:
@@ -91,7 +119,7 @@ def local_problem(q, k, v, cfg: AttnConfig) -> Optional[tuple[type, str]]:
     return None
 
 
-def _signature(q, k, cfg: AttnConfig, problem, fn: str) -> list[int]:
+def _signature(q, k, cfg: AttnConfig, problem, fn: str, world_size: int) -> list[int]:
     code = 0 if problem is None else (1 if problem[0] is TypeError else 2)
     if code:
         return [code] + [0] * (META_INTS - 1)
@@ -101,13 +129,13 @@ def _signature(q, k, cfg: AttnConfig, problem, fn: str) -> list[int]:
     scale_bits = int(torch.tensor(cfg.softmax_scale or 0.0, dtype=torch.float64).view(torch.int64))
     sig = [0, q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3],
            DTYPES.index(q.dtype), *options, scale_bits, SCHEDULES.index(cfg.schedule),
-           zlib.crc32(fn.encode()), cfg.mask_key()]
+           zlib.crc32(fn.encode()), cfg.mask_key(q.shape[1] * world_size)]
     return sig + [0] * (META_INTS - len(sig))
 
 
 _FIELDS = ("", "batch", "local_seq (q.shape[1])", "q_heads", "kv_heads", "head_dim", "dtype",
            "layout", "causal", "backend", "backward", "softmax_scale", "schedule",
-           "function (burst_attn_func / attention strategy)",
+           "function (burst_attn_func or the attention strategy)",
            "mask (window / cu_seqlens / document_ids / mask_mod) or partition layout")
 
 
@@ -127,7 +155,7 @@ def check_inputs(q, k, v, cfg: AttnConfig, group: Optional[dist.ProcessGroup], w
     device = torch.device("cpu")
     if dist.get_backend(group) == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
-    mine = torch.tensor(_signature(q, k, cfg, problem, fn), dtype=torch.int64, device=device)
+    mine = torch.tensor(_signature(q, k, cfg, problem, fn, world_size), dtype=torch.int64, device=device)
     sigs = [torch.empty_like(mine) for _ in range(world_size)]
     try:
         dist.all_gather(sigs, mine, group=group)
@@ -148,12 +176,18 @@ def check_inputs(q, k, v, cfg: AttnConfig, group: Optional[dist.ProcessGroup], w
         detail = "; ".join(f"rank {r}: {texts[r]}" for r in bad)
         raise _KINDS[int(table[bad[0], 0])](f"{fn}: invalid arguments on another rank, all ranks abort "
                                             f"the call ({detail})")
-    for i in range(1, len(_FIELDS)):
+    # the function first: different strategies also differ in their options, which would hide the cause
+    for i in [13] + [j for j in range(1, len(_FIELDS)) if j != 13]:
         col = table[:, i].tolist()
         if len(set(col)) > 1:
             decode = {6: DTYPES, 7: LAYOUTS + ("partition",), 9: BACKENDS, 10: BACKWARDS, 12: SCHEDULES}.get(i)
             shown = [str(decode[c]) for c in col] if decode else col
-            if i in (11, 13, 14):
+            if i == 13:  # every rank sees the mismatch, so all enter this exchange together
+                names = [None] * world_size
+                dist.all_gather_object(names, fn, group=group)
+                raise ValueError(f"{fn}: the ranks called different functions or strategies: {names} (rank "
+                                 f"order); every rank of the group must make the same call")
+            if i in (11, 14):
                 shown = "differing values"
             raise ValueError(f"{fn}: {_FIELDS[i]} must be the same on every rank of the group, "
                              f"got {shown} (rank order)")

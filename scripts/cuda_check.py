@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import burstattn  # noqa: E402
 from burstattn.kernels import available_backends, get_kernel  # noqa: E402
-from burstattn.kernels.reference import ReferenceKernel  # noqa: E402
+from burstattn.kernels.plain import ReferenceKernel  # noqa: E402
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
 

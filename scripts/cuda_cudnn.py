@@ -4,7 +4,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import burstattn
 from burstattn.kernels.sdpa import SdpaKernel
-from burstattn.kernels.reference import ReferenceKernel
+from burstattn.kernels.plain import ReferenceKernel
 def rel(a, b): return ((a.double() - b.double()).norm() / b.double().norm()).item()
 rows = []
 ref = ReferenceKernel()

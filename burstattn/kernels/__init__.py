@@ -6,7 +6,7 @@ import torch
 from .base import Kernel
 from .cpu_flash import CpuFlashKernel, cpu_flash_available
 from .flash_attn import FlashAttnKernel, flash_attn_available
-from .reference import ReferenceKernel
+from .plain import PlainKernel, ReferenceKernel  # noqa: F401
 from .sdpa import SdpaKernel, sdpa_cuda_available
 
 __all__ = ["Kernel", "available_backends", "resolve_backend", "get_kernel"]
@@ -46,6 +46,6 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> s
 
 def get_kernel(name: str) -> Kernel:
     """A kernel instance for a resolved backend name."""
-    factories = {"reference": ReferenceKernel, "cpu_flash": CpuFlashKernel,
+    factories = {"reference": PlainKernel, "cpu_flash": CpuFlashKernel,
                  "sdpa": SdpaKernel, "flash_attn": FlashAttnKernel}
     return factories[name]()

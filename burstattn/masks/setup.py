@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
+
 from ..config import AttnConfig
 from ..validate import check_inputs, local_problem
 from .plan import MaskPlan, mask_plan
@@ -65,3 +67,49 @@ def checked_config(q, k, v, ring, mask_args: dict, fn: str, **cfg_args) -> tuple
                                f"{ring.world_size} ranks")
     check_inputs(q, k, v, cfg, ring.group, ring.world_size, fn=fn, extra=problem)
     return cfg, plan
+
+
+class GuardedMaskMod:
+    """A ``mask_mod`` that never raises inside the ring: a rank whose predicate raises (or returns a
+    non-bool) in the middle of a pass would leave its peers waiting for transfers that never come.
+    The guard records the first failure and answers "nothing visible" for that block, so the pass
+    runs to its end on every rank; :func:`raise_mask_failures` then raises on all of them."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self.failure: Optional[str] = None
+
+    def __call__(self, q_pos, k_pos):
+        try:
+            res = self.fn(q_pos, k_pos)
+            if isinstance(res, torch.Tensor) and res.dtype == torch.bool:
+                return res.expand(q_pos.shape[0], k_pos.shape[-1])
+            problem = (f"mask_mod must return a bool tensor, got "
+                       f"{res.dtype if isinstance(res, torch.Tensor) else type(res).__name__}")
+        except Exception as e:  # a user predicate may raise anything: report it on every rank
+            problem = f"mask_mod raised {type(e).__name__}: {e}"
+        if self.failure is None:
+            self.failure = problem
+        return torch.zeros(q_pos.shape[0], k_pos.shape[-1], dtype=torch.bool)
+
+
+def raise_mask_failures(guard: Optional[GuardedMaskMod], ring) -> None:
+    """After a masked pass with a ``mask_mod``: one all-reduce of a failure flag over ``ring``'s
+    group; if the predicate failed on any rank, raise ``ValueError`` on every rank naming the ranks
+    and the problem. Nothing is exchanged without a ``mask_mod``."""
+    if guard is None:
+        return
+    if ring.world_size == 1:
+        if guard.failure:
+            raise ValueError(f"during the attention pass: {guard.failure}")
+        return
+    import torch.distributed as dist
+
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(ring.group) == "nccl" else "cpu"
+    flag = torch.tensor([int(guard.failure is not None)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=ring.group)
+    if int(flag.item()):
+        texts = [None] * ring.world_size
+        dist.all_gather_object(texts, guard.failure, group=ring.group)
+        detail = "; ".join(f"rank {r}: {t}" for r, t in enumerate(texts) if t)
+        raise ValueError(f"during the attention pass the mask_mod failed, all ranks abort the call ({detail})")

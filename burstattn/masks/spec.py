@@ -79,6 +79,9 @@ def _doc_bounds(cu_seqlens, document_ids) -> Optional[torch.Tensor]:
     return None
 
 
+PROBE_ROWS = 64  # query rows on which fingerprint() evaluates a mask_mod (against every key)
+
+
 @dataclass(frozen=True, eq=False)
 class AttnMask:
     """A mask over global positions; see the module docstring. Build once, reuse: it caches its
@@ -119,15 +122,38 @@ class AttnMask:
                     f"{int(self.bounds[-1])}")
         return None
 
-    def fingerprint(self) -> int:
-        """A 31-bit checksum of the mask's definition (equal on every rank that passes the same mask)."""
+    def fingerprint(self, seq_len: Optional[int] = None) -> int:
+        """A 31-bit checksum of what the mask is (equal on every rank that passes the same mask).
+
+        A ``mask_mod`` is identified by its values, not its name: with ``seq_len`` given, it is
+        evaluated on a probe of ``PROBE_ROWS`` evenly spaced query positions (first and last
+        included) against every key position, so two predicates that differ anywhere on those rows
+        (a prefix of 8 keys vs 40) give different checksums. A predicate that raises or returns a
+        non-bool gives a checksum no other rank matches (the call's own check names the problem).
+        """
         parts = [repr(self.window), str(self.block_size)]
         if self.bounds is not None:
             parts.append(self.bounds.numpy().tobytes().hex())
-        if self.mask_mod is not None:
+        if self.mask_mod is not None and seq_len:
+            parts.append(self.probe(seq_len))
+        elif self.mask_mod is not None:
             fn = self.mask_mod
             parts.append(f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__name__)}")
         return zlib.crc32("|".join(parts).encode()) & 0x7FFFFFFF
+
+    def probe(self, seq_len: int) -> str:
+        """CRC-32 of ``mask_mod`` on the probe rows x every key (see :meth:`fingerprint`); cached."""
+        key = ("probe", seq_len)
+        if key not in self.cache:
+            rows = torch.linspace(0, seq_len - 1, min(seq_len, PROBE_ROWS), dtype=torch.float64).round().long()
+            keys, crc = torch.arange(seq_len), 0
+            try:
+                for chunk in rows.unique().split(8):  # 8 rows at a time: memory 8 x seq_len bools
+                    crc = zlib.crc32(self.call_mod(chunk, keys).contiguous().numpy().tobytes(), crc)
+                self.cache[key] = f"{crc:08x}"
+            except ValueError as e:  # no other rank can match this (the call's own check reports it)
+                return f"raised {e} {id(self)}"
+        return self.cache[key]
 
     def intervals(self, q_pos: torch.Tensor, seq_len: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Visible key interval ``[lo, hi]`` (inclusive, global positions) of each query position.

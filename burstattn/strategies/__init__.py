@@ -2,7 +2,7 @@
 
 Strategies share the communication (:mod:`burstattn.comm`), the local kernels
 (:mod:`burstattn.kernels`) and the merge/schedules (:mod:`burstattn.engine`); each lives in
-its own small module and is imported only when used.
+its own small module.
 """
 from __future__ import annotations
 
@@ -16,25 +16,27 @@ from ..config import LAYOUTS
 from .base import MASK_OPTIONS, StrategySpec
 
 _ALL = LAYOUTS
+DEFAULT_LAYOUT = "zigzag"  # layout=None means this for every strategy, as for shard_sequence
 STRATEGIES = MappingProxyType({s.name: s for s in (
-    StrategySpec("burst", "burst", _ALL, "zigzag", ("backend", "backward", "schedule", "topology") + MASK_OPTIONS,
+    StrategySpec("burst", "burst", _ALL, DEFAULT_LAYOUT, ("backend", "backward", "schedule", "topology") + MASK_OPTIONS,
                  "BurstAttention: K/V ring forward, query-ring (or K/V-ring) backward, balanced layouts; masks "
                  "skip work and traffic", partitions=True),
-    StrategySpec("ring", "ring", ("contiguous",), "contiguous", ("backend",) + MASK_OPTIONS,
-                 "RingAttention: K/V ring, contiguous layout, K/V/dK/dV backward ring"),
-    StrategySpec("rsa", "rsa", _ALL, "contiguous", ("backend",),
+    StrategySpec("ring", "ring", _ALL, DEFAULT_LAYOUT, ("backend",) + MASK_OPTIONS,
+                 "RingAttention: K/V ring, K/V/dK/dV backward ring (the paper's layout is contiguous; every "
+                 "layout runs exactly)", partitions=True),
+    StrategySpec("rsa", "rsa", _ALL, DEFAULT_LAYOUT, ("backend",),
                  "Ring Self-Attention: K ring builds the full local_seq x seq scores (kept: O(n N) memory), "
                  "V ring; backend 'auto' or 'reference' only (plain matmuls)"),
-    StrategySpec("ulysses", "ulysses", _ALL, "contiguous", ("backend",) + MASK_OPTIONS,
+    StrategySpec("ulysses", "ulysses", _ALL, DEFAULT_LAYOUT, ("backend",) + MASK_OPTIONS,
                  "DeepSpeed-Ulysses: all-to-all sequence shards <-> head shards", partitions=True),
-    StrategySpec("allgather", "allgather", _ALL, "contiguous", ("backend",) + MASK_OPTIONS,
+    StrategySpec("allgather", "allgather", _ALL, DEFAULT_LAYOUT, ("backend",) + MASK_OPTIONS,
                  "all-gather K/V, local attention, reduce-scatter dK/dV (Llama 3 CP)", partitions=True),
-    StrategySpec("usp", "usp", _ALL, "zigzag", ("backend", "backward", "ulysses_degree", "ring_degree",
-                                                "mesh", "ulysses_group", "ring_group"),
-                 "USP: Ulysses inside a group x burst ring across groups"),
-    StrategySpec("tp", "tp", _ALL, "contiguous", ("backend",),
+    StrategySpec("usp", "usp", _ALL, DEFAULT_LAYOUT, ("backend", "backward", "ulysses_degree", "ring_degree",
+                                                      "mesh", "ulysses_group", "ring_group"),
+                 "USP: Ulysses inside a group x burst ring across groups", partitions=True),
+    StrategySpec("tp", "tp", _ALL, DEFAULT_LAYOUT, ("backend",),
                  "Megatron-SP tensor parallelism: all-gather q/k/v, Hq/P heads over the full sequence, "
-                 "all-to-all back"),
+                 "all-to-all back", partitions=True),
 )})
 
 
@@ -62,12 +64,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, strategy: st
     """Exact attention over sequence shards with the chosen ``strategy``.
 
     Same conventions as :func:`burstattn.burst_attn_func`: ``q [B, n, Hq, D]``,
-    ``k, v [B, n, Hkv, D]``, this rank's shard in ``layout`` (``None``: the strategy's
-    default), output ``[B, n, Hq, D]`` in q's dtype, differentiable.
+    ``k, v [B, n, Hkv, D]``, this rank's shard in ``layout`` exactly as
+    :func:`burstattn.shard_sequence` gives it (one meaning for every strategy; ``None``: ``"zigzag"``,
+    shard_sequence's default), output ``[B, n, Hq, D]`` in q's dtype, differentiable.
 
     Raises:
         ValueError: unknown strategy, a layout the strategy does not support, or an option
-            it does not take (names what it takes).
+            it does not take (names what it takes), on every rank of the group.
     """
     spec = STRATEGIES.get(strategy)
     problem = _registry_problem(spec, strategy, layout, strategy_options)
@@ -79,8 +82,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, strategy: st
               layout=layout if layout in LAYOUTS else "zigzag", extra=problem)
         raise problem[0](problem[1])  # a world of one without torch.distributed
     layout = spec.default_layout if layout is None else layout
-    return spec.runner()(q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
+    return MODULES[spec.module].run(q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
                          layout=layout, **strategy_options)
 
+
+# imported with the package (not on first use) so that attention() is traceable by torch.compile
+from . import allgather, burst, ring, rsa, tp, ulysses, usp  # noqa: E402
+
+MODULES = MappingProxyType({m.__name__.rsplit(".", 1)[1]: m for m in (allgather, burst, ring, rsa, tp, ulysses, usp)})
 
 __all__ = ["attention", "STRATEGIES", "StrategySpec"]

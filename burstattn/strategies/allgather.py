@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from ..autograd import RingContext, _masked_call
+from ..autograd import RingContext, masked_call, refuse_double_backward
 from ..comm.collectives import Collectives
 from ..comm.stats import CommStats, active_stats
 from ..config import AttnConfig
@@ -67,7 +67,7 @@ class _AllGatherAttn(torch.autograd.Function):
         out32 = torch.zeros(b, hq, n, d, dtype=acc, device=q.device)
         lse = torch.full((b, hq, n), float("-inf"), dtype=acc, device=q.device)
         if plan is not None:  # masked: only the block ops the mask leaves non-empty
-            call = _masked_call(cfg, plan, n, scale)
+            call = masked_call(cfg, plan, n, scale)
             for j in range(ring.world_size):
                 for op in plan.row[j]:
                     res = call.forward_op(op, qh, kv[j, 0], kv[j, 1], ring.rank, j)
@@ -84,6 +84,7 @@ class _AllGatherAttn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
+        refuse_double_backward()
         q, k, v, out, lse = ctx.saved_tensors
         ring, cfg = ctx.ring, ctx.cfg
         stats = active_stats() or ctx.stats
@@ -93,7 +94,7 @@ class _AllGatherAttn(torch.autograd.Function):
         dq = torch.zeros(qh.shape, dtype=acc, device=q.device)
         dkv = torch.zeros(kv.shape, dtype=acc, device=q.device)  # (P, 2, B, Hkv, n, D)
         if ctx.plan is not None:
-            call, lse_b = _masked_call(cfg, ctx.plan, q.shape[1], scale), backward_lse(lse)
+            call, lse_b = masked_call(cfg, ctx.plan, q.shape[1], scale), backward_lse(lse)
             blocks = ((j, g) for j in range(ring.world_size)
                       for g in call.backward_ops(ctx.plan.row[j], doh, qh, kv[j, 0], kv[j, 1], oh, lse_b, ring.rank, j))
         else:

@@ -1,18 +1,18 @@
 """``strategy="burst"``: BurstAttention (the core ring; see :func:`burstattn.burst_attn_func`)."""
 from __future__ import annotations
 
-from ..api import burst_attn_func
+from ..api import attend
 from ..formulas import choose_backward, ring_bytes
+from .base import label
 
 
 def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backward="auto", schedule="ring",
         topology=None, **mask_args):
     """K/V ring forward, query-ring or K/V-ring backward (fewer bytes wins with ``"auto"``);
     ``mask_args``: ``window`` / ``cu_seqlens`` / ``document_ids`` / ``mask_mod`` / ``mask`` (the
-    sparse direct schedule of :mod:`burstattn.masks.plan`)."""
-    return burst_attn_func(q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
-                           layout=layout, backend=backend, backward=backward, schedule=schedule, topology=topology,
-                           **mask_args)
+    sparse direct schedule of :mod:`burstattn.masks.plan`). The custom op of :func:`burstattn.burst_attn_func`."""
+    return attend(label("burst"), q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
+                  backend=backend, backward=backward, schedule=schedule, topology=topology, mask_args=mask_args)[0]
 
 
 def bytes_formula(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,

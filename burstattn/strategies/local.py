@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 
+from ..autograd import refuse_double_backward
 from ..kernels import get_kernel, resolve_backend
 
 
@@ -22,6 +23,7 @@ class _LocalAttn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
+        refuse_double_backward()
         q, k, v, out, lse = ctx.saved_tensors
         kernel = get_kernel(ctx.backend)
         dq, dk, dv = kernel.backward(dout.transpose(1, 2).to(q.dtype), q.transpose(1, 2), k.transpose(1, 2),

@@ -7,16 +7,17 @@ backward ring pinned, which is exactly the difference between the two papers.
 """
 from __future__ import annotations
 
-from ..api import burst_attn_func
+from ..api import attend
 from ..formulas import ring_bytes
+from .base import label
 
 
 def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", **mask_args):
     """``layout`` must be ``"contiguous"`` (checked by the registry). With a mask (``mask_args``)
     the K/V go only where the mask needs them (the same sparse direct schedule as ``burst``),
     and the backward still moves K/V and dK/dV."""
-    return burst_attn_func(q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
-                           layout=layout, backend=backend, backward="kv", **mask_args)
+    return attend(label("ring"), q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
+                  backend=backend, backward="kv", mask_args=mask_args)[0]
 
 
 def bytes_formula(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,

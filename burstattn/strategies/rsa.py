@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from ..autograd import RingContext
+from ..autograd import RingContext, refuse_double_backward
 from ..comm.stats import active_stats
 from ..config import AttnConfig
 from ..engine.ring import ring_loop
@@ -96,6 +96,7 @@ class _RingSelfAttn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
+        refuse_double_backward()
         q, k, v, probs, out = ctx.saved_tensors
         n, hkv = q.shape[1], k.shape[2]
         acc, scale = out.dtype, ctx.cfg.scale_for(q.shape[3])

@@ -12,21 +12,20 @@ ring group (the slow links between machines). One call:
 2. :func:`burstattn.burst_attn_func` over the ring group, with the ring-level ``layout``;
 3. all-to-all back (op ``out``). The backward mirrors it (autograd).
 
-Layout: the global sequence is split by ``layout`` over the ``ring_degree`` ring indices, and
-each ring shard is split contiguously among its ``ulysses_degree`` ranks
-(:func:`usp_positions`; :meth:`UspGroups.shard`). So the inputs are NOT sharded as
-:func:`burstattn.shard_sequence` over the whole group would shard them (unless
-``ulysses_degree == 1``).
+Layout: one meaning everywhere. The inputs are this rank's shard of ``layout`` over the whole group,
+exactly as :func:`burstattn.shard_sequence` gives it (:func:`usp_positions`, :meth:`UspGroups.shard`).
+After the all-to-all a ring index holds the shards of its Ulysses ranks; sorted locally into
+increasing positions they are that ring index's shard of a ring-level layout
+(:func:`ring_layout`): ``contiguous`` and ``zigzag`` stay themselves, ``striped`` and partitions
+become an explicit partition (the masked engine's direct schedule).
 
 Groups come from a ``DeviceMesh`` (``mesh``, dims ``("ring", "ulysses")``), from explicit
 ``ulysses_group`` and ``ring_group``, or from the degrees alone. Creating process groups is a
-collective of the whole job and costs a rendezvous, so with degrees alone every call builds
-new groups: build them once with :func:`usp_groups` and pass ``ulysses_group=g.ulysses_group,
-ring_group=g.ring_group``.
+collective of the whole job and costs a rendezvous and file descriptors, so with degrees alone the
+sub-groups are built on the first call and reused (:class:`burstattn.groups.GroupCache`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -34,74 +33,56 @@ import torch.distributed as dist
 
 from ..api import burst_attn_func
 from ..formulas import byte_totals, choose_backward, meta_bytes, ring_bytes
+from ..groups import SUBGROUPS, UspGroups, distributed, mesh_usp_groups, usp_groups  # noqa: F401 (re-exported)
 from ..layout import local_positions
-from .base import label, start
+from .base import start
 from .heads import a2a_bytes, heads_problem, heads_to_seq, kv_repeats, repeat_kv, seq_to_heads
 
 
 def usp_positions(seq_len: int, *, ring_rank: int, ring_degree: int, ulysses_rank: int, ulysses_degree: int,
-                  layout: str = "zigzag") -> torch.Tensor:
-    """Global positions held by the rank at ``(ring_rank, ulysses_rank)``: LongTensor
-    ``[seq_len // (ring_degree * ulysses_degree)]``. Pure; raises ``ValueError`` when the
-    length cannot be split so."""
-    ring_shard = local_positions(seq_len, ring_rank, ring_degree, layout)
-    if len(ring_shard) % ulysses_degree or not 0 <= ulysses_rank < ulysses_degree:
-        raise ValueError(f"usp: a ring shard of {len(ring_shard)} tokens cannot be split among "
-                         f"{ulysses_degree} Ulysses ranks (or ulysses_rank {ulysses_rank} is out of range)")
-    n = len(ring_shard) // ulysses_degree
-    return ring_shard[ulysses_rank * n:(ulysses_rank + 1) * n]
+                  layout="zigzag") -> torch.Tensor:
+    """Global positions held by the rank at ``(ring_rank, ulysses_rank)``: ``layout``'s assignment
+    over the whole grid (group rank ``ring_rank * ulysses_degree + ulysses_rank``), the same as
+    :func:`burstattn.shard_sequence` gives it. LongTensor ``[seq_len // (ring_degree * ulysses_degree)]``.
+    Pure; raises ``ValueError`` when the length cannot be split so or an index is out of range."""
+    if not (0 <= ulysses_rank < ulysses_degree and 0 <= ring_rank < ring_degree):
+        raise ValueError(f"usp: (ring_rank, ulysses_rank) = ({ring_rank}, {ulysses_rank}) is outside the "
+                         f"{ring_degree} x {ulysses_degree} grid")
+    return local_positions(seq_len, ring_rank * ulysses_degree + ulysses_rank, ring_degree * ulysses_degree, layout)
 
 
-@dataclass(frozen=True)
-class UspGroups:
-    """The two sub-groups of a USP call and this rank's indices in them (``None`` groups: a
-    world of one without ``torch.distributed``)."""
+def ring_layout(layout, seq_len: int, ulysses_degree: int, ring_degree: int):
+    """The ring-level layout of a USP call and the row order after the Ulysses all-to-all.
 
-    ulysses_group: Optional[dist.ProcessGroup]
-    ring_group: Optional[dist.ProcessGroup]
-    ulysses_degree: int
-    ring_degree: int
-    ulysses_rank: int
-    ring_rank: int
-
-    def positions(self, seq_len: int, layout: str = "zigzag") -> torch.Tensor:
-        """Global positions this rank holds (:func:`usp_positions`)."""
-        return usp_positions(seq_len, ring_rank=self.ring_rank, ring_degree=self.ring_degree,
-                             ulysses_rank=self.ulysses_rank, ulysses_degree=self.ulysses_degree, layout=layout)
-
-    def shard(self, x: torch.Tensor, layout: str = "zigzag", dim: int = 1) -> torch.Tensor:
-        """This rank's shard of a full-sequence tensor (``dim`` the sequence). Differentiable."""
-        return x.index_select(dim, self.positions(x.shape[dim], layout).to(x.device))
-
-
-def usp_groups(ulysses_degree: int, ring_degree: int, group: Optional[dist.ProcessGroup] = None) -> UspGroups:
-    """Build the Ulysses and ring sub-groups of ``group`` (default: the world) once.
-
-    Every process of the job must call it with the same arguments, in the same order relative
-    to other group creations (a rule of ``dist.new_group``); so ``group`` must span the whole
-    job. For a smaller group, build the sub-groups yourself (or with a ``DeviceMesh``).
-
-    Raises:
-        ValueError: the degrees do not multiply to the group size, or ``group`` is not the job.
+    After :func:`.heads.seq_to_heads` ring index ``i`` holds the shards of its ``ulysses_degree``
+    ranks concatenated in rank order. Returns ``(ring_layout, order)``: ``order`` (LongTensor
+    ``[u*n]``, or ``None`` for the identity) sorts those rows into increasing global positions, and
+    ``ring_layout`` names the sorted positions of every ring index: ``contiguous`` and ``zigzag``
+    over the grid are ``contiguous`` and ``zigzag`` over the ring (zigzag's chunks are u times
+    longer); any other layout (``striped``, a Partition) becomes an explicit
+    :class:`~burstattn.partition.Partition` (the masked engine's direct schedule). Pure.
     """
-    if not dist.is_available() or not dist.is_initialized():
-        if (ulysses_degree, ring_degree) != (1, 1) or group is not None:
-            raise ValueError("usp_groups: torch.distributed is not initialized; only degrees (1, 1) work")
-        return UspGroups(None, None, 1, 1, 0, 0)
-    group = group if group is not None else dist.group.WORLD
-    p = dist.get_world_size(group)
-    if ulysses_degree * ring_degree != p:
-        raise ValueError(f"usp_groups: ulysses_degree * ring_degree must equal the group size {p}, "
-                         f"got {ulysses_degree} * {ring_degree}")
-    if p != dist.get_world_size():
-        raise ValueError("usp_groups: group must span every process of the job (dist.new_group is a "
-                         "collective of the whole job); pass sub-groups or a DeviceMesh instead")
-    # grid[ring_index, ulysses_index] = global rank of group rank ring_index * u + ulysses_index
-    grid = torch.tensor([dist.get_global_rank(group, i) for i in range(p)]).view(ring_degree, ulysses_degree)
-    ring_rank, ulysses_rank = divmod(dist.get_rank(group), ulysses_degree)
-    ulysses = [dist.new_group(row.tolist()) for row in grid]  # every process creates every group
-    rings = [dist.new_group(col.tolist()) for col in grid.t()]
-    return UspGroups(ulysses[ring_rank], rings[ulysses_rank], ulysses_degree, ring_degree, ulysses_rank, ring_rank)
+    from ..partition import Partition
+
+    u, r = ulysses_degree, ring_degree
+    if u == 1:
+        return layout, None
+    per_ring = [torch.cat([local_positions(seq_len, i * u + j, u * r, layout) for j in range(u)]) for i in range(r)]
+    sorted_rows = [rows.sort() for rows in per_ring]
+    if layout in ("contiguous", "zigzag"):
+        ring = layout
+    else:
+        name = layout if isinstance(layout, str) else layout.name
+        ring = Partition(tuple(s.values for s in sorted_rows), name=f"usp-{name}")
+    return ring, sorted_rows
+
+
+def rows_order(sorted_rows, ring_rank: int) -> Optional[torch.Tensor]:
+    """This ring index's sorting permutation (``None``: already sorted)."""
+    if sorted_rows is None:
+        return None
+    idx = sorted_rows[ring_rank].indices
+    return None if torch.equal(idx, torch.arange(len(idx))) else idx
 
 
 def _given_groups(p: int, rank: int, ulysses_degree, ring_degree, mesh, ulysses_group, ring_group):
@@ -109,19 +90,24 @@ def _given_groups(p: int, rank: int, ulysses_degree, ring_degree, mesh, ulysses_
     if mesh is not None:
         if ulysses_group is not None or ring_group is not None:
             return None, (0, 0), "give either mesh or ulysses_group and ring_group, not both"
-        if tuple(getattr(mesh, "mesh_dim_names", None) or ()) != ("ring", "ulysses"):
-            return None, (0, 0), (f"mesh must be 2-D with mesh_dim_names ('ring', 'ulysses'), got "
-                                  f"{getattr(mesh, 'mesh_dim_names', None)}")
-        ulysses_group, ring_group = mesh.get_group("ulysses"), mesh.get_group("ring")
+        try:
+            g = mesh_usp_groups(mesh)
+        except (ValueError, AttributeError, RuntimeError, KeyError) as e:
+            return None, (0, 0), str(e)
+        ulysses_group, ring_group = g.ulysses_group, g.ring_group
     if (ulysses_group is None) != (ring_group is None):
         return None, (0, 0), "give both ulysses_group and ring_group (or neither)"
     if ulysses_group is None:
         if ulysses_degree is None and ring_degree is None:
             return None, (0, 0), ("needs ulysses_degree and/or ring_degree (their product the group size "
                                   f"{p}), a mesh, or ulysses_group and ring_group")
-        u = ulysses_degree if ulysses_degree is not None else p // max(int(ring_degree), 1)
-        r = ring_degree if ring_degree is not None else p // max(int(ulysses_degree), 1)
-        if not all(isinstance(x, int) and x >= 1 for x in (u, r)) or u * r != p:
+        if not all(x is None or (isinstance(x, int) and not isinstance(x, bool) and x >= 1)
+                   for x in (ulysses_degree, ring_degree)):
+            return None, (0, 0), (f"ulysses_degree and ring_degree must be positive ints, got "
+                                  f"{ulysses_degree!r} and {ring_degree!r}")
+        u = ulysses_degree if ulysses_degree is not None else p // ring_degree
+        r = ring_degree if ring_degree is not None else p // ulysses_degree
+        if u * r != p:
             return None, (0, 0), (f"ulysses_degree * ring_degree must equal the group size {p}, got "
                                   f"{ulysses_degree!r} * {ring_degree!r}")
         return None, (u, r), None
@@ -139,8 +125,10 @@ def _given_groups(p: int, rank: int, ulysses_degree, ring_degree, mesh, ulysses_
 
 def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backward="auto", ulysses_degree=None,
         ring_degree=None, mesh=None, ulysses_group=None, ring_group=None) -> torch.Tensor:
-    """``q [B, n, Hq, D]``, ``k, v [B, n, Hkv, D]`` (this rank's shard, :func:`usp_positions`) ->
-    ``[B, n, Hq, D]`` in q's dtype. ``backend``/``backward``: as in :func:`burst_attn_func`.
+    """``q [B, n, Hq, D]``, ``k, v [B, n, Hkv, D]`` (this rank's shard in ``layout`` over the whole
+    group, as :func:`burstattn.shard_sequence` gives it) -> ``[B, n, Hq, D]`` in q's dtype.
+    ``backend``/``backward``: as in :func:`burst_attn_func`. Given only degrees, the sub-groups are
+    built on the first call and reused (:data:`burstattn.groups.SUBGROUPS`).
 
     Raises:
         ValueError / TypeError on every rank: invalid inputs (``check_inputs``), degrees that do
@@ -148,34 +136,50 @@ def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backwa
         ``ulysses_degree``.
     """
     p, rank = 1, 0
-    if dist.is_available() and dist.is_initialized():
+    if distributed():
         g = group if group is not None else dist.group.WORLD
         p, rank = dist.get_world_size(g), dist.get_rank(g)
     groups, (u, r), problem = _given_groups(p, rank, ulysses_degree, ring_degree, mesh, ulysses_group, ring_group)
+    if problem is None:
+        problem = heads_problem(q.shape[2], u, "usp", "ulysses_degree") if isinstance(q, torch.Tensor) else None
     ring, _ = start("usp", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
                     backend=backend, backward=backward, extra=problem and (ValueError, problem))
-    problem = heads_problem(q.shape[2], u, "usp", "ulysses_degree")
-    if problem:
-        raise ValueError(f"{label('usp')}: {problem}")
     if groups is None:
-        groups = usp_groups(u, r, ring.group)
+        groups = SUBGROUPS.usp(u, r, ring.group) if ring.world_size > 1 else usp_groups(1, 1)
     reps = kv_repeats(k.shape[2], u)
-    # (B, n, H, D) -> (B, u*n, H/u, D): this ring index's shard, in the ring-level layout
+    inner_layout, sorted_rows = ring_layout(layout, q.shape[1] * p, u, r)
+    order = rows_order(sorted_rows, groups.ring_rank)
+    # (B, n, H, D) -> (B, u*n, H/u, D): the u shards of this ring index, in rank order
     qh, kh, vh = seq_to_heads([q, repeat_kv(k, reps), repeat_kv(v, reps)], groups.ulysses_group, u, "qkv")
+    if order is not None:  # rank order -> increasing global positions: this ring index's shard of inner_layout
+        qh, kh, vh = (x.index_select(1, order.to(x.device)) for x in (qh, kh, vh))
     out = burst_attn_func(qh, kh, vh, group=groups.ring_group, causal=causal, softmax_scale=softmax_scale,
-                          layout=layout, backend=backend, backward=backward)
+                          layout=inner_layout, backend=backend, backward=backward)
+    if order is not None:  # back to rank order
+        out = out.index_select(1, torch.argsort(order).to(out.device))
     return heads_to_seq(out, groups.ulysses_group, u, "out")  # (B, u*n, Hq/u, D) -> (B, n, Hq, D)
 
 
 def bytes_formula(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int, head_dim: int,
-                  dtype: torch.dtype, ulysses_degree: int, backward: str = "auto") -> dict:
-    """Bytes each rank sends per call: ``{"forward", "backward", "ops": {(phase, op): bytes}}``:
-    the Ulysses all-to-alls, the inner burst ring (:func:`burstattn.formulas.ring_bytes`, with its
-    own ``meta`` check over the ring group) and the outer input check."""
-    u = ulysses_degree
-    inner = dict(batch=batch, local_seq=u * local_seq, world_size=world_size // u, q_heads=q_heads // u,
+                  dtype: torch.dtype, ulysses_degree: int, backward: str = "auto", layout="zigzag",
+                  causal: bool = False, rank: int = 0) -> dict:
+    """Bytes group rank ``rank`` sends per call: ``{"forward", "backward", "ops": {(phase, op): bytes}}``:
+    the Ulysses all-to-alls, the inner burst ring (:func:`burstattn.formulas.ring_bytes`, or the masked
+    engine's :func:`burstattn.masks.plan.mask_bytes` when the ring-level layout is a partition, see
+    :func:`ring_layout`; with its own ``meta`` check over the ring group) and the outer input check."""
+    from ..masks import AttnMask, choose_mask_backward, mask_bytes, mask_plan
+
+    u, r = ulysses_degree, world_size // ulysses_degree
+    inner = dict(batch=batch, local_seq=u * local_seq, q_heads=q_heads // u,
                  kv_heads=kv_heads * kv_repeats(kv_heads, u) // u, head_dim=head_dim, dtype=dtype)
-    mode = choose_backward(**inner) if backward == "auto" else backward
+    ring_level, _ = ring_layout(layout, local_seq * world_size, u, r)
+    if isinstance(ring_level, str):
+        mode = choose_backward(world_size=r, **inner) if backward == "auto" else backward
+        ring_ops = ring_bytes(backward=mode, world_size=r, **inner)["ops"]
+    else:
+        mode = choose_mask_backward(**inner) if backward == "auto" else backward
+        plan = mask_plan(AttnMask(), causal, local_seq * world_size, r, ring_level, rank // u)
+        ring_ops = mask_bytes(plan, backward=mode, **inner)["ops"]
     return byte_totals(a2a_bytes(batch=batch, local_seq=local_seq, degree=u, q_heads=q_heads, kv_heads=kv_heads,
                                  head_dim=head_dim, dtype=dtype),
-                       ring_bytes(backward=mode, **inner)["ops"], {("forward", "meta"): meta_bytes(world_size)})
+                       ring_ops, {("forward", "meta"): meta_bytes(world_size)})

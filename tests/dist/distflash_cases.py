@@ -14,7 +14,7 @@ def distflash(rank: int, world: int, case: Case) -> dict:
                                              return_lse=True, backend=case.backend,
                                              softmax_scale=case.softmax_scale)
         out.backward(dout)
-    sent = {(phase, op): row["sent"] for phase, ops in stats.as_dict().items() for op, row in ops.items()}
+    sent = stats.sent_by_op()
     return dict(out=out.detach(), lse=lse, dq=q.grad, dk=k.grad, dv=v.grad, sent=sent)
 
 
@@ -38,5 +38,5 @@ def double_ring(rank: int, world: int, case: Case, ranks_per_node: int) -> dict:
                                              topology=topo, return_lse=True, backend=case.backend,
                                              backward=case.backward)
         out.backward(dout)
-    sent = {(phase, op): row["sent"] for phase, ops in stats.as_dict().items() for op, row in ops.items()}
+    sent = stats.sent_by_op()
     return dict(out=out.detach(), lse=lse, dq=q.grad, dk=k.grad, dv=v.grad, sent=sent)

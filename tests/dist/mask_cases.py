@@ -109,7 +109,7 @@ def masked(rank: int, world: int, case: Case, kind: str, block_size: int, via: s
                                            softmax_scale=case.softmax_scale, layout=layout,
                                            backend=case.backend, **kw), None
         out.backward(dout)
-    sent = {(phase, op): row["sent"] for phase, ops in stats.as_dict().items() for op, row in ops.items()}
+    sent = stats.sent_by_op()
     plan = mask_plan(amask, case.causal, case.seq_len, world, layout, rank)
     backward = "kv" if strategy == "ring" else case.backward
     if strategy in ("allgather", "ulysses"):
@@ -155,6 +155,6 @@ def masked_docs_aligned(rank: int, world: int, case: Case) -> dict:
         out = burstattn.burst_attn_func(q, k, v, causal=True, layout="contiguous", backend=case.backend,
                                         cu_seqlens=cu)
         out.backward(dout)
-    sent = sum(row["sent"] for ops in stats.as_dict().values() for op, row in ops.items() if op != "meta")
+    sent = sum(b for (_, op), b in stats.sent_by_op().items() if op != "meta")
     plan = mask_plan(AttnMask(cu_seqlens=cu), True, case.seq_len, world, "contiguous", rank)
     return dict(kv_sent=sent, steps=len(plan.kv_steps()), out=out.detach())

@@ -35,6 +35,24 @@ def _usp_options(world: int, ulysses_degree: int, build: str) -> dict:
     return dict(ulysses_degree=ulysses_degree, ring_degree=ring_degree)
 
 
+def destroy_usp_groups(opts: dict) -> None:
+    """Destroy the sub-groups a case made (given groups, a mesh's, or the cached ones of degrees)."""
+    import torch.distributed as dist
+
+    from burstattn.groups import SUBGROUPS
+
+    if "mesh" in opts:
+        groups = [opts["mesh"].get_group(name) for name in ("ring", "ulysses")]
+    elif "ulysses_group" in opts:
+        groups = [opts["ulysses_group"], opts["ring_group"]]
+    else:
+        groups = [g for e in SUBGROUPS.entries.values() for g in (e.ulysses_group, e.ring_group)]
+        SUBGROUPS.clear()
+    for g in groups:
+        if g is not None and g is not dist.group.WORLD:
+            dist.destroy_process_group(g)
+
+
 def _leaves(case: Case, pos: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(x.index_select(1, pos).detach().clone().requires_grad_(i < 3)
                  for i, x in enumerate(full_inputs(case)))
@@ -47,11 +65,15 @@ def run_strategy(rank: int, world: int, case: Case, strategy: str, ulysses_degre
     pos = positions(case, strategy, ulysses_degree, rank)
     q, k, v, dout = _leaves(case, pos)
     opts = _usp_options(world, ulysses_degree, build) if strategy == "usp" else {}
-    with burstattn.comm_stats() as stats:
-        out = burstattn.attention(q, k, v, strategy=strategy, causal=case.causal, softmax_scale=case.softmax_scale,
-                                  layout=case.layout, backend=case.backend, **opts)
-        out.backward(dout)
-    sent = {(phase, op): row["sent"] for phase, ops in stats.as_dict().items() for op, row in ops.items()}
+    try:
+        with burstattn.comm_stats() as stats:
+            out = burstattn.attention(q, k, v, strategy=strategy, causal=case.causal,
+                                      softmax_scale=case.softmax_scale, layout=case.layout, backend=case.backend,
+                                      **opts)
+            out.backward(dout)
+    finally:
+        destroy_usp_groups(opts)
+    sent = stats.sent_by_op()
     return dict(out=out.detach(), dq=q.grad, dk=k.grad, dv=v.grad, positions=pos, sent=sent)
 
 
@@ -79,7 +101,8 @@ def _bad_call(scenario: str, rank: int, world: int) -> tuple[str, tuple, dict]:
         "unknown_strategy": ("nope", {}),
         "option": ("rsa", dict(backward="kv")),
         "usp_option_typo": ("usp", dict(ulysses=2)),
-        "layout_unsupported": ("ring", dict(layout="zigzag")),
+        "layout_unsupported": ("rsa", dict(layout=burstattn.Partition(tuple(
+            local_positions(8 * world, r, world, "striped") for r in range(world)), name="mine"))),
         "layout_unknown": ("tp", dict(layout="diagonal")),
         "rsa_backend": ("rsa", dict(backend="cpu_flash")),
         "ulysses_heads": ("ulysses", {}),

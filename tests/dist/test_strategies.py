@@ -67,8 +67,8 @@ def row_id(row) -> str:
 def expected_bytes(strategy: str, case: Case, u: int) -> dict:
     kw = dict(batch=case.batch, local_seq=case.local_seq, world_size=case.world, q_heads=case.q_heads,
               kv_heads=case.kv_heads, head_dim=case.head_dim, dtype=DTYPES[case.dtype])
-    if strategy == "usp":
-        kw["ulysses_degree"] = u
+    if strategy == "usp":  # the ring-level layout (and its bytes) follows the global layout
+        kw.update(ulysses_degree=u, layout=case.layout, causal=case.causal)
     return {key: n for key, n in STRATEGIES[strategy].bytes_formula()(**kw)["ops"].items() if n}
 
 
@@ -143,9 +143,9 @@ def test_head_helpers():
     assert kv_index(0, 4, 2).tolist() == [0, 1]  # two kv heads, GQA ratio 2 locally
     assert kv_index(2, 2, 4).tolist() == [0]  # both query heads read kv head 0
     assert kv_index(3, 3, 2).tolist() == [1, 2, 2]  # uneven: one kv head per query head
-    # zigzag over 2 ring ranks: ring rank 0 holds chunks 0 and 3 of 4; its 2nd Ulysses rank chunk 3
+    # one meaning per layout: (ring 0, ulysses 1) is group rank 1 of 4, zigzag chunks 1 and 6 of 8
     assert usp_positions(16, ring_rank=0, ring_degree=2, ulysses_rank=1, ulysses_degree=2,
-                         layout="zigzag").tolist() == [12, 13, 14, 15]
+                         layout="zigzag").tolist() == [2, 3, 12, 13]
     seen = torch.cat([usp_positions(24, ring_rank=r, ring_degree=2, ulysses_rank=u, ulysses_degree=3,
                                     layout="striped") for r in range(2) for u in range(3)])
     assert sorted(seen.tolist()) == list(range(24))
@@ -157,7 +157,7 @@ BAD = {
     "unknown_strategy": ("ValueError", ["strategy", "nope"]),
     "option": ("ValueError", ["rsa", "backward"]),
     "usp_option_typo": ("ValueError", ["usp", "ulysses", "ulysses_degree"]),
-    "layout_unsupported": ("ValueError", ["ring", "layout", "zigzag", "contiguous"]),
+    "layout_unsupported": ("ValueError", ["rsa", "layout", "Partition", "contiguous", "zigzag", "striped"]),
     "layout_unknown": ("ValueError", ["tp", "layout", "diagonal"]),
     "rsa_backend": ("ValueError", ["rsa", "backend", "cpu_flash"]),
     "ulysses_heads": ("ValueError", ["ulysses", "q_heads", "3", "divisible"]),

@@ -1,4 +1,7 @@
-"""Plain PyTorch tiled attention kernel: the fallback everywhere and the test oracle.
+"""The ``"reference"`` backend: a plain PyTorch tiled attention kernel, the fallback everywhere.
+
+(Not to be confused with :func:`burstattn.reference.reference_attention`, the float64 test oracle
+over whole sequences; this is a kernel of the local-attention seam.)
 
 Keys are processed in tiles of ``tile`` rows with an online softmax, so memory is
 ``O(Sq * tile)`` per head, never ``O(Sq * Sk)``. Computes in float32 (float64 for float64
@@ -31,8 +34,11 @@ def _tile_scores(q: torch.Tensor, kt: torch.Tensor, scale: float, causal: bool, 
     return s
 
 
-class ReferenceKernel:
-    """Tiled online-softmax attention in plain PyTorch."""
+class PlainKernel:
+    """Tiled online-softmax attention in plain PyTorch (backend name ``"reference"``).
+
+    NaN in q, k or v gives NaN out (as in ``cpu_flash`` and PyTorch): only the ``-inf - -inf`` of
+    rows that see no key so far is defined away (as 0), never a NaN of the data."""
 
     name = "reference"
     supports_mask = True
@@ -53,8 +59,9 @@ class ReferenceKernel:
             s = _tile_scores(qf, kt, scale, causal, k0, mask)
             tile_lse = torch.logsumexp(s, dim=-1)
             new_lse = torch.logaddexp(lse, tile_lse)
-            keep = torch.exp(lse - new_lse).nan_to_num_(0.0).unsqueeze(-1)
-            p = torch.exp(s - new_lse.unsqueeze(-1)).nan_to_num_(0.0)
+            blind = new_lse == -math.inf  # rows that see no key yet: weights 0 (not exp(-inf + inf) = NaN)
+            keep = torch.exp(lse - new_lse).masked_fill_(blind, 0.0).unsqueeze(-1)
+            p = torch.exp(s - new_lse.unsqueeze(-1)).masked_fill_(blind.unsqueeze(-1), 0.0)
             out = out * keep + torch.matmul(p, vt)
             lse = new_lse
         return out, lse  # float32 (float64 for float64 inputs)
@@ -71,9 +78,13 @@ class ReferenceKernel:
         for k0 in range(0, kf.shape[-2], self.tile):
             sl = slice(k0, k0 + self.tile)
             kt, vt = kf[:, :, sl], vf[:, :, sl]
-            p = torch.exp(_tile_scores(qf, kt, scale, causal, k0, mask) - lse_f).nan_to_num_(0.0)
+            # rows with lse = -inf saw no key: P = 0 there (masked, not nan_to_num: a NaN of the data stays)
+            p = torch.exp(_tile_scores(qf, kt, scale, causal, k0, mask) - lse_f).masked_fill_(lse_f == -math.inf, 0.0)
             dv[:, :, sl] = torch.matmul(p.transpose(-1, -2), dof)
             ds = p * (torch.matmul(dof, vt.transpose(-1, -2)) - delta)
             dq += torch.matmul(ds, kt) * scale
             dk[:, :, sl] = torch.matmul(ds.transpose(-1, -2), qf) * scale
         return dq, reduce_kv_grad(dk, hkv), reduce_kv_grad(dv, hkv)
+
+
+ReferenceKernel = PlainKernel  # the name it had; the backend is still called "reference"

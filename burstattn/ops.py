@@ -1,0 +1,269 @@
+"""The registered custom ops of burst attention: what ``torch.compile`` and checkpoint policies see.
+
+* ``torch.ops.burstattn.attention_fwd(q, k, v, group, spec, positions, bounds) -> (out, lse, saved)``:
+  the cross-rank input check, then the distributed forward (:func:`burstattn.autograd.forward_pass`).
+* ``torch.ops.burstattn.attention_bwd(dout, out, lse, saved, group, spec, positions, bounds) -> (dq, dk, dv)``:
+  the distributed backward (:func:`burstattn.autograd.backward_pass`); registered as the forward's
+  autograd formula. Its own derivative raises: second-order gradients are not supported.
+
+The process group travels by name (``group.group_name``; ``""`` for a world of one) and every other
+option in ``spec``, a JSON string of :class:`OpSpec` (a constant for the compiler). A partition
+layout travels as ``positions [P, n]`` (int64), a document mask as ``bounds [D + 1]`` (int64).
+A ``mask_mod`` (a Python function) cannot be an op argument: such calls run the eager
+:class:`~burstattn.autograd.BurstAttnFunction` instead (they work, but graph-break under compile).
+
+Validation under ``torch.compile``: the cross-rank check (one all-gather of a signature, plus
+``.item()``-like reads) runs *inside* ``attention_fwd``'s implementation, i.e. at run time on
+concrete tensors, on every call, compiled or not; the traced Python before the op only reads
+shapes and option values. So ``fullgraph=True`` holds and no check is skipped.
+
+Checkpointing: :func:`remat_policy` / :func:`save_attention_context` give the selective
+checkpoint policy of DistFlashAttn's rematerialization-aware checkpointing: the attention
+output is saved (``MUST_SAVE`` on :data:`attention_fwd`), everything else is recomputed, so the
+recomputation of a checkpointed block never reruns the distributed forward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from .autograd import DOUBLE_BACKWARD, RingContext, backward_pass, forward_pass
+from .config import AttnConfig
+from .formulas import accum_dtype
+from .groups import TwoLevelGroups, group_name, resolve_group
+from .masks.setup import plan_for
+from .validate import check_inputs
+
+__all__ = ["attention_fwd", "attention_bwd", "OpSpec", "remat_policy", "save_attention_context",
+           "SAVED_OPS", "call_attention"]
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """Everything of a call but tensors and the group, as op-argument-friendly values.
+
+    Attributes:
+        fn: the caller's name for error messages (``burst_attn_func``, ``attention(strategy='ring')``).
+        causal, softmax_scale, backend, backward, schedule: as in :class:`~burstattn.config.AttnConfig`
+            (backend and backward resolved).
+        layout: a layout name, or ``"partition:NAME"`` (positions in the op's ``positions`` tensor).
+        topology: ``[inner group name, outer group name, ranks_per_node, nodes]`` of schedule "double".
+        window: ``[left, right]`` of a window mask (``None`` entries: unbounded); ``documents``: whether
+            the op's ``bounds`` tensor holds document boundaries; ``block_size``: the mask's tile.
+    """
+
+    fn: str
+    causal: bool
+    softmax_scale: Optional[float]
+    layout: str
+    backend: str
+    backward: str
+    schedule: str
+    topology: Optional[list] = None
+    window: Optional[list] = None
+    documents: bool = False
+    block_size: int = 256
+
+    def encode(self) -> str:
+        """``key=value`` pairs joined by ``;`` (values as Python literals). Plain string formatting,
+        which the compiler folds to a constant (it cannot trace ``json``)."""
+        return ";".join(f"{name}={literal(getattr(self, name))}" for name in FIELDS)
+
+    @staticmethod
+    def decode(text: str) -> "OpSpec":
+        import ast
+
+        pairs = (item.split("=", 1) for item in text.split(";"))
+        return OpSpec(**{name: ast.literal_eval(value) for name, value in pairs})
+
+
+FIELDS = ("fn", "causal", "softmax_scale", "layout", "backend", "backward", "schedule", "topology", "window",
+          "documents", "block_size")
+
+
+def literal(x) -> str:
+    """``x`` (None, bool, int, float, str, or a list of those) as a Python literal (a ``;`` in a string,
+    which separates the fields, becomes ``,``: strings here are names for messages and repr only)."""
+    if isinstance(x, (list, tuple)):
+        return "[" + ",".join(literal(e) for e in x) + "]"
+    if isinstance(x, str):
+        return "'" + x.replace("\\", "\\\\").replace("'", "\\'").replace(";", ",") + "'"
+    return repr(x) if isinstance(x, float) else str(x)
+
+
+def op_arguments(ring: RingContext, cfg: AttnConfig, fn: str):
+    """``(group, spec, positions, bounds)`` of the ops for a resolved ``cfg`` whose mask, if any,
+    has no ``mask_mod``."""
+    mask, topo = cfg.mask, cfg.topology
+    layout, positions = cfg.layout, None
+    if not isinstance(layout, str):
+        positions = torch.stack(list(layout.positions))  # [P, n]
+        layout = f"partition:{cfg.layout.name}"
+    spec = OpSpec(fn, cfg.causal, cfg.softmax_scale, layout, cfg.backend, cfg.backward, cfg.schedule,
+                  None if topo is None else [group_name(topo.inner_group), group_name(topo.outer_group),
+                                             topo.ranks_per_node, topo.nodes],
+                  None if mask is None or mask.window is None else list(mask.window),
+                  mask is not None and mask.bounds is not None, 256 if mask is None else mask.block_size)
+    bounds = mask.bounds if spec.documents else None
+    return group_name(ring.group), spec.encode(), positions, bounds
+
+
+def call_of(group: str, spec: str, positions: Optional[torch.Tensor],
+            bounds: Optional[torch.Tensor]) -> tuple[RingContext, AttnConfig, str]:
+    """The inverse of :func:`op_arguments`: ``(ring, cfg, fn)``."""
+    import torch.distributed as dist
+
+    from .masks.spec import AttnMask
+    from .partition import Partition
+
+    s = OpSpec.decode(spec)
+    pg = resolve_group(group)
+    ring = RingContext(pg, dist.get_rank(pg), dist.get_world_size(pg)) if pg is not None else RingContext(None, 0, 1)
+    layout = s.layout
+    if layout.startswith("partition:"):
+        layout = Partition(tuple(positions.cpu().unbind(0)), name=layout.split(":", 1)[1])
+    mask = None
+    if s.window is not None or s.documents:
+        mask = AttnMask(window=None if s.window is None else tuple(s.window),
+                        cu_seqlens=bounds.cpu() if s.documents else None, block_size=s.block_size)
+    topo = None
+    if s.topology is not None:
+        inner, outer, per_node, nodes = s.topology
+        topo = TwoLevelGroups(resolve_group(inner), resolve_group(outer), per_node, nodes)
+    cfg = AttnConfig(causal=s.causal, softmax_scale=s.softmax_scale, layout=layout, backend=s.backend,
+                     backward=s.backward, schedule=s.schedule, mask=mask, topology=topo)
+    return ring, cfg, s.fn
+
+
+def checked_plan(q, k, v, ring: RingContext, cfg: AttnConfig, fn: str):
+    """This rank's mask plan (``None`` for a dense call), after the cross-rank check has passed."""
+    plan, problem = plan_for(q, cfg, ring.rank, ring.world_size)
+    check_inputs(q, k, v, cfg, ring.group, ring.world_size, fn=fn, extra=problem)
+    return plan
+
+
+def owned(outputs: list[torch.Tensor], inputs) -> list[torch.Tensor]:
+    """``outputs`` made contiguous (the strides the fake implementations promise) and sharing no
+    memory with ``inputs`` or with each other (a custom op's outputs may not alias)."""
+    seen = {x.untyped_storage().data_ptr() for x in inputs if x is not None}
+    result = []
+    for t in outputs:
+        t = t.contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen:
+            t = t.clone()
+            ptr = t.untyped_storage().data_ptr()
+        seen.add(ptr)
+        result.append(t)
+    return result
+
+
+@torch.library.custom_op("burstattn::attention_fwd", mutates_args=())
+def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: str, spec: str,
+                  positions: Optional[torch.Tensor], bounds: Optional[torch.Tensor]
+                  ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """Check the call on every rank, then run the distributed forward: ``q [B, n, Hq, D]``,
+    ``k, v [B, n, Hkv, D]`` -> ``out [B, n, Hq, D]``, ``lse [B, Hq, n]``, ``saved`` (for the backward)."""
+    ring, cfg, fn = call_of(group, spec, positions, bounds)
+    plan = checked_plan(q, k, v, ring, cfg, fn)
+    out, lse, saved = forward_pass(ring, cfg, plan, q, k, v)
+    out, lse, *saved = owned([out, lse, *saved], (q, k, v))
+    return out, lse, saved
+
+
+@attention_fwd.register_fake
+def _attention_fwd_fake(q, k, v, group, spec, positions, bounds):
+    b, n, hq, d = q.shape
+    saved = [q.new_empty(b, hq, n, d), k.new_empty(b, k.shape[2], n, d), v.new_empty(b, v.shape[2], n, d)]
+    return q.new_empty(b, n, hq, d), q.new_empty(b, hq, n, dtype=accum_dtype(q.dtype)), saved
+
+
+@torch.library.custom_op("burstattn::attention_bwd", mutates_args=())
+def attention_bwd(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, saved: list[torch.Tensor], group: str,
+                  spec: str, positions: Optional[torch.Tensor], bounds: Optional[torch.Tensor]
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The distributed backward: ``dq [B, n, Hq, D]``, ``dk, dv [B, n, Hkv, D]``."""
+    ring, cfg, _ = call_of(group, spec, positions, bounds)
+    q = saved[0].transpose(1, 2)
+    plan, problem = plan_for(q, cfg, ring.rank, ring.world_size)  # checked in the forward already
+    if problem:
+        raise problem[0](problem[1])
+    dq, dk, dv = backward_pass(ring, cfg, plan, dout, out, lse, saved)
+    dq, dk, dv = owned([dq, dk, dv], (dout, out, lse, *saved))
+    return dq, dk, dv
+
+
+@attention_bwd.register_fake
+def _attention_bwd_fake(dout, out, lse, saved, group, spec, positions, bounds):
+    qh, kh, vh = saved[:3]
+    return (out.new_empty(out.shape), kh.new_empty(kh.shape[0], kh.shape[2], kh.shape[1], kh.shape[3]),
+            vh.new_empty(vh.shape[0], vh.shape[2], vh.shape[1], vh.shape[3]))
+
+
+def _setup_fwd(ctx, inputs, output) -> None:
+    _, _, _, group, spec, positions, bounds = inputs
+    out, lse, saved = output
+    ctx.mark_non_differentiable(lse, *saved)
+    extra = [t for t in (positions, bounds) if t is not None]
+    ctx.save_for_backward(out, lse, *saved, *extra)
+    ctx.group, ctx.spec, ctx.n_saved = group, spec, len(saved)
+    ctx.has = (positions is not None, bounds is not None)
+
+
+def _backward_fwd(ctx, dout, _dlse, _dsaved):
+    out, lse, *rest = ctx.saved_tensors
+    saved, extra = rest[:ctx.n_saved], iter(rest[ctx.n_saved:])
+    positions, bounds = (next(extra) if has else None for has in ctx.has)
+    dq, dk, dv = attention_bwd(dout, out, lse, saved, ctx.group, ctx.spec, positions, bounds)
+    return dq, dk, dv, None, None, None, None
+
+
+def _setup_bwd(ctx, inputs, output) -> None:
+    pass
+
+
+def _refuse_double_backward(ctx, *grads):
+    raise RuntimeError(DOUBLE_BACKWARD)
+
+
+attention_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
+attention_bwd.register_autograd(_refuse_double_backward, setup_context=_setup_bwd)
+
+
+def call_attention(q, k, v, ring: RingContext, cfg: AttnConfig, fn: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``out, lse`` of a resolved call through the custom op (the cross-rank check inside)."""
+    group, spec, positions, bounds = op_arguments(ring, cfg, fn)
+    out, lse, _ = torch.ops.burstattn.attention_fwd(q, k, v, group, spec, positions, bounds)
+    return out, lse
+
+
+# ------------------------------------------------------------------------------ checkpointing
+SAVED_OPS = (torch.ops.burstattn.attention_fwd.default,)  # what the remat policy never recomputes
+
+
+def remat_policy(extra_saved: tuple = ()) -> Callable:
+    """DistFlashAttn's rematerialization-aware policy for selective activation checkpointing:
+    ``MUST_SAVE`` for the distributed attention forward (and the ops in ``extra_saved``),
+    ``PREFER_RECOMPUTE`` for everything else. Use with :func:`save_attention_context`, or::
+
+        create_selective_checkpoint_contexts(remat_policy())
+    """
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    saved = SAVED_OPS + tuple(extra_saved)
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def save_attention_context(extra_saved: tuple = ()) -> Callable:
+    """The ``context_fn`` for ``torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False,
+    context_fn=save_attention_context())``: recomputation skips the distributed attention."""
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    policy = remat_policy(extra_saved)
+    return lambda: create_selective_checkpoint_contexts(policy)
