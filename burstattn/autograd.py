@@ -8,6 +8,7 @@ works on ``[B, H, n, D]`` copies.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -50,6 +51,19 @@ DOUBLE_BACKWARD = ("burstattn: second-order gradients (create_graph=True through
                    "double backward) are not supported")
 
 
+def without_autocast(fn):
+    """Run ``fn`` with autocast off on the device of its first tensor argument: attention computes in
+    its inputs' dtype under ``torch.autocast`` too (one behaviour for every strategy; cast q, k, v
+    yourself for another precision)."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
+        with torch.autocast(device, enabled=False):
+            return fn(*args, **kwargs)
+
+    return run
+
+
 def refuse_double_backward() -> None:
     """Raise in an attention backward that runs with ``create_graph=True`` (grad mode on): its result
     would not be differentiable, and a silently wrong second derivative is worse than an error."""
@@ -85,6 +99,7 @@ def guarded(cfg: AttnConfig):
     return replace(mask, mask_mod=guard), guard
 
 
+@without_autocast
 def forward_pass(ring: RingContext, cfg: AttnConfig, plan, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """The distributed forward on this rank's shard.
@@ -117,6 +132,7 @@ def forward_pass(ring: RingContext, cfg: AttnConfig, plan, q: torch.Tensor, k: t
     return out, lse, [qh, kh, vh]
 
 
+@without_autocast
 def backward_pass(ring: RingContext, cfg: AttnConfig, plan, dout: torch.Tensor, out: torch.Tensor,
                   lse: torch.Tensor, saved: list[torch.Tensor], stats: Optional[CommStats] = None,
                   trace: Optional[StepTrace] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -9,8 +9,8 @@
     burstattn cluster up --nodes N --ranks-per-node R --inter BW[,LAT] --intra BW[,LAT] | --preset NAME
     burstattn cluster down | status | run -- ARGS   # tear down / describe / torchrun ARGS on every node
 
-Subcommands import their modules (and ``rich``) only when they run, so ``burstattn --help`` and
-``import burstattn`` stay light. Later subcommands (``train``, ``generate``, ``sim``, ``plan``) are
+Subcommands import their modules (and ``rich``) only when they run, and ``burstattn --help`` is
+answered from :data:`COMMANDS` without importing torch. Later subcommands (``train``, ``generate``, ``sim``, ``plan``) are
 added to :func:`build_parser` the same way: one ``_add_<name>`` function each.
 """
 from __future__ import annotations
@@ -180,10 +180,28 @@ def _run_bench_masks(ns: argparse.Namespace) -> int:
     return 0
 
 
+DESCRIPTION = "Exact distributed attention over long sequences (BurstAttention)."
+# name -> one line, for ``burstattn --help`` (answered without importing torch or any subcommand);
+# a new subcommand adds its line here as well as its ``_add_<name>`` (tests check both agree)
+COMMANDS = {
+    "demo": "run and check burst attention on a long sequence over local ranks",
+    "bench": "benchmarks (JSON + Markdown)",
+    "cluster": "emulated multi-node cluster on this machine (network namespaces, tc)",
+}
+
+
+def light_parser() -> argparse.ArgumentParser:
+    """The top level of the command (names and one-line helps only): what ``burstattn --help`` prints."""
+    parser = argparse.ArgumentParser(prog="burstattn", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, text in COMMANDS.items():
+        sub.add_parser(name, help=text, add_help=False)
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``burstattn`` command."""
-    parser = argparse.ArgumentParser(
-        prog="burstattn", description="Exact distributed attention over long sequences (BurstAttention).")
+    parser = argparse.ArgumentParser(prog="burstattn", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_demo(sub)
     _add_bench(sub)
@@ -193,7 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``burstattn`` console script; returns the exit code."""
-    ns = build_parser().parse_args(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        light_parser().parse_args(args)  # prints the help (or the usage error) and exits
+    ns = build_parser().parse_args(args)
     return int(ns.handler(ns) or 0)
 
 

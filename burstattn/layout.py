@@ -73,18 +73,28 @@ def local_positions(seq_len: int, rank: int, world_size: int, layout: str) -> to
     return torch.cat([torch.arange(rank * c, (rank + 1) * c), torch.arange(far * c, (far + 1) * c)])
 
 
-def _group_info(group: Optional[dist.ProcessGroup]) -> tuple[int, int]:
+def group_info(group: Optional[dist.ProcessGroup], fn: str = "layout") -> tuple[int, int]:
+    """``(rank, world size)`` of this process in ``group`` (``(0, 1)`` without torch.distributed).
+
+    Raises:
+        ValueError: ``group`` given without torch.distributed, or this process is not in ``group``.
+    """
     if not dist.is_available() or not dist.is_initialized():
         if group is not None:
-            raise ValueError("group was given but torch.distributed is not initialized")
+            raise ValueError(f"{fn}: group was given but torch.distributed is not initialized")
         return 0, 1
-    return dist.get_rank(group), dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError(f"{fn}: this process (global rank {dist.get_rank()}) is not a member of group; call it "
+                         f"only on the ranks of the group (group ranks -> global: "
+                         f"{dist.get_process_group_ranks(group)})")
+    return rank, dist.get_world_size(group)
 
 
 def sequence_positions(seq_len: int, *, group: Optional[dist.ProcessGroup] = None,
                        layout: str = "zigzag") -> torch.Tensor:
     """Global token positions this rank holds: LongTensor ``[seq_len // P]`` (for RoPE, masks)."""
-    rank, world = _group_info(group)
+    rank, world = group_info(group, "sequence_positions")
     return local_positions(seq_len, rank, world, layout)
 
 
@@ -124,7 +134,7 @@ def shard_sequence(x: torch.Tensor, *, group: Optional[dist.ProcessGroup] = None
         ``x`` restricted to :func:`sequence_positions` along ``dim`` (size ``N // P``). Differentiable.
     """
     dim = _split_dim(x, dim)
-    rank, world = _group_info(group)
+    rank, world = group_info(group, "shard_sequence")
     return _shard(x, rank, world, layout, dim)
 
 
@@ -167,7 +177,7 @@ def gather_sequence(x_local: torch.Tensor, *, group: Optional[dist.ProcessGroup]
     """
     dim = _split_dim(x_local, dim)
     check_layout(layout)
-    _, world = _group_info(group)
+    _, world = group_info(group, "gather_sequence")
     if world == 1:
         return x_local
     return _GatherSequence.apply(x_local, group, layout, dim)

@@ -347,19 +347,24 @@ def document_partition(cu_seqlens: CuSeqlens, world_size: int, *, causal: bool =
 
 
 def balance(work_per_rank: Union[torch.Tensor, Sequence[float]]) -> float:
-    """Max over mean of the ranks' work (1.0 = perfect). Raises ``ValueError`` if empty or zero."""
+    """Max over mean of the ranks' work (1.0 = perfect; also 1.0 when no rank has work). The one
+    balance figure of the package (``burstattn.masks.balance`` is this function).
+    Raises ``ValueError`` if empty or negative."""
     w = torch.as_tensor(work_per_rank, dtype=torch.float64).flatten()
-    if w.numel() == 0 or float(w.sum()) <= 0:
-        raise ValueError(f"work_per_rank must be non-empty with a positive sum, got {w.tolist()}")
-    return float(w.max() / w.mean())
+    if w.numel() == 0 or bool((w < 0).any()):
+        raise ValueError(f"work_per_rank must be non-empty and non-negative (a positive sum, or all zeros), "
+                         f"got {w.tolist()}")
+    total = float(w.sum())
+    return float(w.max() / w.mean()) if total > 0 else 1.0
 
 
-def rank_work(partition: Union[Partition, Sequence[torch.Tensor]], work: torch.Tensor) -> torch.Tensor:
-    """Work of every rank: float64 ``[P]``, ``work[positions_of(r)].sum()``.
+def partition_work(partition: Union[Partition, Sequence[torch.Tensor]], work: torch.Tensor) -> torch.Tensor:
+    """Work of every rank of a partition: float64 ``[P]``, ``work[positions_of(r)].sum()``.
 
     Args:
         partition: a :class:`Partition` or a list of per-rank position tensors.
         work: ``[N]`` per-token work (e.g. :func:`token_work`).
+    (``burstattn.masks.rank_work`` is another thing: the score entries each rank computes under a mask.)
     """
     parts = partition.positions if isinstance(partition, Partition) else list(partition)
     if work.dim() != 1:
@@ -369,6 +374,9 @@ def rank_work(partition: Union[Partition, Sequence[torch.Tensor]], work: torch.T
         raise ValueError(f"the positions hold {total} tokens but work has {work.numel()}")
     w = work.to(torch.float64)
     return torch.stack([w[p.long()].sum() for p in parts])
+
+
+rank_work = partition_work  # its earlier name (public), kept as an alias
 
 
 def layout_positions(layout: Union[str, Partition], seq_len: int, world_size: int) -> list[torch.Tensor]:

@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from ..autograd import RingContext, masked_call, refuse_double_backward
+from ..autograd import RingContext, masked_call, refuse_double_backward, without_autocast
 from ..comm.collectives import Collectives
 from ..comm.stats import CommStats, active_stats
 from ..config import AttnConfig
@@ -58,6 +58,7 @@ class _AllGatherAttn(torch.autograd.Function):
     """``out = f(q, k, v)``; ``cfg`` resolved (concrete backend)."""
 
     @staticmethod
+    @without_autocast
     def forward(ctx, q, k, v, ring: RingContext, cfg: AttnConfig, plan=None):
         qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))  # [B, n, H, D] -> [B, H, n, D] views
         b, hq, n, d = qh.shape
@@ -83,6 +84,7 @@ class _AllGatherAttn(torch.autograd.Function):
         return out
 
     @staticmethod
+    @without_autocast
     def backward(ctx, dout):
         refuse_double_backward()
         q, k, v, out, lse = ctx.saved_tensors

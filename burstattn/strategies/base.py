@@ -10,7 +10,7 @@ from ..api import ring_context
 from ..autograd import RingContext
 from ..config import AttnConfig
 from ..masks.setup import checked_config
-from ..validate import check_inputs
+from ..validate import check_inputs, scale_value
 
 MASK_OPTIONS = ("window", "cu_seqlens", "document_ids", "mask_mod", "mask")
 
@@ -58,7 +58,7 @@ def start(name: str, q, k, v, *, group, causal: bool, softmax_scale, layout: str
     (so bad input raises on every rank; ``extra`` is a problem the strategy found in its own
     options on this rank, shared the same way). Returns the group context and the config."""
     ring = ring_context(group)
-    cfg = AttnConfig(causal=bool(causal), softmax_scale=softmax_scale, layout=layout, backend=backend,
+    cfg = AttnConfig(causal=causal, softmax_scale=scale_value(softmax_scale), layout=layout, backend=backend,
                      backward=backward)
     check_inputs(q, k, v, cfg, ring.group, ring.world_size, fn=label(name), extra=extra)
     return ring, cfg
@@ -71,6 +71,6 @@ def start_masked(name: str, q, k, v, *, group, causal: bool, softmax_scale, layo
     is this rank's :class:`~burstattn.masks.plan.MaskPlan` (``None`` without a mask); a bad mask
     raises on every rank like any bad input."""
     ring = ring_context(group)
-    cfg, plan = checked_config(q, k, v, ring, mask_args or {}, label(name), causal=bool(causal),
-                               softmax_scale=softmax_scale, layout=layout, backend=backend)
+    cfg, plan = checked_config(q, k, v, ring, mask_args or {}, label(name), causal=causal,
+                               softmax_scale=scale_value(softmax_scale), layout=layout, backend=backend)
     return ring, cfg, plan

@@ -6,12 +6,13 @@ from typing import Optional
 
 import torch
 
-from ..autograd import refuse_double_backward
+from ..autograd import refuse_double_backward, without_autocast
 from ..kernels import get_kernel, resolve_backend
 
 
 class _LocalAttn(torch.autograd.Function):
     @staticmethod
+    @without_autocast
     def forward(ctx, q, k, v, scale: float, causal: bool, backend: str):
         kernel = get_kernel(backend)
         qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))  # [B, S, H, D] -> [B, H, S, D]
@@ -22,6 +23,7 @@ class _LocalAttn(torch.autograd.Function):
         return out.transpose(1, 2)
 
     @staticmethod
+    @without_autocast
     def backward(ctx, dout):
         refuse_double_backward()
         q, k, v, out, lse = ctx.saved_tensors

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from ..autograd import RingContext, refuse_double_backward
+from ..autograd import RingContext, refuse_double_backward, without_autocast
 from ..comm.stats import active_stats
 from ..config import AttnConfig
 from ..engine.ring import ring_loop
@@ -37,7 +37,7 @@ from ..engine.schedule import ring_plan
 from ..formulas import accum_dtype, byte_totals, element_size, meta_bytes
 from ..layout import local_positions
 from ..trace import active_trace
-from .base import label, start
+from .base import start
 
 
 def _grouped(x: torch.Tensor, kv_heads: int, dtype: torch.dtype) -> torch.Tensor:
@@ -58,6 +58,7 @@ class _RingSelfAttn(torch.autograd.Function):
     """``out = f(q, k, v)`` over ``ring``; keeps the probabilities for the backward."""
 
     @staticmethod
+    @without_autocast
     def forward(ctx, q, k, v, ring: RingContext, cfg: AttnConfig):
         b, n, hq, d = q.shape
         hkv, p, acc = k.shape[2], ring.world_size, accum_dtype(q.dtype)
@@ -95,6 +96,7 @@ class _RingSelfAttn(torch.autograd.Function):
         return _ungrouped(out, q.dtype)
 
     @staticmethod
+    @without_autocast
     def backward(ctx, dout):
         refuse_double_backward()
         q, k, v, probs, out = ctx.saved_tensors
@@ -137,11 +139,12 @@ def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto") -> tor
         ValueError / TypeError on every rank: invalid inputs (see ``check_inputs``), or a
         ``backend`` other than ``"auto"`` / ``"reference"``.
     """
-    ring, cfg = start("rsa", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
-                      layout=layout, backend=backend)
+    problem = None
     if backend not in ("auto", "reference"):
-        raise ValueError(f"{label('rsa')}: backend must be 'auto' or 'reference' (the score matrix is "
-                         f"built with plain PyTorch matmuls, which is the baseline), got {backend!r}")
+        problem = (ValueError, f"backend must be 'auto' or 'reference' (the score matrix is built with plain "
+                               f"PyTorch matmuls, the 'reference' backend, which is the baseline), got {backend!r}")
+    ring, cfg = start("rsa", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
+                      layout=layout, backend="reference" if problem else backend, extra=problem)
     return _RingSelfAttn.apply(q, k, v, ring, cfg)
 
 

@@ -33,10 +33,16 @@ def double_ring(rank: int, world: int, case: Case, ranks_per_node: int) -> dict:
     """Forward (with LSE) and backward under ``schedule="double"``, with the bytes sent."""
     topo = burstattn.two_level_groups(ranks_per_node)
     q, k, v, dout = _sharded_leaves(case)
-    with burstattn.comm_stats() as stats:
-        out, lse = burstattn.burst_attn_func(q, k, v, causal=case.causal, layout=case.layout, schedule="double",
-                                             topology=topo, return_lse=True, backend=case.backend,
-                                             backward=case.backward)
-        out.backward(dout)
+    try:
+        with burstattn.comm_stats() as stats:
+            out, lse = burstattn.burst_attn_func(q, k, v, causal=case.causal, layout=case.layout, schedule="double",
+                                                 topology=topo, return_lse=True, backend=case.backend,
+                                                 backward=case.backward)
+            out.backward(dout)
+    finally:  # the sub-groups made for this case
+        import torch.distributed as dist
+        for g in (topo.inner_group, topo.outer_group):
+            if g is not None:
+                dist.destroy_process_group(g)
     sent = stats.sent_by_op()
     return dict(out=out.detach(), lse=lse, dq=q.grad, dk=k.grad, dv=v.grad, sent=sent)

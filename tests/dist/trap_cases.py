@@ -1,0 +1,120 @@
+"""Rank side of tests/dist/test_traps.py: each scenario returns ``"ok"``-like values or the error
+this rank raised as ``"Type: message"`` (so the parent can check every rank raised)."""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+import burstattn
+from burstattn.groups import SUBGROUPS
+
+
+def _error(fn) -> str:
+    try:
+        fn()
+    except Exception as e:  # the parent asserts the type and words
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+def _qkv(n: int = 16, heads: int = 2, dtype=torch.float32, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(1, n, heads, 16, generator=gen, dtype=dtype).requires_grad_() for _ in range(3))
+
+
+def mask_disagreement(rank: int, world: int) -> list[str]:
+    """A prefix mask of 8 keys on rank 0, 40 on the others (same plans at this size), then masks
+    whose plans differ: both must raise on every rank (never a silent answer, never a hang)."""
+    q, k, v = _qkv()
+    limit = 8 if rank == 0 else 40
+    same_plan = _error(lambda: burstattn.burst_attn_func(q, k, v, layout="contiguous",
+                                                         mask_mod=lambda qp, kp: kp < limit))
+    other = 3 if rank == 0 else 20
+    other_plan = _error(lambda: burstattn.burst_attn_func(q, k, v, mask_mod=lambda qp, kp: kp < other))
+    return [same_plan, other_plan]
+
+
+class FlakyMask:
+    """``(q_pos - k_pos) % 3 != 1``, a pattern with partial blocks; raises on rank 1 once armed."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.armed = rank, False
+
+    def __call__(self, qp, kp):
+        if self.armed and self.rank == 1:
+            raise RuntimeError("flaky predicate")
+        return (qp - kp) % 3 != 1
+
+
+def mask_raises_mid_ring(rank: int, world: int) -> list[str]:
+    """A module with a cached mask: the second call's plan comes from the cache, so the predicate
+    runs only inside the ring (partial blocks); when it raises on one rank, every rank must raise."""
+    fn = FlakyMask(rank)
+    attn = burstattn.BurstAttention(causal=True, mask_mod=fn, backend="reference")
+    q, k, v = _qkv()
+    first = _error(lambda: attn(q, k, v).sum().backward())
+    fn.armed = True
+    second = _error(lambda: attn(q, k, v))
+    fn.armed = False
+    third = _error(lambda: attn(q, k, v).sum().backward())  # the group is still usable
+    return [first, second, third]
+
+
+def usp_group_reuse(rank: int, world: int) -> dict:
+    """The README one-liner called repeatedly: sub-groups built once (same objects, no new fds)."""
+    q, k, v = _qkv(n=8, heads=4)
+    seen, fds = [], []
+    for _ in range(4):
+        burstattn.attention(q, k, v, strategy="usp", ulysses_degree=2, ring_degree=2).sum().backward()
+        seen.append(tuple(id(g) for e in SUBGROUPS.entries.values() for g in (e.ulysses_group, e.ring_group)))
+        fds.append(len(os.listdir("/proc/self/fd")))
+    entries = len(SUBGROUPS.entries)
+    for e in list(SUBGROUPS.entries.values()):
+        for g in (e.ulysses_group, e.ring_group):
+            dist.destroy_process_group(g)
+    SUBGROUPS.clear()
+    return dict(same_groups=len(set(seen)) == 1, entries=entries, fd_growth=fds[-1] - fds[1])
+
+
+def outside_group(rank: int, world: int) -> list[str]:
+    """Rank ``world - 1`` is not in ``group``: shard_sequence / sequence_positions / gather say so."""
+    group = dist.new_group(list(range(world - 1)))
+    x = torch.arange(24.0).view(1, 24)
+    try:
+        if rank < world - 1:
+            return ["member"]
+        return [_error(lambda: burstattn.shard_sequence(x, group=group)),
+                _error(lambda: burstattn.sequence_positions(24, group=group)),
+                _error(lambda: burstattn.gather_sequence(x, group=group))]
+    finally:
+        dist.destroy_process_group(group)
+
+
+def different_strategies(rank: int, world: int) -> str:
+    q, k, v = _qkv()
+    strategy = "burst" if rank == 0 else "ring"
+    return _error(lambda: burstattn.attention(q, k, v, strategy=strategy, causal=True))
+
+
+def module_topology_and_lse(rank: int, world: int) -> dict:
+    """BurstAttention(schedule="double", topology=...) runs and equals the flat ring; return_lse works."""
+    topo = burstattn.two_level_groups(2)
+    try:
+        q, k, v = _qkv()
+        out, lse = burstattn.BurstAttention(causal=True, schedule="double", topology=topo, return_lse=True)(q, k, v)
+        want, want_lse = burstattn.burst_attn_func(q, k, v, causal=True, return_lse=True)
+        return dict(out=float((out - want).abs().max()), lse=float((lse - want_lse).abs().max()))
+    finally:
+        for g in (topo.inner_group, topo.outer_group):
+            dist.destroy_process_group(g)
+
+
+def nan_across_ranks(rank: int, world: int) -> dict:
+    """float64 (backend auto = reference): a NaN key on the last rank reaches the queries that see it."""
+    q, k, v = (x.detach() for x in _qkv(dtype=torch.float64))
+    if rank == world - 1:
+        k[0, 0, 0, 0] = float("nan")
+    out = burstattn.burst_attn_func(q, k, v, layout="contiguous")  # non-causal: every query sees it
+    return dict(all_nan_head0=bool(out[..., 0, :].isnan().all()), head1_finite=bool(out[..., 1, :].isfinite().all()))
