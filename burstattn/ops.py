@@ -1,8 +1,8 @@
 """The registered custom ops of burst attention: what ``torch.compile`` and checkpoint policies see.
 
-* ``torch.ops.burstattn.attention_fwd(q, k, v, group, spec, positions, bounds) -> (out, lse, saved)``:
+* ``torch.ops.burstattn.attention_fwd(q, k, v, group, spec, positions, bounds) -> (out, lse)``:
   the cross-rank input check, then the distributed forward (:func:`burstattn.autograd.forward_pass`).
-* ``torch.ops.burstattn.attention_bwd(dout, out, lse, saved, group, spec, positions, bounds) -> (dq, dk, dv)``:
+* ``torch.ops.burstattn.attention_bwd(dout, q, k, v, out, lse, group, spec, positions, bounds) -> (dq, dk, dv)``:
   the distributed backward (:func:`burstattn.autograd.backward_pass`); registered as the forward's
   autograd formula. Its own derivative raises: second-order gradients are not supported.
 
@@ -33,7 +33,7 @@ from .autograd import DOUBLE_BACKWARD, RingContext, backward_pass, forward_pass
 from .config import AttnConfig
 from .formulas import accum_dtype
 from .groups import TwoLevelGroups, group_name, resolve_group
-from .masks.setup import plan_for
+from .masks.setup import DATA_MASKS, plan_for
 from .validate import check_inputs
 
 __all__ = ["attention_fwd", "attention_bwd", "OpSpec", "remat_policy", "save_attention_context",
@@ -115,7 +115,6 @@ def call_of(group: str, spec: str, positions: Optional[torch.Tensor],
     """The inverse of :func:`op_arguments`: ``(ring, cfg, fn)``."""
     import torch.distributed as dist
 
-    from .masks.spec import AttnMask
     from .partition import Partition
 
     s = OpSpec.decode(spec)
@@ -125,9 +124,10 @@ def call_of(group: str, spec: str, positions: Optional[torch.Tensor],
     if layout.startswith("partition:"):
         layout = Partition(tuple(positions.cpu().unbind(0)), name=layout.split(":", 1)[1])
     mask = None
-    if s.window is not None or s.documents:
-        mask = AttnMask(window=None if s.window is None else tuple(s.window),
-                        cu_seqlens=bounds.cpu() if s.documents else None, block_size=s.block_size)
+    if s.window is not None or s.documents or positions is not None:
+        # the same object for the same definition (an empty one for a bare partition): the block
+        # summaries it caches outlive the call
+        mask = DATA_MASKS.get(s.window, bounds if s.documents else None, s.block_size)
     topo = None
     if s.topology is not None:
         inner, outer, per_node, nodes = s.topology
@@ -162,61 +162,55 @@ def owned(outputs: list[torch.Tensor], inputs) -> list[torch.Tensor]:
 
 @torch.library.custom_op("burstattn::attention_fwd", mutates_args=())
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: str, spec: str,
-                  positions: Optional[torch.Tensor], bounds: Optional[torch.Tensor]
-                  ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+                  positions: Optional[torch.Tensor], bounds: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Check the call on every rank, then run the distributed forward: ``q [B, n, Hq, D]``,
-    ``k, v [B, n, Hkv, D]`` -> ``out [B, n, Hq, D]``, ``lse [B, Hq, n]``, ``saved`` (for the backward)."""
+    ``k, v [B, n, Hkv, D]`` -> ``out [B, n, Hq, D]`` (q's dtype), ``lse [B, Hq, n]`` (float32; float64)."""
     ring, cfg, fn = call_of(group, spec, positions, bounds)
     plan = checked_plan(q, k, v, ring, cfg, fn)
-    out, lse, saved = forward_pass(ring, cfg, plan, q, k, v)
-    out, lse, *saved = owned([out, lse, *saved], (q, k, v))
-    return out, lse, saved
+    out, lse = forward_pass(ring, cfg, plan, q, k, v)
+    out, lse = owned([out, lse], (q, k, v))
+    return out, lse
 
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, group, spec, positions, bounds):
     b, n, hq, d = q.shape
-    saved = [q.new_empty(b, hq, n, d), k.new_empty(b, k.shape[2], n, d), v.new_empty(b, v.shape[2], n, d)]
-    return q.new_empty(b, n, hq, d), q.new_empty(b, hq, n, dtype=accum_dtype(q.dtype)), saved
+    return q.new_empty(b, n, hq, d), q.new_empty(b, hq, n, dtype=accum_dtype(q.dtype))
 
 
 @torch.library.custom_op("burstattn::attention_bwd", mutates_args=())
-def attention_bwd(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, saved: list[torch.Tensor], group: str,
-                  spec: str, positions: Optional[torch.Tensor], bounds: Optional[torch.Tensor]
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The distributed backward: ``dq [B, n, Hq, D]``, ``dk, dv [B, n, Hkv, D]``."""
+def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                  lse: torch.Tensor, group: str, spec: str, positions: Optional[torch.Tensor],
+                  bounds: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The distributed backward: ``dq [B, n, Hq, D]``, ``dk, dv [B, n, Hkv, D]`` (the inputs' dtypes)."""
     ring, cfg, _ = call_of(group, spec, positions, bounds)
-    q = saved[0].transpose(1, 2)
     plan, problem = plan_for(q, cfg, ring.rank, ring.world_size)  # checked in the forward already
     if problem:
         raise problem[0](problem[1])
-    dq, dk, dv = backward_pass(ring, cfg, plan, dout, out, lse, saved)
-    dq, dk, dv = owned([dq, dk, dv], (dout, out, lse, *saved))
+    dq, dk, dv = backward_pass(ring, cfg, plan, dout, q, k, v, out, lse)
+    dq, dk, dv = owned([dq, dk, dv], (dout, q, k, v, out, lse))
     return dq, dk, dv
 
 
 @attention_bwd.register_fake
-def _attention_bwd_fake(dout, out, lse, saved, group, spec, positions, bounds):
-    qh, kh, vh = saved[:3]
-    return (out.new_empty(out.shape), kh.new_empty(kh.shape[0], kh.shape[2], kh.shape[1], kh.shape[3]),
-            vh.new_empty(vh.shape[0], vh.shape[2], vh.shape[1], vh.shape[3]))
+def _attention_bwd_fake(dout, q, k, v, out, lse, group, spec, positions, bounds):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_fwd(ctx, inputs, output) -> None:
-    _, _, _, group, spec, positions, bounds = inputs
-    out, lse, saved = output
-    ctx.mark_non_differentiable(lse, *saved)
+    q, k, v, group, spec, positions, bounds = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
     extra = [t for t in (positions, bounds) if t is not None]
-    ctx.save_for_backward(out, lse, *saved, *extra)
-    ctx.group, ctx.spec, ctx.n_saved = group, spec, len(saved)
-    ctx.has = (positions is not None, bounds is not None)
+    ctx.save_for_backward(q, k, v, out, lse, *extra)
+    ctx.group, ctx.spec, ctx.has = group, spec, (positions is not None, bounds is not None)
 
 
-def _backward_fwd(ctx, dout, _dlse, _dsaved):
-    out, lse, *rest = ctx.saved_tensors
-    saved, extra = rest[:ctx.n_saved], iter(rest[ctx.n_saved:])
+def _backward_fwd(ctx, dout, _dlse):
+    q, k, v, out, lse, *rest = ctx.saved_tensors
+    extra = iter(rest)
     positions, bounds = (next(extra) if has else None for has in ctx.has)
-    dq, dk, dv = attention_bwd(dout, out, lse, saved, ctx.group, ctx.spec, positions, bounds)
+    dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, ctx.group, ctx.spec, positions, bounds)
     return dq, dk, dv, None, None, None, None
 
 
@@ -235,8 +229,7 @@ attention_bwd.register_autograd(_refuse_double_backward, setup_context=_setup_bw
 def call_attention(q, k, v, ring: RingContext, cfg: AttnConfig, fn: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``out, lse`` of a resolved call through the custom op (the cross-rank check inside)."""
     group, spec, positions, bounds = op_arguments(ring, cfg, fn)
-    out, lse, _ = torch.ops.burstattn.attention_fwd(q, k, v, group, spec, positions, bounds)
-    return out, lse
+    return torch.ops.burstattn.attention_fwd(q, k, v, group, spec, positions, bounds)
 
 
 # ------------------------------------------------------------------------------ checkpointing

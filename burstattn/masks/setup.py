@@ -113,3 +113,33 @@ def raise_mask_failures(guard: Optional[GuardedMaskMod], ring) -> None:
         dist.all_gather_object(texts, guard.failure, group=ring.group)
         detail = "; ".join(f"rank {r}: {t}" for r, t in enumerate(texts) if t)
         raise ValueError(f"during the attention pass the mask_mod failed, all ranks abort the call ({detail})")
+
+
+class MaskCache:
+    """Masks made from data (window, document bounds, tile size; no ``mask_mod``) kept by their
+    definition, so that their block summaries, which cost seconds at long sequences, are built once:
+    the custom op receives a mask as data and looks its :class:`~.spec.AttnMask` up here. Bounded
+    (least recently used entries go first); a pure memo, so sharing it is safe."""
+
+    def __init__(self, size: int = 32) -> None:
+        from collections import OrderedDict
+
+        self.size = size
+        self.entries: "OrderedDict[tuple, AttnMask]" = OrderedDict()
+
+    def get(self, window, bounds: Optional[torch.Tensor], block_size: int) -> AttnMask:
+        """The cached mask of this definition (made on first use)."""
+        key = (None if window is None else tuple(window),
+               None if bounds is None else bounds.cpu().numpy().tobytes(), block_size)
+        mask = self.entries.get(key)
+        if mask is None:
+            mask = AttnMask(window=key[0], cu_seqlens=None if bounds is None else bounds.cpu(), block_size=block_size)
+            self.entries[key] = mask
+            while len(self.entries) > self.size:
+                self.entries.popitem(last=False)
+        self.entries.move_to_end(key)
+        return mask
+
+
+# The process-wide memo of data masks (see MaskCache): block summaries of a mask outlive one call.
+DATA_MASKS = MaskCache()
