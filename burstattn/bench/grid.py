@@ -151,7 +151,7 @@ def _ours(name: str, p: GridPoint, world: int, group):
     return Contender(name, fn, positions, family, lambda rank, **kw: spec_formula(**kw, **fopts), ours=True)
 
 
-def _contender(p: GridPoint, world: int):
+def contender(p: GridPoint, world: int):
     from .peers import make_peer
 
     group = dist.group.WORLD
@@ -210,7 +210,7 @@ def _measured(c, fn_fwd, fn_fwd_bwd) -> dict:
     return res
 
 
-def _grid_point(rank: int, world: int, p: GridPoint, progress_path: Optional[str]) -> dict:
+def grid_point(rank: int, world: int, p: GridPoint, progress_path: Optional[str]) -> dict:
     """One point on one rank (runs inside the pool)."""
     from .peers import PeerUnavailable
 
@@ -218,7 +218,7 @@ def _grid_point(rank: int, world: int, p: GridPoint, progress_path: Optional[str
                                             f"{'causal' if p.causal else 'non-causal'} {p.dtype}")
     rec: dict = {"rank": rank}
     try:
-        c = _contender(p, world)
+        c = contender(p, world)
     except PeerUnavailable as e:
         return {**rec, "unavailable": str(e)}
     rec["name"], rec["family"], rec["ours"] = c.name, c.family, c.ours
@@ -250,7 +250,7 @@ def _grid_point(rank: int, world: int, p: GridPoint, progress_path: Optional[str
 
 
 # ---------------------------------------------------------------------------- parent side
-def _points(cfg: GridConfig) -> list[tuple[int, GridPoint]]:
+def grid_points(cfg: GridConfig) -> list[tuple[int, GridPoint]]:
     out = []
     for world in cfg.world_sizes:
         for dtype in cfg.dtypes:
@@ -300,7 +300,7 @@ def run_grid(cfg: GridConfig, *, docs: Optional[str] = None, console=None) -> li
     from .report import grid_markdown, ratios_markdown
 
     console = console or Console()
-    points = _points(cfg)
+    points = grid_points(cfg)
     out_dir = Path(cfg.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.perf_counter()
@@ -317,7 +317,7 @@ def run_grid(cfg: GridConfig, *, docs: Optional[str] = None, console=None) -> li
                     for attempt in range(2):
                         before, ranks_before = cpu_snapshot(), _ranks_cpu_s(pool)
                         try:
-                            rec = combine(p, world, pool.run(_grid_point, p, path))
+                            rec = combine(p, world, pool.run(grid_point, p, path))
                         except LocalGroupError as e:
                             rec = {"contender": p.contender, "world_size": world, "config": asdict(p),
                                    "failed": str(e)[-800:]}

@@ -209,7 +209,7 @@ def _mask_point(rank: int, world: int, p: MaskPoint, progress_path: Optional[str
 
 
 # ---------------------------------------------------------------------------- parent side
-def _points(cfg: MasksConfig) -> dict[int, list[MaskPoint]]:
+def mask_grid(cfg: MasksConfig) -> dict[int, list[MaskPoint]]:
     """The plan: world size -> points (both suites share the spawn of a world size)."""
     common = dict(heads=cfg.heads, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, batch=cfg.batch, dtype=cfg.dtype,
                   repeats=cfg.repeats, warmup=cfg.warmup, check_seq_len=cfg.check_seq_len,
@@ -246,7 +246,7 @@ def run_masks(cfg: MasksConfig, console=None) -> dict:
 
     console = console or Console()
     eff = cfg.effective()
-    plan = _points(eff)
+    plan = mask_grid(eff)
     total = sum(map(len, plan.values()))
     out_dir = Path(eff.out)
     out_dir.mkdir(parents=True, exist_ok=True)

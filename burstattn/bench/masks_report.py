@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 from .mask_points import MaskPoint, packed_documents, point_layout, point_mask
-from .report import TOLERANCE, _s, _table
+from .report import TOLERANCE, md_table, seconds
 
 __all__ = ["SECTION", "rank_costs", "useful_pairs", "combine", "derive", "masks_markdown", "update_section"]
 
@@ -177,7 +177,7 @@ def _masks_section(recs: list[dict]) -> list[str]:
             rows.append(miss)
             continue
         m, vs = r["median_s"], r.get("vs_dense")
-        rows.append([r["name"], r["layout"], _correct(r), _s(m["fwd"]), _s(m["fwd+bwd"]),
+        rows.append([r["name"], r["layout"], _correct(r), seconds(m["fwd"]), seconds(m["fwd+bwd"]),
                      f"{vs['work']:.3f}" if vs else "-", _pair(vs["time"]) if vs else "-",
                      _pair(vs["bytes"]) if vs else "-", f"{r['balance']:.3f}",
                      f"{sum(r['work_per_rank']) / r['useful_pairs']:.3f}",
@@ -193,7 +193,7 @@ def _masks_section(recs: list[dict]) -> list[str]:
            "(1.0: time falls exactly in proportion to the work); \"computed / useful\": score entries the "
            f"kernels compute (whole {AttnMask().block_size}-token tiles where a tile is partly visible) over the "
            "visible pairs.", ""]
-    out += _table(["point", "layout", "correct (max err: N-check / full-size rows)", "fwd", "fwd+bwd",
+    out += md_table(["point", "layout", "correct (max err: N-check / full-size rows)", "fwd", "fwd+bwd",
                    "useful work / dense", "time / dense (fwd / fwd+bwd)", "bytes / dense (fwd / fwd+bwd)",
                    "balance (max/mean)", "computed / useful", "time / work", "target"], rows) + [""]
     return out
@@ -209,7 +209,7 @@ def _distflash_section(recs: list[dict]) -> list[str]:
             continue
         m, vs = r["median_s"], r.get("vs_noncausal")
         causal = r["config"]["causal"]
-        rows.append([r["name"], r["layout"], _correct(r), _s(m["fwd"]), _s(m["fwd+bwd"]),
+        rows.append([r["name"], r["layout"], _correct(r), seconds(m["fwd"]), seconds(m["fwd+bwd"]),
                      _pair(vs) if vs and causal else "-",
                      f"{r['plan_ratio']:.3f}" if vs and causal else "-", f"{r['balance']:.3f}",
                      f"{max(sum(s['fwd+bwd'].values()) for s in r['sent_per_rank']):,}",
@@ -218,7 +218,7 @@ def _distflash_section(recs: list[dict]) -> list[str]:
             f"{c['heads']} heads (kv {c['kv_heads']}), head_dim {c['head_dim']}, {c['dtype']}. \"plan\": max over ranks "
             "of the score entries computed, over the non-causal ring's (the time ratio a rank per core would "
             "show; for distflash 0.5 at every P: the last step of an even P is split in row halves).", ""] \
-        + _table(["schedule", "layout", "correct (max err: N-check / full-size rows)", "fwd", "fwd+bwd",
+        + md_table(["schedule", "layout", "correct (max err: N-check / full-size rows)", "fwd", "fwd+bwd",
                   "causal / non-causal (fwd / fwd+bwd)", "plan", "balance (max/mean)",
                   "sent fwd+bwd per rank (max)", "target"], rows) + [""]
 
@@ -255,7 +255,7 @@ def masks_markdown(doc: dict) -> str:
                 "`masks.mask_bytes(mask_plan(...))` for a mask or a partition, `formulas.ring_bytes` for the "
                 "dense ring, `formulas.distflash_bytes` for distflash. \"match\": every rank sent exactly the "
                 "formula's bytes for every (phase, op), forward alone and forward+backward.", ""]
-        out += _table(["point", "layout", "backward", "fwd sent", "fwd formula", "bwd sent", "bwd formula",
+        out += md_table(["point", "layout", "backward", "fwd sent", "fwd formula", "bwd sent", "bwd formula",
                        "bwd ops", "match"], _bytes_rows(measured)) + [""]
     return "\n".join(out)
 

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .grid import DTYPES, OURS, GridPoint, _contender
+from .grid import DTYPES, OURS, GridPoint, contender
 from .progress import ProgressFile, run_with_progress
 from .timing import code_version, machine_info
 
@@ -51,7 +51,7 @@ def _probe(rank: int, world: int, p: GridPoint, progress_path: Optional[str]) ->
     ProgressFile(progress_path, rank).start(f"{p.contender} N={p.seq_len}")
     n, dt = p.seq_len // world, DTYPES[p.dtype]
     try:
-        c = _contender(p, world)
+        c = contender(p, world)
 
         def step():
             q = torch.randn(p.batch, n, p.heads, p.head_dim, dtype=dt, requires_grad=True)

@@ -10,7 +10,7 @@ __all__ = ["write_markdown", "update_document", "GENERATED_END", "grid_markdown"
 GENERATED_END = "<!-- end of the generated part: text below this line is kept when the benchmark is re-run -->"
 
 
-def _s(x: float) -> str:
+def seconds(x: float) -> str:
     return f"{x:.3f} s"
 
 
@@ -28,7 +28,7 @@ def _verdict(rec: dict) -> str:
     return "met" if rec["met"] else "**missed**"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
@@ -37,8 +37,8 @@ def _overhead(recs: list[dict]) -> list[str]:
     rows = []
     for r in recs:
         m, o, o_min = r["median_s"], r["overhead"], r["overhead_of_min"]
-        rows.append([r["name"], _s(m["kernel fwd"]), _s(m["library fwd"]), _pct(o["fwd"]),
-                     _s(m["kernel fwd+bwd"]), _s(m["library fwd+bwd"]), _pct(o["fwd+bwd"]),
+        rows.append([r["name"], seconds(m["kernel fwd"]), seconds(m["library fwd"]), _pct(o["fwd"]),
+                     seconds(m["kernel fwd+bwd"]), seconds(m["library fwd+bwd"]), _pct(o["fwd+bwd"]),
                      f"{_pct(o_min['fwd'])} / {_pct(o_min['fwd+bwd'])}", _verdict(r)])
     c = recs[0]["config"]
     return ["## Overhead at world size 1 (target: fwd+bwd within 5% of the kernel)", "",
@@ -46,7 +46,7 @@ def _overhead(recs: list[dict]) -> list[str]:
             f"(+ `_backward`) called directly on contiguous `[B, H, S, D]`; N={c['seq_len']}, "
             f"{c['heads']} heads, head_dim {c['head_dim']}, batch {c['batch']}, {c['dtype']}; "
             "calls alternated.", ""] \
-        + _table(["point", "kernel fwd", "library fwd", "overhead", "kernel fwd+bwd", "library fwd+bwd",
+        + md_table(["point", "kernel fwd", "library fwd", "overhead", "kernel fwd+bwd", "library fwd+bwd",
                   "overhead", "overhead of the fastest repeats (fwd / fwd+bwd)", "target"], rows) + [""]
 
 
@@ -55,8 +55,8 @@ def _ceiling(recs: list[dict], base: dict[str, dict]) -> list[str]:
     for r in recs:
         m, s = r["median_s"], r["speedup_vs_kernel_1"]
         out.append(f"Machine ceiling ({r['name']}): each of 2 ranks runs the raw kernel on its half of the "
-                   f"non-causal work (n local queries x all N keys) at the same time: fwd {_s(m['kernel fwd'])} "
-                   f"({s['fwd']:.2f}x the 1-process kernel), fwd+bwd {_s(m['kernel fwd+bwd'])} "
+                   f"non-causal work (n local queries x all N keys) at the same time: fwd {seconds(m['kernel fwd'])} "
+                   f"({s['fwd']:.2f}x the 1-process kernel), fwd+bwd {seconds(m['kernel fwd+bwd'])} "
                    f"({s['fwd+bwd']:.2f}x). No ring can beat this on this machine.")
     return out + [""] if out else []
 
@@ -67,15 +67,15 @@ def _speedup(recs: list[dict], base: dict[str, dict]) -> list[str]:
         m, one = r["median_s"], base["causal" if r["config"]["causal"] else "non-causal"]
         s_lib, s_ker = r["speedup_vs_library_1"], r["speedup_vs_kernel_1"]
         target = f">= {r['config']['target']}x: {_verdict(r)}" if r["config"]["target"] else "-"
-        rows.append([r["name"], _s(one["kernel fwd+bwd"]), _s(one["library fwd+bwd"]), _s(m["library fwd"]),
-                     _s(m["library fwd+bwd"]), f"{s_lib['fwd']:.2f}x", f"{s_lib['fwd+bwd']:.2f}x",
+        rows.append([r["name"], seconds(one["kernel fwd+bwd"]), seconds(one["library fwd+bwd"]), seconds(m["library fwd"]),
+                     seconds(m["library fwd+bwd"]), f"{s_lib['fwd']:.2f}x", f"{s_lib['fwd+bwd']:.2f}x",
                      f"{s_ker['fwd+bwd']:.2f}x", target])
     c = recs[0]["config"]
     return ["## Parallel speedup: 2 ranks x 1 thread vs 1 process x 1 thread", "",
             f"Full sequence N={c['seq_len']}, {c['heads']} heads, head_dim {c['head_dim']}, batch {c['batch']}, "
             f"{c['dtype']}. Baselines: the library at world size 1 (\"1 proc\") and the raw kernel (\"kernel\"), "
             f"same process, same thread count. Time of a 2-rank repeat = its slowest rank.", ""] \
-        + _table(["point", "kernel fwd+bwd (1 proc)", "library fwd+bwd (1 proc)", "2 ranks fwd", "2 ranks fwd+bwd",
+        + md_table(["point", "kernel fwd+bwd (1 proc)", "library fwd+bwd (1 proc)", "2 ranks fwd", "2 ranks fwd+bwd",
                   "speedup fwd", "speedup fwd+bwd", "fwd+bwd vs kernel", "target"], rows) + [""]
 
 
@@ -95,7 +95,7 @@ def _bytes(recs: list[dict]) -> list[str]:
             "causal zigzag. "
             f"Forward includes the 128 bytes per peer of input validation (`meta`). "
             f"\"match\": every rank sent exactly the formula's bytes for every (phase, op).", ""] \
-        + _table(["P", "Hq/Hkv", "dtype", "backward (asked -> used)", "fwd sent", "fwd formula",
+        + md_table(["P", "Hq/Hkv", "dtype", "backward (asked -> used)", "fwd sent", "fwd formula",
                   "bwd sent", "bwd formula", "bwd by op", "match"], rows) + [""]
 
 
@@ -113,7 +113,7 @@ def _memory(recs: list[dict]) -> list[str]:
             f"backward {c['backward']}. "
             "Peak = most bytes held on top of what was allocated before the call (inputs q, k, v, grad_out "
             "not included; they are listed), from the PyTorch profiler's allocator events; max over ranks.", ""] \
-        + _table(["N", "local n", "inputs (q,k,v,dO)", "peak fwd", "peak fwd+bwd", "fwd+bwd per local token",
+        + md_table(["N", "local n", "inputs (q,k,v,dO)", "peak fwd", "peak fwd+bwd", "fwd+bwd per local token",
                   "growth"], rows) + [""]
 
 
@@ -205,7 +205,7 @@ def _grid_rows(recs: list[dict], base: Optional[dict]) -> list[list[str]]:
         f = r.get("formula_bytes")
         load = r.get("other_load") or {}
         rows.append([_row_name(r), ok, f"{e['out']:.1e} / {e['dq']:.1e} / {e['dk']:.1e} / {e['dv']:.1e}",
-                     _s(m["fwd"]), _s(m["fwd+bwd"]), vs, _mib(r["peak_bytes"]["fwd+bwd"]),
+                     seconds(m["fwd"]), seconds(m["fwd+bwd"]), vs, _mib(r["peak_bytes"]["fwd+bwd"]),
                      _mib(r["sent_bytes"]["fwd+bwd"]), _mib(f["fwd+bwd"]) if f else "-",
                      ("yes" if r["comm_stats_agrees"] else "**no**") if "comm_stats_agrees" in r else "-",
                      f"{load.get('other_cores', '?')}"])
@@ -232,7 +232,7 @@ def grid_markdown(doc: dict) -> str:
     for (world, dtype, seq, causal), recs in groups.items():
         base = next((r for r in recs if r["contender"] == "burst" and "median_s" in r), None)
         out += [f"#### P={world}, N={seq}, {'causal' if causal else 'non-causal'}, {dtype}", ""]
-        out += _table(["contender", "correct", "rel err out / dq / dk / dv", "fwd", "fwd+bwd", "fwd+bwd / burst",
+        out += md_table(["contender", "correct", "rel err out / dq / dk / dv", "fwd", "fwd+bwd", "fwd+bwd / burst",
                        "peak fwd+bwd", "sent fwd+bwd", "formula", "comm_stats", "load"],
                       _grid_rows(recs, base)) + [""]
     return "\n".join(out)
@@ -250,7 +250,7 @@ def maxlen_markdown(doc: dict) -> str:
                       f"{'causal' if c['causal'] else 'non-causal'}; measured peak of one fwd+bwd per rank "
                       "(inputs included), doubling then bisection to a multiple of "
                       f"{c['granule']} tokens.", ""]
-                     + _table(["contender", "longest N", "peak at longest", "probes (N: peak)"], rows) + [""])
+                     + md_table(["contender", "longest N", "peak at longest", "probes (N: peak)"], rows) + [""])
 
 
 def ratios_markdown(doc: dict, ours: str = "burst") -> str:
@@ -273,5 +273,5 @@ def ratios_markdown(doc: dict, ours: str = "burst") -> str:
             m = base["peak_bytes"]["fwd+bwd"] / r["peak_bytes"]["fwd+bwd"]
             rows.append([str(seq), "causal" if causal else "non-causal", _row_name(r),
                          "yes" if correct(r) else "**WRONG**", f"{t:.3f}", f"{b:.2f}", f"{m:.2f}"])
-    return "\n".join(_table(["N", "mask", "peer", "peer correct", f"{ours} time / peer time (fwd+bwd)",
+    return "\n".join(md_table(["N", "mask", "peer", "peer correct", f"{ours} time / peer time (fwd+bwd)",
                              f"{ours} bytes / peer bytes", f"{ours} peak / peer peak"], rows)) + "\n"

@@ -4,7 +4,7 @@ The parent (root namespace) brings the cluster up, starts one ``torchrun`` agent
 (:mod:`.launch`) running ``python -m burstattn.cluster.worker grid``, collects every rank's JSON and
 tears the cluster down. It does this twice: on the shaped cluster and on the same topology with
 unshaped links (the compute-bound baseline). Each rank runs the grid's own point function
-(:func:`burstattn.bench.grid._grid_point`: correctness against float64 first, then bytes, then
+(:func:`burstattn.bench.grid.grid_point`: correctness against float64 first, then bytes, then
 interleaved timed forward and forward + backward calls), plus one traced forward + backward that
 yields the time spent waiting for transfers (``wait`` events of the ring loops) and the node's
 interface counters around it (bytes over the inter-node link, ``btnet0``, and the intra-node one,
@@ -29,12 +29,12 @@ STRATEGIES = ("burst", "burst-double", "ring", "rsa", "ulysses", "allgather", "u
 
 
 def task_grid(cfg: dict) -> dict:
-    """Rank side: every strategy point of ``cfg`` (:func:`burstattn.bench.grid._grid_point`) plus
+    """Rank side: every strategy point of ``cfg`` (:func:`burstattn.bench.grid.grid_point`) plus
     the traced waits and interface counters of one forward + backward."""
     import torch
     import torch.distributed as dist
 
-    from ..bench.grid import GridPoint, _contender, _grid_point
+    from ..bench.grid import GridPoint, contender, grid_point
     from ..trace import trace_steps
     from .netns import iface_tx
 
@@ -43,9 +43,9 @@ def task_grid(cfg: dict) -> dict:
     for name in cfg["strategies"]:
         p = GridPoint(name, cfg["seq_len"], cfg["causal"], "float32", cfg["heads"], cfg["kv_heads"], cfg["head_dim"],
                       1, cfg["repeats"], 0, cfg["check_seq_len"], cfg["ranks_per_node"])
-        rec = _grid_point(rank, world, p, None)
+        rec = grid_point(rank, world, p, None)
         if "measured" in rec:
-            c = _contender(p, world)
+            c = contender(p, world)
             n = p.seq_len // world
             gen = torch.Generator().manual_seed(rank)
             q, k, v = (torch.randn(1, n, h, p.head_dim, generator=gen).requires_grad_()

@@ -13,7 +13,7 @@ from burstattn.layout import local_positions
 from tests.helpers import Case, full_inputs
 
 
-def _sharded_leaves(case: Case) -> tuple[torch.Tensor, ...]:
+def sharded_leaves(case: Case) -> tuple[torch.Tensor, ...]:
     q, k, v, dout = full_inputs(case)
     shards = [burstattn.shard_sequence(x, layout=case.layout) for x in (q, k, v, dout)]
     return tuple(s.detach().clone().requires_grad_(i < 3) for i, s in enumerate(shards))
@@ -22,7 +22,7 @@ def _sharded_leaves(case: Case) -> tuple[torch.Tensor, ...]:
 def attention(rank: int, world: int, case: Case) -> dict:
     """Forward with return_lse and backward of a fixed grad_out on this rank's shard."""
     assert world == case.world
-    q, k, v, dout = _sharded_leaves(case)
+    q, k, v, dout = sharded_leaves(case)
     out, lse = burstattn.burst_attn_func(q, k, v, causal=case.causal, softmax_scale=case.softmax_scale,
                                          layout=case.layout, return_lse=True, backend=case.backend,
                                          backward=case.backward)
@@ -33,7 +33,7 @@ def attention(rank: int, world: int, case: Case) -> dict:
 
 def comm_bytes(rank: int, world: int, case: Case) -> dict:
     """Byte meter of one forward + backward."""
-    q, k, v, dout = _sharded_leaves(case)
+    q, k, v, dout = sharded_leaves(case)
     with burstattn.comm_stats() as stats:
         out = burstattn.burst_attn_func(q, k, v, causal=case.causal, layout=case.layout,
                                         backend=case.backend, backward=case.backward)
@@ -43,7 +43,7 @@ def comm_bytes(rank: int, world: int, case: Case) -> dict:
 
 def traced(rank: int, world: int, case: Case) -> list[dict]:
     """Trace events of one forward + backward."""
-    q, k, v, dout = _sharded_leaves(case)
+    q, k, v, dout = sharded_leaves(case)
     with burstattn.trace_steps() as trace:
         out = burstattn.burst_attn_func(q, k, v, causal=case.causal, layout=case.layout,
                                         backend=case.backend, backward=case.backward)
@@ -55,7 +55,7 @@ def module_vs_func(rank: int, world: int, case: Case) -> dict:
     """BurstAttention(...)(q, k, v) and burst_attn_func on the same shard, with gradients."""
     results = {}
     for kind in ("func", "module"):
-        q, k, v, dout = _sharded_leaves(case)
+        q, k, v, dout = sharded_leaves(case)
         kw = dict(causal=case.causal, softmax_scale=case.softmax_scale, layout=case.layout,
                   backend=case.backend, backward=case.backward)
         out = (burstattn.burst_attn_func(q, k, v, **kw) if kind == "func"
@@ -68,7 +68,7 @@ def module_vs_func(rank: int, world: int, case: Case) -> dict:
 def dtypes_out(rank: int, world: int, dtype: str, backend: str) -> tuple:
     """Output / lse dtypes and shapes for one input dtype; no grad -> no saved tensors needed."""
     case = Case(world=world, local_seq=8, batch=2, heads="gqa", head_dim=16, dtype=dtype, backend=backend)
-    q, k, v, _ = (x.detach() for x in _sharded_leaves(case))
+    q, k, v, _ = (x.detach() for x in sharded_leaves(case))
     out, lse = burstattn.burst_attn_func(q, k, v, layout=case.layout, backend=backend, return_lse=True)
     plain = burstattn.burst_attn_func(q, k, v, layout=case.layout, backend=backend)
     return (out.dtype, tuple(out.shape), lse.dtype, tuple(lse.shape), lse.requires_grad,
@@ -161,7 +161,7 @@ def bad_shard(rank: int, world: int, layout: str, seq_len: int) -> tuple[str, st
 def vanish(rank: int, world: int, when: str) -> str:
     """Rank 1 exits abruptly (``when``: "before" the call, or "mid" at its second kernel call)."""
     case = Case(world=world, local_seq=16, heads="mha", layout="zigzag", backend="reference", causal=True)
-    q, k, v, dout = _sharded_leaves(case)
+    q, k, v, dout = sharded_leaves(case)
     if rank == 1 and when == "before":
         os._exit(17)
     if rank == 1 and when == "mid":

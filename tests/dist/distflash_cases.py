@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import burstattn
-from tests.dist.cases import _sharded_leaves
+from tests.dist.cases import sharded_leaves
 from tests.helpers import Case
 
 
 def distflash(rank: int, world: int, case: Case) -> dict:
     """Forward (with LSE) and backward under ``schedule="distflash"``, with the bytes sent."""
-    q, k, v, dout = _sharded_leaves(case)
+    q, k, v, dout = sharded_leaves(case)
     with burstattn.comm_stats() as stats:
         out, lse = burstattn.burst_attn_func(q, k, v, causal=True, layout="contiguous", schedule="distflash",
                                              return_lse=True, backend=case.backend,
@@ -21,7 +21,7 @@ def distflash(rank: int, world: int, case: Case) -> dict:
 def distflash_bad(rank: int, world: int, kwargs: dict) -> tuple[str, str]:
     """A distflash call with bad options: the exception type and message on this rank."""
     case = Case(world=world, local_seq=8)
-    q, k, v, _ = _sharded_leaves(case)
+    q, k, v, _ = sharded_leaves(case)
     try:
         burstattn.burst_attn_func(q, k, v, schedule="distflash", **kwargs)
     except (TypeError, ValueError) as e:
@@ -32,7 +32,7 @@ def distflash_bad(rank: int, world: int, kwargs: dict) -> tuple[str, str]:
 def double_ring(rank: int, world: int, case: Case, ranks_per_node: int) -> dict:
     """Forward (with LSE) and backward under ``schedule="double"``, with the bytes sent."""
     topo = burstattn.two_level_groups(ranks_per_node)
-    q, k, v, dout = _sharded_leaves(case)
+    q, k, v, dout = sharded_leaves(case)
     try:
         with burstattn.comm_stats() as stats:
             out, lse = burstattn.burst_attn_func(q, k, v, causal=case.causal, layout=case.layout, schedule="double",

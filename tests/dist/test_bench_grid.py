@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from burstattn.bench.grid import GridPoint, _grid_point, combine
+from burstattn.bench.grid import GridPoint, grid_point, combine
 from burstattn.bench.report import correct
 
 
@@ -44,7 +44,7 @@ def test_meter_conventions(pools):
 def test_grid_point_ours(pools, name, causal):
     world = 2
     p = GridPoint(name, 256, causal, "float32", 4, 4, 16, 1, 1, 0, 128, 2)
-    rec = combine(p, world, pools.get(world).run(_grid_point, p, None))
+    rec = combine(p, world, pools.get(world).run(grid_point, p, None))
     assert correct(rec), rec["errors"]
     assert rec["comm_stats_agrees"], rec["sent_bytes_per_rank"]
     assert rec["sent_bytes"]["fwd+bwd"] == rec["formula_bytes"]["fwd+bwd"]

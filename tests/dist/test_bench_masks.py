@@ -8,7 +8,7 @@ import json
 import pytest
 from rich.console import Console
 
-from burstattn.bench.masks import MasksConfig, _points, packed_documents
+from burstattn.bench.masks import MasksConfig, mask_grid, packed_documents
 from burstattn.bench.masks_report import SECTION, update_section
 
 
@@ -22,7 +22,7 @@ def test_quick_run(tmp_path):
     assert json.loads((tmp_path / "out" / "masks.json").read_text())["records"] == doc["records"]
     assert (tmp_path / "out" / "masks.md").read_text().startswith(SECTION)
 
-    plan = _points(cfg.effective())
+    plan = mask_grid(cfg.effective())
     want = sorted((p.suite, w, p.name, p.layout) for w, points in plan.items() for p in points)
     assert sorted((r["suite"], r["world_size"], r["name"], r["layout"]) for r in doc["records"]) == want
     for r in doc["records"]:

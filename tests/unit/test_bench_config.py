@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from burstattn.bench.grid import GridConfig, _points
+from burstattn.bench.grid import GridConfig, grid_points
 
 CONFIGS = Path(__file__).resolve().parents[2] / "bench" / "configs"
 
@@ -14,7 +14,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "bench" / "configs"
 def test_shipped_configs_load(path):
     cfg = GridConfig.load(str(path))
     assert cfg.contenders and all(isinstance(s, int) for s in cfg.seq_lens)
-    assert _points(cfg)
+    assert grid_points(cfg)
 
 
 def test_unknown_key_is_an_error(tmp_path):
@@ -27,5 +27,5 @@ def test_unknown_key_is_an_error(tmp_path):
 def test_max_seq_skips_points(tmp_path):
     f = tmp_path / "c.toml"
     f.write_text('contenders = ["burst", "rsa"]\nseq_lens = [512, 1024]\ncausal = [true]\n[max_seq]\nrsa = 512\n')
-    names = [(p.contender, p.seq_len) for _, p in _points(GridConfig.load(str(f)))]
+    names = [(p.contender, p.seq_len) for _, p in grid_points(GridConfig.load(str(f)))]
     assert names == [("burst", 512), ("rsa", 512), ("burst", 1024)]
