@@ -145,7 +145,7 @@ def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backwa
     ring, _ = start("usp", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
                     backend=backend, backward=backward, extra=problem and (ValueError, problem))
     if groups is None:
-        groups = SUBGROUPS.usp(u, r, ring.group) if ring.world_size > 1 else usp_groups(1, 1)
+        groups = SUBGROUPS.usp(u, r, ring.group)
     reps = kv_repeats(k.shape[2], u)
     inner_layout, sorted_rows = ring_layout(layout, q.shape[1] * p, u, r)
     order = rows_order(sorted_rows, groups.ring_rank)

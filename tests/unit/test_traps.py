@@ -3,7 +3,6 @@ reference kernel, strict option types, the mask fingerprint, the light --help, t
 check, CommStats.sent_by_op, autocast, double backward."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
