@@ -12,6 +12,7 @@ from .autograd import BurstAttnFunction, RingContext
 from .config import AttnConfig
 from .formulas import choose_backward
 from .kernels import resolve_backend
+from .layout import layout_or_default
 from .masks.plan import choose_mask_backward
 from .masks.setup import build_mask
 from .ops import call_attention, checked_plan
@@ -49,8 +50,8 @@ def attend(fn: str, q, k, v, *, group, causal, softmax_scale, layout, backend="a
     autograd function instead (a Python function cannot be an op argument)."""
     ring = ring_context(group)
     amask, problem = build_mask(**(mask_args or {}))
-    cfg = AttnConfig(causal=causal, softmax_scale=scale_value(softmax_scale), layout=layout, backend=backend,
-                     backward=backward, schedule=schedule, mask=amask, topology=topology)
+    cfg = AttnConfig(causal=causal, softmax_scale=scale_value(softmax_scale), layout=layout_or_default(layout),
+                     backend=backend, backward=backward, schedule=schedule, mask=amask, topology=topology)
     if problem is None and all(isinstance(x, torch.Tensor) for x in (q, k, v)):
         problem = local_problem(q, k, v, cfg)
     topo = cfg.topology
@@ -92,7 +93,8 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
             tensor; not a bool); default ``head_dim ** -0.5``.
         layout: ``"zigzag"`` (default, balanced causal), ``"striped"`` or ``"contiguous"``:
             how the global sequence was split; must match how the inputs were sharded. Or an
-            explicit :class:`burstattn.Partition` (e.g. :func:`burstattn.document_partition`).
+            explicit :class:`burstattn.Partition` (e.g. :func:`burstattn.document_partition`);
+            ``None`` means ``"zigzag"`` (as everywhere).
         return_lse: also return the log-sum-exp ``[batch, q_heads, local_seq]``, float32
             (float64 for float64 inputs, which are accumulated in float64 throughout)
             (not differentiable).

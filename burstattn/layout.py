@@ -26,6 +26,14 @@ import torch.distributed as dist
 from .config import LAYOUTS
 
 
+DEFAULT_LAYOUT = "zigzag"  # what layout=None means, for every function and strategy
+
+
+def layout_or_default(layout):
+    """``layout``, or :data:`DEFAULT_LAYOUT` for ``None``."""
+    return DEFAULT_LAYOUT if layout is None else layout
+
+
 def check_layout(layout) -> None:
     """Raise ``ValueError`` unless ``layout`` is a known layout name or a
     :class:`~burstattn.partition.Partition`."""
@@ -95,7 +103,7 @@ def sequence_positions(seq_len: int, *, group: Optional[dist.ProcessGroup] = Non
                        layout: str = "zigzag") -> torch.Tensor:
     """Global token positions this rank holds: LongTensor ``[seq_len // P]`` (for RoPE, masks)."""
     rank, world = group_info(group, "sequence_positions")
-    return local_positions(seq_len, rank, world, layout)
+    return local_positions(seq_len, rank, world, layout_or_default(layout))
 
 
 def _split_dim(x: torch.Tensor, dim: int) -> int:
@@ -135,7 +143,7 @@ def shard_sequence(x: torch.Tensor, *, group: Optional[dist.ProcessGroup] = None
     """
     dim = _split_dim(x, dim)
     rank, world = group_info(group, "shard_sequence")
-    return _shard(x, rank, world, layout, dim)
+    return _shard(x, rank, world, layout_or_default(layout), dim)
 
 
 class _GatherSequence(torch.autograd.Function):
@@ -176,6 +184,7 @@ def gather_sequence(x_local: torch.Tensor, *, group: Optional[dist.ProcessGroup]
         all-gather, so a loss computed on every rank counts once per rank.
     """
     dim = _split_dim(x_local, dim)
+    layout = layout_or_default(layout)
     check_layout(layout)
     _, world = group_info(group, "gather_sequence")
     if world == 1:

@@ -129,8 +129,8 @@ def _ours(name: str, p: GridPoint, world: int, group):
             return distflash_bytes(rank=rank, **kw)
         return Contender(name, fn, positions, "ring", formula, ours=True)
     if name == "burst-double":  # two-level ring: ranks_per_node = usp_ulysses_degree (the node size)
-        from ..engine.double import two_level_groups
         from ..formulas import choose_backward, double_bytes
+        from ..groups import two_level_groups
         per_node = min(p.usp_ulysses_degree, world)
         topo = two_level_groups(per_node)
         fn = lambda q, k, v: burst_attn_func(q, k, v, causal=p.causal, layout=layout, schedule="double",  # noqa: E731
@@ -146,9 +146,12 @@ def _ours(name: str, p: GridPoint, world: int, group):
                                                   ulysses_rank=r % u, ulysses_degree=u, layout=layout)
     fn = lambda q, k, v: attention(q, k, v, strategy=name, causal=p.causal, layout=layout, **opts)  # noqa: E731
     spec_formula = STRATEGIES[name].bytes_formula()
-    fopts = {"ulysses_degree": opts["ulysses_degree"]} if name == "usp" else {}
+    fopts = {"ulysses_degree": opts["ulysses_degree"], "layout": layout, "causal": p.causal} if name == "usp" else {}
     family = {"ulysses": "a2a", "tp": "gather", "allgather": "gather"}.get(name, "ring")
-    return Contender(name, fn, positions, family, lambda rank, **kw: spec_formula(**kw, **fopts), ours=True)
+
+    def formula(rank, **kw):
+        return spec_formula(**kw, **fopts, **({"rank": rank} if name == "usp" else {}))
+    return Contender(name, fn, positions, family, formula, ours=True)
 
 
 def contender(p: GridPoint, world: int):

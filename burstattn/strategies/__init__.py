@@ -13,10 +13,10 @@ import torch
 import torch.distributed as dist
 
 from ..config import LAYOUTS
+from ..layout import DEFAULT_LAYOUT  # layout=None means this for every strategy, as for shard_sequence
 from .base import MASK_OPTIONS, StrategySpec
 
 _ALL = LAYOUTS
-DEFAULT_LAYOUT = "zigzag"  # layout=None means this for every strategy, as for shard_sequence
 STRATEGIES = MappingProxyType({s.name: s for s in (
     StrategySpec("burst", "burst", _ALL, DEFAULT_LAYOUT, ("backend", "backward", "schedule", "topology") + MASK_OPTIONS,
                  "BurstAttention: K/V ring forward, query-ring (or K/V-ring) backward, balanced layouts; masks "
