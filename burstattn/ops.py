@@ -102,8 +102,8 @@ def op_arguments(ring: RingContext, cfg: AttnConfig, fn: str):
         positions = torch.stack(list(layout.positions))  # [P, n]
         layout = f"partition:{cfg.layout.name}"
     spec = OpSpec(fn, cfg.causal, cfg.softmax_scale, layout, cfg.backend, cfg.backward, cfg.schedule,
-                  None if topo is None else [group_name(topo.inner_group), group_name(topo.outer_group),
-                                             topo.ranks_per_node, topo.nodes],
+                  None if topo is None else [g.group_name if g is not None else "" for g in
+                                             (topo.inner_group, topo.outer_group)] + [topo.ranks_per_node, topo.nodes],
                   None if mask is None or mask.window is None else list(mask.window),
                   mask is not None and mask.bounds is not None, 256 if mask is None else mask.block_size)
     bounds = mask.bounds if spec.documents else None
