@@ -156,3 +156,21 @@ def test_layout_none_accepted_by_every_function():
     q = k = v = torch.randn(1, 8, 2, 16)
     assert torch.equal(burstattn.burst_attn_func(q, k, v, layout=None, causal=True),
                        burstattn.burst_attn_func(q, k, v, causal=True))
+
+
+@pytest.mark.parametrize("kind", ["window", "mask", "partition"])
+def test_compile_fullgraph_with_data_masks(kind):
+    """Masks that are data (a window, a prebuilt AttnMask, a Partition) compile into the op's arguments."""
+    torch._dynamo.reset()
+    q, k, v = (torch.randn(1, 16, 2, 8, requires_grad=True) for _ in range(3))
+    kw = {"window": dict(window=(4, 0)), "mask": dict(mask=burstattn.AttnMask(cu_seqlens=[0, 5, 16])),
+          "partition": dict(layout=burstattn.document_partition([0, 5, 16], 1))}[kind]
+
+    def fn(q, k, v):
+        return burstattn.burst_attn_func(q, k, v, causal=True, **kw)
+
+    got = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v)
+    (gq,) = torch.autograd.grad(got.sum(), q)
+    want = fn(q, k, v)
+    (wq,) = torch.autograd.grad(want.sum(), q)
+    assert torch.equal(got, want) and torch.equal(gq, wq)
