@@ -14,7 +14,7 @@ from .formulas import choose_backward
 from .kernels import resolve_backend
 from .layout import layout_or_default
 from .masks.plan import choose_mask_backward
-from .masks.setup import build_mask
+from .masks.setup import build_mask, topology_problem
 from .ops import call_attention, checked_plan
 from .validate import check_inputs, local_problem, scale_value
 
@@ -54,10 +54,7 @@ def attend(fn: str, q, k, v, *, group, causal, softmax_scale, layout, backend="a
                      backend=backend, backward=backward, schedule=schedule, mask=amask, topology=topology)
     if problem is None and all(isinstance(x, torch.Tensor) for x in (q, k, v)):
         problem = local_problem(q, k, v, cfg)
-    topo = cfg.topology
-    if problem is None and hasattr(topo, "nodes") and topo.nodes * topo.ranks_per_node != ring.world_size:
-        problem = (ValueError, f"topology has {topo.nodes} nodes x {topo.ranks_per_node} ranks, but the group has "
-                               f"{ring.world_size} ranks")
+    problem = problem or topology_problem(cfg, ring.world_size)
     if problem is not None or not all(isinstance(x, torch.Tensor) for x in (q, k, v)):
         check_inputs(q, k, v, cfg, ring.group, ring.world_size, fn=fn, extra=problem)  # raises on every rank
     cfg = resolved(cfg, q, k, ring.world_size)

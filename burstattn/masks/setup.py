@@ -51,6 +51,15 @@ def plan_for(q, cfg: AttnConfig, rank: int, world_size: int) -> tuple[Optional[M
         return None, (ValueError, str(e))
 
 
+def topology_problem(cfg: AttnConfig, world_size: int) -> Problem:
+    """Why ``cfg.topology`` does not fit a group of ``world_size`` ranks, or ``None``."""
+    topo = cfg.topology
+    if hasattr(topo, "nodes") and topo.nodes * topo.ranks_per_node != world_size:
+        return (ValueError, f"topology has {topo.nodes} nodes x {topo.ranks_per_node} ranks, but the group has "
+                            f"{world_size} ranks")
+    return None
+
+
 def checked_config(q, k, v, ring, mask_args: dict, fn: str, **cfg_args) -> tuple[AttnConfig, Optional[MaskPlan]]:
     """The call's :class:`~burstattn.config.AttnConfig` (``cfg_args`` plus the mask built from
     ``mask_args``) and this rank's mask plan (``None`` for a dense call), after
@@ -61,10 +70,7 @@ def checked_config(q, k, v, ring, mask_args: dict, fn: str, **cfg_args) -> tuple
     plan = None
     if problem is None and local_problem(q, k, v, cfg) is None:
         plan, problem = plan_for(q, cfg, ring.rank, ring.world_size)
-    topo = cfg.topology
-    if problem is None and hasattr(topo, "nodes") and topo.nodes * topo.ranks_per_node != ring.world_size:
-        problem = (ValueError, f"topology has {topo.nodes} nodes x {topo.ranks_per_node} ranks, but the group has "
-                               f"{ring.world_size} ranks")
+    problem = problem or topology_problem(cfg, ring.world_size)
     check_inputs(q, k, v, cfg, ring.group, ring.world_size, fn=fn, extra=problem)
     return cfg, plan
 
