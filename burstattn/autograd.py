@@ -1,6 +1,6 @@
 """The autograd function of burst attention: validates nothing, saves what the backward needs,
-and calls the engine. Inputs and outputs use flash-attn's ``[B, n, H, D]``; the engine works
-on ``[B, H, n, D]`` views of the same memory."""
+and calls the engine (:mod:`burstattn.engine.run`). Inputs and outputs use flash-attn's
+``[B, n, H, D]``; the engine copies head groups to ``[B, h, n, D]`` as it goes."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,10 +12,11 @@ import torch.distributed as dist
 from .comm.ring import RingComm
 from .comm.stats import CommStats, active_stats
 from .config import AttnConfig
-from .engine import direct, masked
-from .engine import ring as engine
-from .engine.schedule import distflash_plan, ring_plan
+from .engine.passes import BlockCalls
+from .engine.run import attention_backward, attention_forward, build_plan, head_groups
 from .kernels import get_kernel
+from .layout import local_positions
+from .masks.blocks import op_mask
 from .masks.setup import effective_mask
 from .trace import StepTrace, active_trace
 
@@ -41,20 +42,29 @@ class RingContext:
         return RingComm(self.group, phase, stats, trace)
 
 
-def _masked_call(cfg: AttnConfig, plan, local_len: int, scale: float) -> masked.MaskedCall:
+def block_calls(cfg: AttnConfig, plan, local_len: int, scale: float) -> BlockCalls:
+    """The kernel calls of a call; with a mask ``plan`` (:class:`~burstattn.masks.plan.MaskPlan`)
+    PARTIAL ops get their bool block from the mask."""
     kernel = get_kernel(cfg.backend)
+    if plan is None:
+        return BlockCalls(kernel, scale)
+    mask, seq_len, world = effective_mask(cfg), local_len * plan.world_size, plan.world_size
+    pos = [local_positions(seq_len, r, world, cfg.layout) for r in range(world)]
+
+    def mask_of(op, q_owner: int, k_owner: int):
+        return op_mask(mask, cfg.causal, seq_len, pos[q_owner], pos[k_owner], op)
     fallback = kernel if kernel.supports_mask else get_kernel("sdpa")  # flash-attn: no explicit masks
-    return masked.MaskedCall(effective_mask(cfg), cfg.causal, local_len * plan.world_size, cfg.layout, plan,
-                             kernel, fallback, scale)
+    return BlockCalls(kernel, scale, mask_of, fallback)
 
 
-def _plans(ring: RingContext, cfg: AttnConfig, n: int, travelling: str):
-    """The flat ring plan, or the two-level plan of schedule "double"."""
-    if cfg.schedule == "double" and ring.world_size > 1:
-        from .engine.double import double_plan
-        return double_plan(ring.rank, ring.world_size, cfg.topology.ranks_per_node, cfg.layout, cfg.causal, n,
-                           travelling)
-    return ring_plan(ring.rank, ring.world_size, cfg.layout, cfg.causal, n, travelling)
+def _engine(ring: RingContext, cfg: AttnConfig, n: int, travelling: str, mask_plan, scale: float):
+    """The plan and the kernel calls of one pass."""
+    p = ring.world_size
+    positions = [local_positions(n * p, r, p, cfg.layout) for r in range(p)]
+    per_node = cfg.topology.ranks_per_node if cfg.schedule == "double" and p > 1 else 1
+    plan = build_plan(ring.rank, p, positions=positions, causal=cfg.causal, travelling=travelling,
+                      schedule=cfg.schedule, ranks_per_node=per_node, mask_plan=mask_plan)
+    return plan, block_calls(cfg, mask_plan, n, scale)
 
 
 class BurstAttnFunction(torch.autograd.Function):
@@ -64,25 +74,15 @@ class BurstAttnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: RingContext,
                 cfg: AttnConfig, plan=None):
-        # [B, n, H, D] -> [B, H, n, D], contiguous: the fused CPU kernel runs 15-24% slower on
-        # strided views (measured at 16K tokens), far more than this one O(n) copy costs
-        qh, kh, vh = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-        n = q.shape[1]
-        scale = cfg.scale_for(q.shape[-1])
+        b, n, hq, d = q.shape
+        scale = cfg.scale_for(d)
         stats, trace = active_stats(), active_trace()
-        comm, kernel = ring.comm("forward", stats, trace, cfg.topology), get_kernel(cfg.backend)
-        if plan is not None:
-            out32, lse = masked.masked_forward(comm, _masked_call(cfg, plan, n, scale), qh, kh, vh)
-        elif cfg.schedule == "distflash":
-            out32, lse = direct.distflash_forward(comm, distflash_plan(ring.rank, ring.world_size), kernel,
-                                                  qh, kh, vh, scale)
-        else:
-            out32, lse = engine.forward(comm, _plans(ring, cfg, n, "kv"), kernel, qh, kh, vh, scale)
-        out = out32.transpose(1, 2).to(q.dtype).contiguous()  # [B, n, Hq, D]
+        comm = ring.comm("forward", stats, trace, cfg.topology)
+        eplan, calls = _engine(ring, cfg, n, "kv", plan, scale)
+        out, lse = attention_forward(comm, eplan, calls, q, k, v, head_groups(b, n, hq, k.shape[2], d))
         if any(ctx.needs_input_grad[:3]):
-            # keep the contiguous [B, H, n, D] copies (not q, k, v): the backward kernels want them
-            # too, and the caller's q, k, v can then be freed after the forward
-            ctx.save_for_backward(qh, kh, vh, out, lse)
+            # the inputs themselves (no copies): the backward makes its [B, H, n, D] copies per head group
+            ctx.save_for_backward(q, k, v, out, lse)
             ctx.ring, ctx.cfg, ctx.scale, ctx.stats, ctx.trace = ring, cfg, scale, stats, trace
             ctx.plan = plan
         ctx.mark_non_differentiable(lse)
@@ -90,25 +90,14 @@ class BurstAttnFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout: torch.Tensor, _dlse):
-        qh, kh, vh, out, lse = ctx.saved_tensors  # q, k, v as [B, H, n, D]; out as [B, n, Hq, D]
+        q, k, v, out, lse = ctx.saved_tensors  # [B, n, H, D]
         ring, cfg = ctx.ring, ctx.cfg
         stats = active_stats() or ctx.stats
         trace = active_trace() or ctx.trace
-        dout_h, out_h = (x.transpose(1, 2).contiguous() for x in (dout, out))
+        b, n, hq, d = q.shape
         comm = ring.comm("backward", stats, trace, cfg.topology)
-        if ctx.plan is not None:
-            run = masked.masked_backward_kv if cfg.backward == "kv" else masked.masked_backward_query
-            dq, dk, dv = run(comm, _masked_call(cfg, ctx.plan, qh.shape[2], ctx.scale), dout_h.to(qh.dtype),
-                             qh, kh, vh, out_h, lse)
-            return (dq.transpose(1, 2).to(qh.dtype), dk.transpose(1, 2).to(kh.dtype),
-                    dv.transpose(1, 2).to(vh.dtype), None, None, None)
-        if cfg.schedule == "distflash":
-            plans, run = distflash_plan(ring.rank, ring.world_size), direct.distflash_backward
-        else:
-            travelling = "kv" if cfg.backward == "kv" else "q"
-            plans = _plans(ring, cfg, qh.shape[2], travelling)
-            run = engine.backward_kv if cfg.backward == "kv" else engine.backward_query
-        dq, dk, dv = run(comm, plans, get_kernel(cfg.backend), dout_h.to(qh.dtype), qh, kh, vh, out_h, lse,
-                         ctx.scale)
-        return (dq.transpose(1, 2).to(qh.dtype), dk.transpose(1, 2).to(kh.dtype),
-                dv.transpose(1, 2).to(vh.dtype), None, None, None)
+        travelling = "kv" if cfg.backward == "kv" else "q"
+        eplan, calls = _engine(ring, cfg, n, travelling, ctx.plan, ctx.scale)
+        dq, dk, dv = attention_backward(comm, eplan, calls, dout, q, k, v, out, lse,
+                                        head_groups(b, n, hq, k.shape[2], d))
+        return dq, dk, dv, None, None, None
