@@ -20,7 +20,6 @@ import torch
 from ..trace import now_ns
 from .plan import Pair, Plan
 
-Key = tuple[str, int]
 Payload = tuple[torch.Tensor, ...]
 
 
@@ -87,7 +86,7 @@ class _Flight:
         self.taking, self.sending, self.channels = {}, [], []
 
 
-def run_plan(comm, plan, data: dict, compute: Callable, accs: Accs) -> dict:
+def run_plan(comm, plan, data: dict, compute: Callable, accs: Accs, like: Optional[Callable] = None) -> dict:
     """Run ``plan`` (a :class:`~.plan.Plan`; or :class:`Nested` with ``comm`` holding ``.inner`` and
     ``.outer`` communicators, :class:`~.double.TwoLevelComm`).
 
@@ -96,15 +95,22 @@ def run_plan(comm, plan, data: dict, compute: Callable, accs: Accs) -> dict:
         data: ``(side, owner) -> payload`` (a tuple of tensors) of the data held at the start (the
             plan's ``own``); the loop drops its references after their last use.
         compute: ``compute(pair, data) -> iterable of (side, owner, contribution)``.
+        like: ``like(side, owner) -> payload``: receive buffers for another owner's data (default:
+            shaped like this rank's own; owners whose shards differ in length need their own).
     Returns the accumulators left on this rank, ``(side, owner) -> acc`` (its own, and for plans
     that keep partials of other owners, e.g. after an all-gather, theirs).
     """
     if isinstance(plan, Nested):
-        return _run_nested(comm, plan, data, compute, accs)
+        return _run_nested(comm, plan, data, compute, accs, like)
     if comm is not None:
         comm.open_channels(plan.channels())
     last = _last_uses(plan)
-    shapes = {side: [(x.shape, x.dtype, x.device) for x in data[(side, o)]] for side, o in plan.own if (side, o) in data}
+    if like is None:
+        shapes = {side: [(x.shape, x.dtype, x.device) for x in data[(side, o)]] for side, o in plan.own
+                  if (side, o) in data}
+
+        def like(side: str, owner: int) -> Payload:
+            return tuple(torch.empty(s, dtype=dt, device=dev) for s, dt, dev in shapes[side])
     acc: dict = {}
     flight = _Flight()
     for i, st in enumerate(plan.steps):
@@ -116,7 +122,7 @@ def run_plan(comm, plan, data: dict, compute: Callable, accs: Accs) -> dict:
                 if mv.send:
                     bufs.append(data[(mv.side, mv.owner)])
                 else:  # a fresh buffer: the block this rank is sending is never overwritten
-                    bufs.append(tuple(torch.empty(s, dtype=dt, device=dev) for s, dt, dev in shapes[side]))
+                    bufs.append(like(side, mv.owner))
                     incoming.append(((mv.side, mv.owner), bufs[-1]))
             if moves:
                 _post(comm, plan.labels[("data", side)], moves, bufs, st.index)
@@ -159,7 +165,7 @@ def run_plan(comm, plan, data: dict, compute: Callable, accs: Accs) -> dict:
     return acc
 
 
-def _run_nested(levels, plan: Nested, data: dict, compute: Callable, accs: Accs) -> dict:
+def _run_nested(levels, plan: Nested, data: dict, compute: Callable, accs: Accs, like) -> dict:
     """The outer ring's step d computes by running ``plan.inner[d]`` on the block it holds; the inner
     ring's accumulators come back as contributions of that step."""
     inner_comm = levels.inner if levels is not None else None
@@ -168,7 +174,7 @@ def _run_nested(levels, plan: Nested, data: dict, compute: Callable, accs: Accs)
 
     def outer_compute(pair: Pair, outer_data: dict):
         inner = plan.inner[step_of[(pair.q, pair.k)]]
-        res = run_plan(inner_comm, inner, {key: outer_data[key] for key in inner.own}, compute, accs)
+        res = run_plan(inner_comm, inner, {key: outer_data[key] for key in inner.own}, compute, accs, like)
         return [(side, owner, ("acc", a)) for (side, owner), a in res.items()]
 
-    return run_plan(outer_comm, plan.outer, data, outer_compute, accs)
+    return run_plan(outer_comm, plan.outer, data, outer_compute, accs, like)

@@ -45,17 +45,35 @@ def backward_lse(lse: torch.Tensor) -> torch.Tensor:
     return lse.masked_fill(lse == float("-inf"), BLIND_LSE)
 
 
+ROW_CHUNK = 1024  # rows per chunk of the row-wise float32 helpers below (bounds their temporaries)
+
+
+def row_dot(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``rowsum(a * b)`` in ``dtype`` for ``a, b [B, H, n, D]`` -> ``[B, H, n]``, a chunk of rows at a
+    time, so the upcast copies never exceed :data:`ROW_CHUNK` rows."""
+    out = torch.empty(a.shape[:-1], dtype=dtype, device=a.device)
+    for i in range(0, a.shape[2], ROW_CHUNK):
+        rows = slice(i, i + ROW_CHUNK)
+        out[:, :, rows] = (a[:, :, rows].to(dtype) * b[:, :, rows].to(dtype)).sum(-1)
+    return out
+
+
 def pseudo_out(dout: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     """A tensor ``O'`` with ``rowsum(dout * O') == delta``: ``dout * delta / |dout|^2``.
 
     The fused kernels take the output only to form D = rowsum(dO * O); the query side ships
     D (one scalar per row) instead of O (head_dim values per row) and rebuilds an equivalent
-    O' on arrival. Rows with dO == 0 have D == 0 and get O' == 0.
+    O' on arrival. Rows with dO == 0 have D == 0 and get O' == 0. Computed in ``delta``'s dtype
+    a chunk of rows at a time; the result has dout's dtype.
     """
-    df = dout.to(delta.dtype)
-    norm = (df * df).sum(-1, keepdim=True)
-    scale = torch.where(norm > 0, delta.unsqueeze(-1) / norm, torch.zeros_like(norm))
-    return (df * scale).to(dout.dtype)
+    out = torch.empty_like(dout)
+    for i in range(0, dout.shape[2], ROW_CHUNK):
+        rows = slice(i, i + ROW_CHUNK)
+        df = dout[:, :, rows].to(delta.dtype)
+        norm = (df * df).sum(-1, keepdim=True)
+        scale = torch.where(norm > 0, delta[:, :, rows].unsqueeze(-1) / norm, torch.zeros_like(norm))
+        out[:, :, rows] = df * scale  # df may be a view of dout (same dtype): never in place
+    return out
 
 
 @dataclass

@@ -19,11 +19,11 @@ import torch
 
 from ..formulas import accum_dtype
 from .loop import Nested, run_plan
-from .passes import BackwardAccs, BlockCalls, ForwardAccs, backward_compute, backward_lse, forward_compute
+from .passes import BackwardAccs, BlockCalls, ForwardAccs, backward_compute, backward_lse, forward_compute, row_dot
 from .plan import DIRECT_LABELS, Plan, direct, ops_from_positions, ring
 from .schedule import distflash_plan
 
-MIN_GROUP_ELEMENTS = 1 << 20  # 4 MiB of float32 queries per group (2 MiB bfloat16)
+MIN_GROUP_ELEMENTS = 1 << 19  # 2 MiB of float32 queries per group (1 MiB bfloat16)
 OUTER_LABELS = {("data", "kv"): "kv_outer", ("data", "q"): "q_outer", ("acc", "kv"): "dkv_outer",
                 ("acc", "q"): "dq_outer"}
 
@@ -125,7 +125,7 @@ def attention_backward(comm, plan, calls: BlockCalls, dout: torch.Tensor, q: tor
     for g in range(groups):
         hs, ks = _heads(g, groups, hq, hkv)
         qh, doh, oh = _bhnd(q, hs), _bhnd(dout, hs, q.dtype), _bhnd(out, hs)
-        delta = (doh.to(acc) * oh.to(acc)).sum(-1)  # D = rowsum(dO * O), [B, h, n]
+        delta = row_dot(doh, oh, acc)  # D = rowsum(dO * O), [B, h, n]
         ld = torch.stack([backward_lse(lse[:, hs]), delta])  # [2, B, h, n]
         kv = _kv_pack(k, v, ks)
         accs = BackwardAccs(qh, kv[0])
