@@ -3,13 +3,13 @@ eager autograd function over them (:class:`BurstAttnFunction`).
 
 Both passes validate nothing (the callers run the cross-rank input check first). The custom ops
 of :mod:`burstattn.ops` call exactly these two functions, so which engine functions run is
-decided here, in one place. Inputs and outputs use flash-attn's ``[B, n, H, D]``; the engine
-works on ``[B, H, n, D]`` copies.
+decided here, in one place: the one loop of :mod:`burstattn.engine.run`. Inputs and outputs use
+flash-attn's ``[B, n, H, D]``; the engine copies head groups to ``[B, h, n, D]`` as it goes.
 """
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -18,11 +18,12 @@ import torch.distributed as dist
 from .comm.ring import RingComm
 from .comm.stats import CommStats, active_stats
 from .config import AttnConfig
-from .engine import direct, masked
-from .engine import ring as engine
-from .engine.double import TwoLevelComm, double_plan
-from .engine.schedule import distflash_plan, ring_plan
+from .engine.double import TwoLevelComm
+from .engine.passes import BlockCalls
+from .engine.run import attention_backward, attention_forward, build_plan, head_groups
 from .kernels import get_kernel
+from .layout import local_positions
+from .masks.blocks import op_mask
 from .masks.setup import GuardedMaskMod, effective_mask, raise_mask_failures
 from .trace import StepTrace, active_trace
 
@@ -71,23 +72,6 @@ def refuse_double_backward() -> None:
         raise RuntimeError(DOUBLE_BACKWARD)
 
 
-def masked_call(cfg: AttnConfig, plan, local_len: int, scale: float, mask=None) -> masked.MaskedCall:
-    """The masked engine's :class:`~burstattn.engine.masked.MaskedCall` for this call (``mask``:
-    the mask to evaluate, default the call's own)."""
-    kernel = get_kernel(cfg.backend)
-    fallback = kernel if kernel.supports_mask else get_kernel("sdpa")  # flash-attn: no explicit masks
-    mask = effective_mask(cfg) if mask is None else mask
-    return masked.MaskedCall(mask, cfg.causal, local_len * plan.world_size, cfg.layout, plan, kernel, fallback, scale)
-
-
-def ring_plans(ring: RingContext, cfg: AttnConfig, n: int, travelling: str):
-    """The flat ring plan, or the two-level plan of schedule "double"."""
-    if cfg.schedule == "double" and ring.world_size > 1:
-        return double_plan(ring.rank, ring.world_size, cfg.topology.ranks_per_node, cfg.layout, cfg.causal, n,
-                           travelling)
-    return ring_plan(ring.rank, ring.world_size, cfg.layout, cfg.causal, n, travelling)
-
-
 def guarded(cfg: AttnConfig):
     """The call's mask with its ``mask_mod`` guarded (see :class:`~burstattn.masks.setup.GuardedMaskMod`),
     and the guard (``None`` without a ``mask_mod``)."""
@@ -95,8 +79,34 @@ def guarded(cfg: AttnConfig):
     if mask.mask_mod is None:
         return None, None
     guard = GuardedMaskMod(mask.mask_mod)
-    from dataclasses import replace
     return replace(mask, mask_mod=guard), guard
+
+
+def block_calls(cfg: AttnConfig, plan, local_len: int, scale: float, mask=None) -> BlockCalls:
+    """The kernel calls of a call; with a mask ``plan`` (:class:`~burstattn.masks.plan.MaskPlan`)
+    PARTIAL ops get their bool block from the mask (``mask``: the mask to evaluate, default the
+    call's own)."""
+    kernel = get_kernel(cfg.backend)
+    if plan is None:
+        return BlockCalls(kernel, scale)
+    mask = effective_mask(cfg) if mask is None else mask
+    seq_len, world = local_len * plan.world_size, plan.world_size
+    pos = [local_positions(seq_len, r, world, cfg.layout) for r in range(world)]
+
+    def mask_of(op, q_owner: int, k_owner: int):
+        return op_mask(mask, cfg.causal, seq_len, pos[q_owner], pos[k_owner], op)
+    fallback = kernel if kernel.supports_mask else get_kernel("sdpa")  # flash-attn: no explicit masks
+    return BlockCalls(kernel, scale, mask_of, fallback)
+
+
+def engine_pass(ring: RingContext, cfg: AttnConfig, n: int, travelling: str, mask_plan, scale: float, mask=None):
+    """The plan and the kernel calls of one pass (``travelling``: ``"kv"`` or ``"q"``)."""
+    p = ring.world_size
+    positions = [local_positions(n * p, r, p, cfg.layout) for r in range(p)]
+    per_node = cfg.topology.ranks_per_node if cfg.schedule == "double" and p > 1 else 1
+    plan = build_plan(ring.rank, p, positions=positions, causal=cfg.causal, travelling=travelling,
+                      schedule=cfg.schedule, ranks_per_node=per_node, mask_plan=mask_plan)
+    return plan, block_calls(cfg, mask_plan, n, scale, mask)
 
 
 @without_autocast
@@ -111,22 +121,14 @@ def forward_pass(ring: RingContext, cfg: AttnConfig, plan, q: torch.Tensor, k: t
         ``out [B, n, Hq, D]`` (q's dtype) and ``lse [B, Hq, n]`` (float32; float64 for float64).
         The backward needs the inputs, ``out`` and ``lse`` (nothing else is kept).
     """
-    # [B, n, H, D] -> [B, H, n, D], contiguous: the fused CPU kernel runs 15-24% slower on
-    # strided views (measured at 16K tokens), far more than this one O(n) copy costs
-    qh, kh, vh = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-    n = q.shape[1]
-    scale = cfg.scale_for(q.shape[-1])
-    comm, kernel = ring.comm("forward", active_stats(), active_trace(), cfg.topology), get_kernel(cfg.backend)
-    if plan is not None:
-        mask, guard = guarded(cfg)
-        out32, lse = masked.masked_forward(comm, masked_call(cfg, plan, n, scale, mask), qh, kh, vh)
-        raise_mask_failures(guard, ring)
-    elif cfg.schedule == "distflash":
-        out32, lse = direct.distflash_forward(comm, distflash_plan(ring.rank, ring.world_size), kernel,
-                                              qh, kh, vh, scale)
-    else:
-        out32, lse = engine.forward(comm, ring_plans(ring, cfg, n, "kv"), kernel, qh, kh, vh, scale)
-    return out32.transpose(1, 2).to(q.dtype).contiguous(), lse  # out [B, n, Hq, D]
+    b, n, hq, d = q.shape
+    scale = cfg.scale_for(d)
+    comm = ring.comm("forward", active_stats(), active_trace(), cfg.topology)
+    mask, guard = guarded(cfg) if plan is not None else (None, None)
+    eplan, calls = engine_pass(ring, cfg, n, "kv", plan, scale, mask)
+    out, lse = attention_forward(comm, eplan, calls, q, k, v, head_groups(b, n, hq, k.shape[2], d))
+    raise_mask_failures(guard, ring)
+    return out, lse
 
 
 @without_autocast
@@ -136,24 +138,15 @@ def backward_pass(ring: RingContext, cfg: AttnConfig, plan, dout: torch.Tensor, 
     """The distributed backward: ``dout, out [B, n, Hq, D]``, ``q [B, n, Hq, D]``, ``k, v [B, n, Hkv, D]``,
     ``lse [B, Hq, n]`` -> ``dq [B, n, Hq, D]``, ``dk, dv [B, n, Hkv, D]`` in the inputs' dtype.
     Bytes and steps go to the active meter and trace (else ``stats`` / ``trace``)."""
-    qh, kh, vh = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # [B, H, n, D]
     stats, trace = active_stats() or stats, active_trace() or trace
-    dout_h, out_h = (x.transpose(1, 2).contiguous() for x in (dout.to(q.dtype), out))
+    b, n, hq, d = q.shape
     comm = ring.comm("backward", stats, trace, cfg.topology)
-    scale = cfg.scale_for(q.shape[-1])
-    if plan is not None:
-        mask, guard = guarded(cfg)
-        run = masked.masked_backward_kv if cfg.backward == "kv" else masked.masked_backward_query
-        dq, dk, dv = run(comm, masked_call(cfg, plan, q.shape[1], scale, mask), dout_h, qh, kh, vh, out_h, lse)
-        raise_mask_failures(guard, ring)
-    else:
-        if cfg.schedule == "distflash":
-            plans, run = distflash_plan(ring.rank, ring.world_size), direct.distflash_backward
-        else:
-            plans = ring_plans(ring, cfg, q.shape[1], "kv" if cfg.backward == "kv" else "q")
-            run = engine.backward_kv if cfg.backward == "kv" else engine.backward_query
-        dq, dk, dv = run(comm, plans, get_kernel(cfg.backend), dout_h, qh, kh, vh, out_h, lse, scale)
-    return (dq.transpose(1, 2).to(q.dtype), dk.transpose(1, 2).to(k.dtype), dv.transpose(1, 2).to(v.dtype))
+    mask, guard = guarded(cfg) if plan is not None else (None, None)
+    travelling = "kv" if cfg.backward == "kv" else "q"
+    eplan, calls = engine_pass(ring, cfg, n, travelling, plan, cfg.scale_for(d), mask)
+    grads = attention_backward(comm, eplan, calls, dout, q, k, v, out, lse, head_groups(b, n, hq, k.shape[2], d))
+    raise_mask_failures(guard, ring)
+    return grads
 
 
 class BurstAttnFunction(torch.autograd.Function):

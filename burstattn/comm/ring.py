@@ -48,6 +48,12 @@ class RingComm:
     def _tag(self, channel: str) -> int:
         return self._tags.setdefault(channel, len(self._tags) + 1)
 
+    def open_channels(self, channels: list[str]) -> None:
+        """Give ``channels`` their tags in this order. Call it with the same list on every rank
+        before the first transfer when ranks may use different channels first (direct schedules)."""
+        for c in channels:
+            self._tag(c)
+
     def send_recv(self, channel: str, send: torch.Tensor, recv: torch.Tensor) -> None:
         """Queue ``send -> next rank`` and ``recv <- previous rank`` on ``channel``.
 

@@ -15,8 +15,8 @@ has R steps of compute to hide behind instead of one. Accumulators (dK/dV or dQ)
 two levels: each inner ring returns its partial to the rank that held the outer block, which folds
 it into the outer accumulator travelling one outer step behind (home after the last).
 
-This is :func:`.ring.ring_loop` nested in itself (:func:`double_loop`), so the three passes
-(forward, both backwards) run unchanged on a :class:`DoublePlan` and a :class:`TwoLevelComm`.
+This is the one loop nested in itself (:func:`burstattn.engine.run.double_nested`: the outer ring's
+step runs the inner ring), so the passes run unchanged on it and a :class:`TwoLevelComm`.
 Bytes per rank: the same ``P - 1`` travelling blocks as the flat ring (``(R-1)*M`` inside nodes,
 ``M-1`` across), accumulators ``R*M`` hops inside nodes (when R > 1) and ``M`` across (when M > 1).
 """
@@ -24,8 +24,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
-
-import torch
 
 from ..comm.ring import RingComm
 from ..groups import TwoLevelGroups, two_level_groups  # noqa: F401  (moved to burstattn.groups; kept importable)
@@ -63,27 +61,3 @@ def double_plan(rank: int, world_size: int, ranks_per_node: int, layout: str, ca
                                   prefetch=s < r_ - 1))
         outer.append(tuple(inner))
     return DoublePlan(tuple(outer), world_size)
-
-
-def double_loop(comm: TwoLevelComm, plans: DoublePlan, carry, channel: str, compute, acc_channel=None,
-                acc_init=None, fold=None):
-    """:func:`.ring.ring_loop`'s contract over two levels (see the module docstring)."""
-    from .ring import ring_loop
-
-    m_ = len(plans.outer)
-    outer_plans = tuple(StepPlan(d, -1, -1, (), prefetch=d < m_ - 1) for d in range(m_))
-
-    def outer_compute(plan: StepPlan, block):
-        inner = plans.outer[plan.step]
-        # the outer ring is sending `block` while the inner ring runs, and the inner ring overwrites
-        # its carry from its second step on: give it a copy when both happen
-        own = block.clone() if (m_ > 1 and len(inner) > 1) else block
-        acc0 = torch.zeros_like(acc_init) if acc_init is not None else None
-        return ring_loop(comm.inner, inner, own, channel, compute, acc_channel, acc0, fold)
-
-    def outer_fold(acc: torch.Tensor, partial: torch.Tensor) -> None:
-        acc.add_(partial)
-
-    return ring_loop(comm.outer, outer_plans, carry, channel + "_outer", outer_compute,
-                     None if acc_channel is None else acc_channel + "_outer", acc_init,
-                     outer_fold if acc_channel is not None else None)

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Optional
 
+import torch
+
 
 class MaskKind(str, Enum):
     """Mask inside one block op; see the module docstring."""
@@ -204,3 +206,46 @@ def distflash_cost(rank: int, world_size: int, local_len: int) -> float:
             rows = part_rows(st.helper_part, n)
             total += (rows.stop - rows.start) * n
     return total
+
+
+def position_ops(q_pos, k_pos, causal: bool) -> tuple[BlockOp, ...]:
+    """The block ops of a query shard against a key shard from their *global positions* (pure).
+
+    ``q_pos [nq]`` and ``k_pos [nk]`` are integer tensors of any lengths (a 1-token decode query
+    against a long cache shard, a short continuation after it); ``k_pos`` must increase (every
+    layout's shards do). Causal: query i sees the keys at positions <= its own, i.e. the index
+    range ``[0, b_i)`` with ``b = searchsorted(k_pos, q_pos, right=True)``. Rows with a constant
+    ``b`` are one FULL op on ``[0, b)``; rows where ``b`` grows by one per row are a FULL op on the
+    keys all of them see plus a CAUSAL square (STRICT when the first row sees nothing). The three
+    layouts at equal lengths come out as one op per pair, the same calls as :func:`block_ops`.
+    """
+    nq, nk = int(q_pos.numel()), int(k_pos.numel())
+    if nq == 0 or nk == 0:
+        return ()
+    if not causal:
+        return (BlockOp(0, nq, 0, nk, MaskKind.FULL),)
+    if nk > 1 and not bool((k_pos[1:] > k_pos[:-1]).all()):
+        raise ValueError("position_ops: key positions must increase")
+    b = torch.searchsorted(k_pos.to(torch.int64), q_pos.to(torch.int64), right=True).tolist()
+    ops: list[BlockOp] = []
+    i = 0
+    while i < nq:
+        step = b[i + 1] - b[i] if i + 1 < nq else 0
+        j = i + 1
+        if step in (0, 1):
+            while j < nq and b[j] - b[j - 1] == step:
+                j += 1
+        else:
+            step = 0
+        if step == 0:
+            if b[i] > 0:
+                ops.append(BlockOp(i, j, 0, b[i], MaskKind.FULL))
+        elif b[i] == 0:  # row i sees nothing, row i+s the first s keys: j < i
+            ops.append(BlockOp(i, j, 0, j - i, MaskKind.STRICT) if j - i <= nk else
+                       BlockOp(i + 1, j, 0, j - i - 1, MaskKind.CAUSAL))
+        else:
+            if b[i] > 1:
+                ops.append(BlockOp(i, j, 0, b[i] - 1, MaskKind.FULL))
+            ops.append(BlockOp(i, j, b[i] - 1, b[i] - 1 + j - i, MaskKind.CAUSAL))
+        i = j
+    return tuple(ops)

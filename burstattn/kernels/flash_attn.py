@@ -22,7 +22,7 @@ class FlashAttnKernel:
     """flash-attn 2.x: ``flash_attn_func(..., return_attn_probs=True)`` forward, low-level backward."""
 
     name = "flash_attn"
-    supports_mask = False  # partially masked blocks go to the sdpa kernel (see engine.masked)
+    supports_mask = False  # partially masked blocks go to the sdpa kernel (see engine.passes.BlockCalls)
 
     def __init__(self) -> None:
         from flash_attn import flash_attn_func

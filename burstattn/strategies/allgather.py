@@ -22,27 +22,29 @@ from typing import Optional
 
 import torch
 
-from ..autograd import RingContext, masked_call, refuse_double_backward, without_autocast
+from ..autograd import RingContext, block_calls, refuse_double_backward, without_autocast
 from ..comm.collectives import Collectives
 from ..comm.stats import CommStats, active_stats
 from ..config import AttnConfig
-from ..engine.masked import backward_lse
-from ..engine.merge import merge_
-from ..engine.ring import op_slices
-from ..engine.schedule import block_ops
+from ..engine.loop import run_plan
+from ..engine.passes import BackwardAccs, ForwardAccs, backward_compute, backward_lse, forward_compute
+from ..engine.plan import local, ops_from_positions
 from ..formulas import accum_dtype, byte_totals, element_size, meta_bytes
-from ..kernels import get_kernel, resolve_backend
+from ..kernels import resolve_backend
+from ..layout import local_positions
 from .base import start_masked
 
 
-def _pairs(ring: RingContext, cfg: AttnConfig, n: int):
-    """``(j, q rows, k rows, causal)`` for every kernel call of this rank's queries against rank j's K/V
-    (dense calls; masked calls use the plan's ops)."""
-    for j in range(ring.world_size):
-        for op in block_ops(ring.rank, j, ring.world_size, cfg.layout, cfg.causal, n):
-            sl = op_slices(op)
-            if sl is not None:
-                yield (j, *sl)
+def _local_plan(ring: RingContext, cfg: AttnConfig, n: int, plan):
+    """One step, no transfers: this rank's queries against every rank's gathered K/V (the mask
+    plan's ops with a mask, else the ops from the positions)."""
+    p = ring.world_size
+    if plan is not None:
+        ops_of = lambda q, k: plan.row[k]  # noqa: E731 - q is always this rank
+    else:
+        pos = [local_positions(n * p, r, p, cfg.layout) for r in range(p)]
+        ops_of = ops_from_positions(pos, pos, cfg.causal)
+    return local(ring.rank, list(range(p)), ops_of)
 
 
 def _gather_kv(ring: RingContext, k: torch.Tensor, v: torch.Tensor, phase: str,
@@ -55,28 +57,21 @@ def _gather_kv(ring: RingContext, k: torch.Tensor, v: torch.Tensor, phase: str,
 
 
 class _AllGatherAttn(torch.autograd.Function):
-    """``out = f(q, k, v)``; ``cfg`` resolved (concrete backend)."""
+    """``out = f(q, k, v)``; ``cfg`` resolved (concrete backend). The local pass is the engine's
+    (:func:`burstattn.engine.loop.run_plan` on a one-step plan)."""
 
     @staticmethod
     @without_autocast
     def forward(ctx, q, k, v, ring: RingContext, cfg: AttnConfig, plan=None):
         qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))  # [B, n, H, D] -> [B, H, n, D] views
         b, hq, n, d = qh.shape
-        scale, kernel, stats = cfg.scale_for(d), get_kernel(cfg.backend), active_stats()
+        scale, stats = cfg.scale_for(d), active_stats()
         kv = _gather_kv(ring, kh, vh, "forward", stats)
-        acc = accum_dtype(q.dtype)
-        out32 = torch.zeros(b, hq, n, d, dtype=acc, device=q.device)
-        lse = torch.full((b, hq, n), float("-inf"), dtype=acc, device=q.device)
-        if plan is not None:  # masked: only the block ops the mask leaves non-empty
-            call = masked_call(cfg, plan, n, scale)
-            for j in range(ring.world_size):
-                for op in plan.row[j]:
-                    res = call.forward_op(op, qh, kv[j, 0], kv[j, 1], ring.rank, j)
-                    if res is not None:
-                        merge_(out32[:, :, res[0]], lse[:, :, res[0]], res[1], res[2])
-        for j, qs, ks, causal in (() if plan is not None else _pairs(ring, cfg, n)):
-            o_j, lse_j = kernel.forward(qh[:, :, qs], kv[j, 0][:, :, ks], kv[j, 1][:, :, ks], scale, causal)
-            merge_(out32[:, :, qs], lse[:, :, qs], o_j, lse_j)
+        data = {("q", ring.rank): (qh,), **{("kv", j): (kv[j],) for j in range(ring.world_size)}}
+        accs = ForwardAccs(qh)
+        res = run_plan(None, _local_plan(ring, cfg, n, plan), data, forward_compute(block_calls(cfg, plan, n, scale)),
+                       accs)
+        out32, lse = res.get(("q", ring.rank)) or accs.empty()
         out = out32.transpose(1, 2).to(q.dtype).contiguous()  # (B, n, Hq, D)
         if any(ctx.needs_input_grad[:3]):
             ctx.save_for_backward(q, k, v, out, lse)
@@ -91,22 +86,19 @@ class _AllGatherAttn(torch.autograd.Function):
         ring, cfg = ctx.ring, ctx.cfg
         stats = active_stats() or ctx.stats
         qh, kh, vh, oh, doh = (x.transpose(1, 2) for x in (q, k, v, out, dout.to(q.dtype)))
-        scale, kernel, acc = cfg.scale_for(q.shape[-1]), get_kernel(cfg.backend), accum_dtype(q.dtype)
+        n, scale, acc = q.shape[1], cfg.scale_for(q.shape[-1]), accum_dtype(q.dtype)
         kv = _gather_kv(ring, kh, vh, "backward", stats)
-        dq = torch.zeros(qh.shape, dtype=acc, device=q.device)
+        delta = (doh.to(acc) * oh.to(acc)).sum(-1)  # D = rowsum(dO * O), [B, Hq, n]
+        data = {("q", ring.rank): (qh, doh, torch.stack([backward_lse(lse), delta])),
+                **{("kv", j): (kv[j],) for j in range(ring.world_size)}}
+        accs = BackwardAccs(qh, kh)
+        res = run_plan(None, _local_plan(ring, cfg, n, ctx.plan), data,
+                       backward_compute(block_calls(cfg, ctx.plan, n, scale), ring.rank, oh), accs)
+        dq = (res.get(("q", ring.rank)) or accs.zeros("q"))[0]
         dkv = torch.zeros(kv.shape, dtype=acc, device=q.device)  # (P, 2, B, Hkv, n, D)
-        if ctx.plan is not None:
-            call, lse_b = masked_call(cfg, ctx.plan, q.shape[1], scale), backward_lse(lse)
-            blocks = ((j, g) for j in range(ring.world_size)
-                      for g in call.backward_ops(ctx.plan.row[j], doh, qh, kv[j, 0], kv[j, 1], oh, lse_b, ring.rank, j))
-        else:
-            blocks = ((j, (qs, ks, *kernel.backward(doh[:, :, qs], qh[:, :, qs], kv[j, 0][:, :, ks], kv[j, 1][:, :, ks],
-                                                    oh[:, :, qs], lse[:, :, qs], scale, causal)))
-                      for j, qs, ks, causal in _pairs(ring, cfg, q.shape[1]))
-        for j, (qs, ks, dq_j, dk_j, dv_j) in blocks:
-            dq[:, :, qs] += dq_j
-            dkv[j, 0][:, :, ks] += dk_j
-            dkv[j, 1][:, :, ks] += dv_j
+        for j in range(ring.world_size):
+            if ("kv", j) in res:
+                dkv[j, 0], dkv[j, 1] = res[("kv", j)]
         mine = dkv[0] if ring.world_size == 1 else Collectives(ring.group, "backward", stats).reduce_scatter(dkv, "dkv")
         return (dq.transpose(1, 2).to(q.dtype), mine[0].transpose(1, 2).to(k.dtype),
                 mine[1].transpose(1, 2).to(v.dtype), None, None, None)

@@ -1,0 +1,231 @@
+"""The passes, each written once: forward and backward over any plan (ring, direct, nested, local).
+
+Which data travels (K/V: RingAttention's backward; the query side: BurstAttention's) is the plan's
+choice; a pass only says what a pair computes and how partials accumulate:
+
+* forward: ``out, lse`` of the queries' owner, merged by the one log-sum-exp merge (float32;
+  float64 for float64 inputs). The query side is ``(q,)``; a partial sent back (DistFlashAttn's
+  helper) is ``(lse, out in q's dtype)``.
+* backward: dQ for the queries' owner, dK/dV for the keys' owner (float32 accumulators). The query
+  side is ``(q, dO, [LSE; D])`` with ``D = rowsum(dO * O)``: a remote query block rebuilds an ``O'``
+  with the same ``D`` (:func:`pseudo_out`) instead of shipping O.
+
+Tensors here are ``[B, H, n, D]`` (one head group: :mod:`.heads` runs the groups one after another).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from ..formulas import accum_dtype
+from ..kernels.base import Kernel
+from .merge import merge_
+from .schedule import BlockOp, MaskKind
+
+BLIND_LSE = 1e30  # exp(s - 1e30) == 0 in float32 and float64; finite, so no kernel forms inf - inf
+
+
+def op_slices(op: BlockOp) -> Optional[tuple[slice, slice, bool]]:
+    """Kernel call for a block op: (query rows, key rows, causal); ``None`` if empty.
+
+    ``STRICT`` (key j visible iff j < i) is the causal kernel on queries ``1..`` and keys
+    ``..-1``; query row 0 of such a block sees nothing and is left out.
+    """
+    if op.mask is MaskKind.STRICT:
+        if op.q_stop - op.q_start < 2:
+            return None
+        return slice(op.q_start + 1, op.q_stop), slice(op.k_start, op.k_stop - 1), True
+    return slice(op.q_start, op.q_stop), slice(op.k_start, op.k_stop), op.mask is MaskKind.CAUSAL
+
+
+def backward_lse(lse: torch.Tensor) -> torch.Tensor:
+    """LSE with ``-inf`` (rows that see nothing) replaced by a huge finite value: P = 0 there."""
+    return lse.masked_fill(lse == float("-inf"), BLIND_LSE)
+
+
+ROW_CHUNK = 1024  # rows per chunk of the row-wise float32 helpers below (bounds their temporaries)
+
+
+def row_dot(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``rowsum(a * b)`` in ``dtype`` for ``a, b [B, H, n, D]`` -> ``[B, H, n]``, a chunk of rows at a
+    time, so the upcast copies never exceed :data:`ROW_CHUNK` rows."""
+    out = torch.empty(a.shape[:-1], dtype=dtype, device=a.device)
+    for i in range(0, a.shape[2], ROW_CHUNK):
+        rows = slice(i, i + ROW_CHUNK)
+        out[:, :, rows] = (a[:, :, rows].to(dtype) * b[:, :, rows].to(dtype)).sum(-1)
+    return out
+
+
+def pseudo_out(dout: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """A tensor ``O'`` with ``rowsum(dout * O') == delta``: ``dout * delta / |dout|^2``.
+
+    The fused kernels take the output only to form D = rowsum(dO * O); the query side ships
+    D (one scalar per row) instead of O (head_dim values per row) and rebuilds an equivalent
+    O' on arrival. Rows with dO == 0 have D == 0 and get O' == 0. Computed in ``delta``'s dtype
+    a chunk of rows at a time; the result has dout's dtype.
+    """
+    out = torch.empty_like(dout)
+    for i in range(0, dout.shape[2], ROW_CHUNK):
+        rows = slice(i, i + ROW_CHUNK)
+        df = dout[:, :, rows].to(delta.dtype)
+        norm = (df * df).sum(-1, keepdim=True)
+        scale = torch.where(norm > 0, delta[:, :, rows].unsqueeze(-1) / norm, torch.zeros_like(norm))
+        out[:, :, rows] = df * scale  # df may be a view of dout (same dtype): never in place
+    return out
+
+
+@dataclass
+class BlockCalls:
+    """Kernel calls of block ops: FULL / CAUSAL / STRICT run the kernel's own modes; PARTIAL ops
+    (masks only) an explicit bool mask ``mask_of(op, q_owner, k_owner) -> [q rows, k rows]``, on
+    ``fallback`` when ``kernel`` takes no mask (flash-attn -> sdpa)."""
+
+    kernel: Kernel
+    scale: float
+    mask_of: Optional[Callable] = None
+    fallback: Optional[Kernel] = None
+
+    def _call(self, op: BlockOp, q_owner: int, k_owner: int, device):
+        if op.mask is not MaskKind.PARTIAL:
+            sl = op_slices(op)
+            return None if sl is None else (*sl, self.kernel, None)
+        m = self.mask_of(op, q_owner, k_owner).to(device)
+        kern = self.kernel if self.kernel.supports_mask else self.fallback
+        return slice(op.q_start, op.q_stop), slice(op.k_start, op.k_stop), False, kern, m
+
+    def forward(self, op: BlockOp, q, k, v, q_owner: int, k_owner: int):
+        """``(q rows, out_j, lse_j)`` of one op (``None`` if it computes nothing)."""
+        c = self._call(op, q_owner, k_owner, q.device)
+        if c is None:
+            return None
+        qs, ks, causal, kern, m = c
+        o_j, lse_j = kern.forward(q[:, :, qs], k[:, :, ks], v[:, :, ks], self.scale, causal, mask=m)
+        if m is not None:
+            blind = ~m.any(1)  # rows of this block that see none of its keys
+            if bool(blind.any()):
+                lse_j = lse_j.masked_fill(blind, float("-inf"))
+                o_j = o_j.masked_fill(blind[:, None], 0.0)
+        return qs, o_j, lse_j
+
+    def backward(self, ops, dout, q, k, v, out, lse, q_owner: int, k_owner: int):
+        """Yield ``(q rows, k rows, dq_j, dk_j, dv_j)`` per op (``lse``: huge for blind rows)."""
+        for op in ops:
+            c = self._call(op, q_owner, k_owner, q.device)
+            if c is None:
+                continue
+            qs, ks, causal, kern, m = c
+            yield (qs, ks, *kern.backward(dout[:, :, qs], q[:, :, qs], k[:, :, ks], v[:, :, ks], out[:, :, qs],
+                                          lse[:, :, qs], self.scale, causal, mask=m))
+
+
+def _full(rows: slice, n: int) -> bool:
+    return rows.start == 0 and rows.stop == n
+
+
+class ForwardAccs:
+    """Forward accumulators: ``(out, lse)`` per query owner (accumulator dtype)."""
+
+    sides = frozenset({"q"})
+
+    def __init__(self, q: torch.Tensor) -> None:
+        self.shape, self.dtype, self.device = tuple(q.shape), q.dtype, q.device
+        self.acc = accum_dtype(q.dtype)
+
+    def empty(self):
+        b, h, n, d = self.shape
+        return (torch.zeros(b, h, n, d, dtype=self.acc, device=self.device),
+                torch.full((b, h, n), float("-inf"), dtype=self.acc, device=self.device))
+
+    def fold(self, side, acc, c):
+        if c[0] == "acc":
+            return self.received(side, acc, (c[1][1], c[1][0]))
+        rows, o_j, lse_j = c
+        if acc is None and _full(rows, self.shape[2]):  # the first partial covers every row: adopt it
+            return o_j.to(self.acc).contiguous(), lse_j.to(self.acc).contiguous()
+        acc = self.empty() if acc is None else acc
+        merge_(acc[0][:, :, rows], acc[1][:, :, rows], o_j, lse_j)
+        return acc
+
+    def wire(self, side, acc):
+        out, lse = self.empty() if acc is None else acc
+        return lse, out.to(self.dtype)
+
+    def like(self, side):
+        b, h, n, d = self.shape
+        return (torch.empty(b, h, n, dtype=self.acc, device=self.device),
+                torch.empty(b, h, n, d, dtype=self.dtype, device=self.device))
+
+    def received(self, side, acc, bufs):
+        lse, out = bufs
+        if acc is None:
+            return out.to(self.acc), lse.to(self.acc)
+        merge_(acc[0], acc[1], out, lse)
+        return acc
+
+
+class BackwardAccs:
+    """Backward accumulators: ``(dq,)`` per query owner, ``(dk, dv)`` per key owner."""
+
+    sides = frozenset({"q", "kv"})
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor) -> None:
+        self.acc = accum_dtype(q.dtype)
+        self.shapes = {"q": [tuple(q.shape)], "kv": [tuple(k.shape)] * 2}
+        self.device = q.device
+
+    def zeros(self, side):
+        return tuple(torch.zeros(s, dtype=self.acc, device=self.device) for s in self.shapes[side])
+
+    def fold(self, side, acc, c):
+        if c[0] == "acc":
+            return self.received(side, acc, c[1])
+        rows, parts = c[0], c[1:]
+        n = self.shapes[side][0][2]
+        if acc is None and _full(rows, n):  # the first partial covers every row: adopt it (sendable)
+            return tuple(x.to(self.acc).contiguous() for x in parts)
+        acc = self.zeros(side) if acc is None else acc
+        for a, x in zip(acc, parts):
+            a[:, :, rows] += x
+        return acc
+
+    def wire(self, side, acc):
+        return self.zeros(side) if acc is None else acc
+
+    def like(self, side):
+        return tuple(torch.empty(s, dtype=self.acc, device=self.device) for s in self.shapes[side])
+
+    def received(self, side, acc, bufs):
+        if acc is None:
+            return tuple(x.to(self.acc) for x in bufs)
+        for a, x in zip(acc, bufs):
+            a.add_(x)
+        return acc
+
+
+def forward_compute(calls: BlockCalls):
+    """``compute`` of the forward: the queries of ``pair.q`` against the K/V of ``pair.k``."""
+    def compute(pair, data):
+        q, kv = data[("q", pair.q)][0], data[("kv", pair.k)][0]
+        for op in pair.ops:
+            res = calls.forward(op, q, kv[0], kv[1], pair.q, pair.k)
+            if res is not None:
+                yield "q", pair.q, res
+    return compute
+
+
+def backward_compute(calls: BlockCalls, own_q: int, own_out: torch.Tensor):
+    """``compute`` of the backward. Query side ``(q, dO, [LSE; D])``; the owner ``own_q``'s rows use
+    the real output ``own_out``, other owners' rows :func:`pseudo_out`."""
+    def compute(pair, data):
+        if not pair.ops:
+            return
+        q, dout, ld = data[("q", pair.q)]
+        kv = data[("kv", pair.k)][0]
+        out = own_out if pair.q == own_q else pseudo_out(dout, ld[1])
+        for qs, ks, dq_j, dk_j, dv_j in calls.backward(pair.ops, dout, q, kv[0], kv[1], out, ld[0],
+                                                       pair.q, pair.k):
+            yield "q", pair.q, (qs, dq_j)
+            yield "kv", pair.k, (ks, dk_j, dv_j)
+    return compute
