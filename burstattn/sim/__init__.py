@@ -1,0 +1,17 @@
+"""Cluster simulator and planner: predict every strategy on 8 to 1,024 devices before renting them.
+
+* :mod:`.hardware`: cluster specs and the presets (``a100-pcie-roce``, ``a100-nvlink-ib``,
+  ``h100-nvlink-ib``, ``h200-nvlink-ib``, ``tpuv4``), every figure with its source;
+* :mod:`.net`: link and collective cost models;
+* :mod:`.plans`: the one adapter to the library's plan functions and byte formulas;
+* :mod:`.attention`: one attention layer's event-level timeline per strategy;
+* :mod:`.memory`, :mod:`.simulate`: the whole model's step, memory per device;
+* :mod:`.planner`: ranking and longest sequence; :mod:`.timeline`: the Gantt chart;
+* :mod:`.calibrate`: this machine as a spec; :mod:`.validation`: the measured and published checks.
+
+Nothing here is imported by ``import burstattn``.
+"""
+from .hardware import PRESETS, ClusterHW, preset
+from .simulate import SimConfig, SimResult, simulate
+
+__all__ = ["PRESETS", "ClusterHW", "preset", "SimConfig", "SimResult", "simulate"]

@@ -1,0 +1,378 @@
+"""One attention layer's timeline per strategy: the library's per-step plans replayed on a cluster.
+
+``attention_timeline(strategy, shape, hw, ...)`` returns an :class:`AttnTimeline` for the forward
+and the backward of one attention call on every rank of a context-parallel group.
+
+Ring loops (burst, ring, rsa, usp's inner ring, the double ring) follow
+:func:`burstattn.engine.ring.ring_loop` event by event: at step ``t`` a rank posts the transfer of
+the next travelling block (rendezvous: it starts when both ends have posted), computes the step's
+block ops, waits for the travelling accumulator of step ``t-1`` from its predecessor, folds into it
+and sends it on, then waits for the next block. The recurrence runs over all ranks at once (numpy
+rows); when every rank's work is the same (balanced layouts) one row stands for all. DistFlashAttn's
+direct schedule follows :func:`burstattn.engine.direct.direct_loop` the same way (shifts instead of a
+ring). Collective strategies (ulysses, allgather, tp) have no overlap: collective, compute,
+collective. Times split into ``compute`` (mean over ranks), ``idle`` (what imbalance adds: the same
+run with free links, minus the compute) and ``exposed_comm`` (the rest).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import math
+
+import numpy as np
+import torch
+
+from . import net, plans
+from .hardware import ClusterHW
+
+
+@dataclass(frozen=True)
+class AttnShape:
+    """One attention call: ``batch`` x ``seq_len`` global tokens, heads of this tp rank."""
+
+    batch: int
+    seq_len: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype = torch.bfloat16
+    causal: bool = True
+
+
+@dataclass
+class Pass:
+    """One pass (forward or backward) of the slowest rank, and the events for a Gantt chart."""
+
+    time: float = 0.0
+    compute: float = 0.0
+    idle: float = 0.0
+    exposed_comm: float = 0.0
+    bytes_sent: float = 0.0
+    events: list = field(default_factory=list)  # (rank, kind, start, stop), kind compute|comm
+
+    def add(self, other: "Pass", offset: bool = True) -> "Pass":
+        shift = self.time if offset else 0.0
+        self.events += [(r, k, a + shift, b + shift) for r, k, a, b in other.events]
+        self.time += other.time
+        self.compute += other.compute
+        self.idle += other.idle
+        self.exposed_comm += other.exposed_comm
+        self.bytes_sent += other.bytes_sent
+        return self
+
+
+@dataclass(frozen=True)
+class AttnTimeline:
+    forward: Pass
+    backward: Pass
+    backward_mode: str
+
+
+def _cost(hw: ClusterHW, shape: AttnShape, work: plans.StepWork, backward: bool) -> np.ndarray:
+    """Seconds of kernel work per (rank, step)."""
+    per_entry = (10 if backward else 4) * shape.head_dim * shape.q_heads * shape.batch
+    eff = work.full + work.diag / hw.causal_eff
+    return eff * per_entry / hw.attn_rate(backward) + work.calls * hw.kernel_overhead_s
+
+
+def _ring(c: np.ndarray, m_travel: float, m_acc: Optional[float], fold: float, ring_rows: bool,
+          gantt_ranks: int = 8) -> Pass:
+    """The ring-loop recurrence (module docstring). ``c [ranks, steps]`` seconds; ``ring_rows``:
+    row r's predecessor is row r-1 (all ranks present) - else every row is its own class."""
+    if np.all(c == c[:1]):
+        c, ring_rows = c[:1], False  # balanced: one rank class stands for all
+    steps = c.shape[1]
+
+    def run(mt: float, ma: Optional[float], record: bool):
+        prev = (lambda x: np.roll(x, 1)) if ring_rows else (lambda x: x)
+        s = np.zeros(c.shape[0])
+        f_prev, ev = None, []
+        for t in range(steps):
+            done = s + c[:, t]
+            if record:
+                ev += [(r, "compute", s[r], done[r]) for r in range(min(gantt_ranks, len(s)))]
+            if ma is not None:
+                arrive = (np.maximum(f_prev, prev(f_prev)) + ma) if t > 0 else done
+                f = np.maximum(done, arrive) + fold
+            else:
+                f = done
+            if t < steps - 1 and mt is not None:
+                arrive_block = np.maximum(s, prev(s)) + mt
+                if record:
+                    ev += [(r, "comm", s[r], arrive_block[r]) for r in range(min(gantt_ranks, len(s)))]
+                s = np.maximum(f, arrive_block)
+            else:
+                s = f
+            f_prev = f
+        if ma is not None and steps > 1:
+            home = np.maximum(f_prev, prev(f_prev)) + ma
+            if record:
+                ev += [(r, "comm", f_prev[r], home[r]) for r in range(min(gantt_ranks, len(s)))]
+            s = np.maximum(s, home)
+        return float(s.max()), ev
+
+    total, events = run(m_travel, m_acc, True)
+    free, _ = run(0.0, 0.0 if m_acc is not None else None, False)
+    compute = float(c.sum(axis=1).mean()) + (fold * steps if m_acc is not None else 0.0)
+    return Pass(total, compute, max(0.0, free - compute), max(0.0, total - max(free, compute)), 0.0, events)
+
+
+def _serial(parts: list[tuple[str, float]], ranks: int = 2) -> Pass:
+    """Collective strategies: ``[(kind, seconds), ...]`` back to back on every rank."""
+    p, t = Pass(), 0.0
+    for kind, dt in parts:
+        p.events += [(r, kind, t, t + dt) for r in range(ranks)]
+        t += dt
+        if kind == "compute":
+            p.compute += dt
+        else:
+            p.exposed_comm += dt
+    p.time = t
+    return p
+
+
+def _elem(shape: AttnShape) -> tuple[int, int]:
+    e = plans.element_size(shape.dtype)
+    return e, plans.element_size(plans.accum_dtype(shape.dtype))
+
+
+def _local_full(hw: ClusterHW, shape: AttnShape, heads: int, backward: bool, rows: int, keys: int,
+                diag: bool) -> float:
+    """One local call: ``rows`` queries x ``keys`` keys, ``heads`` query heads."""
+    entries = rows * keys / (2 * hw.causal_eff) if diag else rows * keys
+    return (entries * (10 if backward else 4) * shape.head_dim * heads * shape.batch / hw.attn_rate(backward)
+            + hw.kernel_overhead_s)
+
+
+def ring_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement, layout: str, backward: str) -> AttnTimeline:
+    """burst (schedule='ring') and ring: K/V ring forward; query ring or K/V ring backward."""
+    p, n = pl.size, shape.seq_len // pl.size
+    e, a = _elem(shape)
+    kv = 2 * shape.batch * n * shape.kv_heads * shape.head_dim
+    rows = shape.batch * n * shape.q_heads
+    if backward == "auto":
+        backward = plans.choose_backward(batch=shape.batch, local_seq=n, world_size=p, q_heads=shape.q_heads,
+                                         kv_heads=shape.kv_heads, head_dim=shape.head_dim, dtype=shape.dtype)
+    merge = rows * (shape.head_dim + 1) * a * 3 / hw.mem_bw
+    fw = plans.ring_work(p, layout, shape.causal, n, "kv")
+    c = _cost(hw, shape, fw, False) + np.where(np.arange(p) > 0, merge, 0.0)[None, :] * (fw.calls > 0)
+    fwd = _ring(c, net.shift_time(pl, kv * e), None, 0.0, True)
+    fwd.bytes_sent = (p - 1) * kv * e
+    if backward == "burst":
+        bw = plans.ring_work(p, layout, shape.causal, n, "q")
+        travel, acc = rows * (2 * shape.head_dim * e + 2 * a), rows * shape.head_dim * a
+    else:
+        bw = plans.ring_work(p, layout, shape.causal, n, "kv")
+        travel, acc = kv * e, kv * a
+    fold = acc * 3 / hw.mem_bw
+    bwd = _ring(_cost(hw, shape, bw, True), net.shift_time(pl, travel), net.shift_time(pl, acc), fold, True)
+    bwd.bytes_sent = (p - 1) * travel + p * acc if p > 1 else 0.0
+    return AttnTimeline(fwd, bwd, backward)
+
+
+def rsa_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement) -> AttnTimeline:
+    """Ring Self-Attention: a K ring builds the full ``n x N`` scores with plain matmuls (kept),
+    softmax over them, a V ring; backward a K/V ring with dK/dV following. No block is skipped."""
+    p, n = pl.size, shape.seq_len // pl.size
+    e, a = _elem(shape)
+    half = shape.batch * n * shape.kv_heads * shape.head_dim
+    score_bytes = shape.batch * shape.q_heads * n * n * a
+    mm = 2 * shape.batch * shape.q_heads * n * n * shape.head_dim / hw.matmul_rate
+    c = np.full((1, p), mm + 2 * score_bytes / hw.mem_bw)
+    fwd = _ring(c, net.shift_time(pl, half * e), None, 0.0, False)
+    fwd.add(_serial([("compute", 4 * score_bytes * p / hw.mem_bw)]))
+    fwd.add(_ring(c, net.shift_time(pl, half * e), None, 0.0, False))
+    fwd.bytes_sent = 2 * (p - 1) * half * e
+    cb = np.full((1, p), 2 * mm + 6 * score_bytes / hw.mem_bw)
+    bwd = _ring(cb, net.shift_time(pl, 2 * half * e), net.shift_time(pl, 2 * half * a), 6 * half * a / hw.mem_bw, False)
+    bwd.bytes_sent = (p - 1) * 2 * half * e + (p if p > 1 else 0) * 2 * half * a
+    return AttnTimeline(fwd, bwd, "kv")
+
+
+def distflash_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement) -> AttnTimeline:
+    """burst with schedule='distflash' (causal, contiguous): direct transfers by shifts t, P-t."""
+    p, n = pl.size, shape.seq_len // pl.size
+    e, a = _elem(shape)
+    kv = 2 * shape.batch * n * shape.kv_heads * shape.head_dim
+    rows = shape.batch * n * shape.q_heads
+    work, kv_moves, q_moves = plans.distflash_work(p, n)
+
+    def step_comm(t: int, kv_b: float, q_b: float) -> float:
+        return max(net.shift_time(pl, kv_b, t) if kv_moves[t] else 0.0,
+                   net.shift_time(pl, q_b, p - t) if q_moves[t] else 0.0)
+
+    out = []
+    for backward, q_b, ret_q, ret_kv in ((False, rows * shape.head_dim * e, rows * (shape.head_dim * e + a), 0.0),
+                                         (True, rows * (2 * shape.head_dim * e + 2 * a), rows * shape.head_dim * a,
+                                          kv * a)):
+        c = _cost(hw, shape, work, backward)
+        cmax = c.max(axis=0)
+        fetch = [step_comm(t, kv * e, q_b) for t in range(1, work.steps)] + [0.0]
+        rets = [0.0] + [max(net.shift_time(pl, ret_q, t) if q_moves[t] else 0.0,
+                            net.shift_time(pl, ret_kv, p - t) if (ret_kv and kv_moves[t]) else 0.0)
+                        for t in range(1, work.steps)]
+        # direct_loop at step t: post the fetch of step t+1, compute, post step t's partials home,
+        # wait for both; every transfer is a rendezvous with a peer, so the slowest rank sets the pace
+        step = np.maximum(cmax + np.array(rets), np.array(fetch))
+        pas = Pass(float(step.sum()), float(c.sum(axis=1).mean()))
+        free = float(cmax.sum())
+        pas.idle = max(0.0, free - pas.compute)
+        pas.exposed_comm = max(0.0, pas.time - max(free, pas.compute))
+        t0 = 0.0
+        for t in range(work.steps):
+            for rk in range(min(8, len(c))):
+                pas.events += [(rk, "compute", t0, t0 + c[rk, t]), (rk, "comm", t0, t0 + max(fetch[t], 0.0))]
+                if rets[t]:
+                    pas.events.append((rk, "comm", t0 + c[rk, t], t0 + c[rk, t] + rets[t]))
+            t0 += step[t]
+        out.append(pas)
+    fb = plans.distflash_bytes(rank=p - 1, batch=shape.batch, local_seq=n, world_size=p, q_heads=shape.q_heads,
+                               kv_heads=shape.kv_heads, head_dim=shape.head_dim, dtype=shape.dtype)
+    out[0].bytes_sent, out[1].bytes_sent = fb["forward"] - plans.meta_bytes(p), fb["backward"]
+    return AttnTimeline(out[0], out[1], "distflash")
+
+
+def double_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement, layout: str, backward: str) -> AttnTimeline:
+    """burst with schedule='double': an inner ring inside nodes nested in an outer ring across them;
+    the outer transfer of the next block is posted before the R inner steps and waited for after."""
+    p, n = pl.size, shape.seq_len // pl.size
+    r_ = min(pl.per_node, p)
+    m_ = p // r_
+    e, a = _elem(shape)
+    kv = 2 * shape.batch * n * shape.kv_heads * shape.head_dim
+    rows = shape.batch * n * shape.q_heads
+    if backward == "auto":
+        backward = plans.choose_backward(batch=shape.batch, local_seq=n, world_size=p, q_heads=shape.q_heads,
+                                         kv_heads=shape.kv_heads, head_dim=shape.head_dim, dtype=shape.dtype)
+    inner = net.Placement(hw, r_, r_, pl.concurrent)
+    outer = net.Placement(hw, m_, 1, pl.concurrent * r_)
+    res = []
+    for travelling, back in (("kv", False), ("kv" if backward == "kv" else "q", True)):
+        work = plans.double_work(p, r_, layout, shape.causal, n, travelling)
+        c = _cost(hw, shape, work, back)
+        if not back:
+            travel, acc = kv * e, None
+        elif travelling == "q":
+            travel, acc = rows * (2 * shape.head_dim * e + 2 * a), rows * shape.head_dim * a
+        else:
+            travel, acc = kv * e, kv * a
+        total = Pass()
+        for d in range(m_):
+            cin = c[:, d * r_:(d + 1) * r_]
+            step = _ring(cin, net.shift_time(inner, travel), None if acc is None else net.shift_time(inner, acc),
+                         0.0 if acc is None else acc * 3 / hw.mem_bw, False)
+            if d < m_ - 1 or (acc is not None and m_ > 1):
+                hop = net.shift_time(outer, travel if d < m_ - 1 else 0.0) + (
+                    net.shift_time(outer, acc) if acc is not None else 0.0)
+                step.events += [(rk, "comm", 0.0, hop) for rk in range(min(8, p))]
+                if hop > step.time:
+                    step.exposed_comm += hop - step.time
+                    step.time = hop
+            total.add(step)
+        total.bytes_sent = (p - 1) * travel + ((r_ * m_ if r_ > 1 else 0) + (m_ if m_ > 1 else 0)) * (acc or 0)
+        res.append(total)
+    return AttnTimeline(res[0], res[1], backward)
+
+
+def collective_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement, strategy: str) -> AttnTimeline:
+    """ulysses, allgather and tp: the collectives of their byte formulas, then one local call."""
+    p, n, big_n = pl.size, shape.seq_len // pl.size, shape.seq_len
+    e, a = _elem(shape)
+    f = plans.bytes_formula(strategy, batch=shape.batch, local_seq=n, world_size=p, q_heads=shape.q_heads,
+                            kv_heads=shape.kv_heads, head_dim=shape.head_dim, dtype=shape.dtype)
+    ops = {k: v for k, v in f["ops"].items() if k[1] != "meta"}
+    if strategy == "allgather":
+        # every rank: its n queries against all N keys (the causal half on average: balanced by layout)
+        comp = [_local_full(hw, shape, shape.q_heads, b, n, big_n // (2 if shape.causal else 1), False)
+                for b in (False, True)]
+        fwd = [("comm", net.all_gather_time(pl, ops[("forward", "kv")] / max(p - 1, 1))), ("compute", comp[0])]
+        bwd = [("comm", net.all_gather_time(pl, ops[("backward", "kv")] / max(p - 1, 1))), ("compute", comp[1]),
+               ("comm", net.reduce_scatter_time(pl, ops[("backward", "dkv")] / max(p - 1, 1)))]
+    else:
+        heads = shape.q_heads // p
+        comp = [_local_full(hw, shape, heads, b, big_n, big_n, shape.causal) for b in (False, True)]
+        if strategy == "tp":
+            ag = ops[("forward", "qkv")] / max(p - 1, 1)
+            fwd = [("comm", net.all_gather_time(pl, ag)), ("compute", comp[0]),
+                   ("comm", net.all_to_all_time(pl, ops[("forward", "out")]))]
+            bwd = [("comm", net.all_to_all_time(pl, ops[("backward", "out")])), ("compute", comp[1]),
+                   ("comm", net.reduce_scatter_time(pl, ops[("backward", "qkv")] / max(p - 1, 1)))]
+        else:  # ulysses: every op is an all-to-all
+            fa = sum(v for (ph, _), v in ops.items() if ph == "forward")
+            ba = sum(v for (ph, _), v in ops.items() if ph == "backward")
+            fwd = [("comm", net.all_to_all_time(pl, fa * 0.75)), ("compute", comp[0]),
+                   ("comm", net.all_to_all_time(pl, fa * 0.25))]
+            bwd = [("comm", net.all_to_all_time(pl, ba * 0.25)), ("compute", comp[1]),
+                   ("comm", net.all_to_all_time(pl, ba * 0.75))]
+    rk = min(8, p)
+    fp, bp = _serial(fwd, rk), _serial(bwd, rk)
+    fp.bytes_sent = f["forward"] - plans.meta_bytes(p)
+    bp.bytes_sent = f["backward"]
+    return AttnTimeline(fp, bp, strategy)
+
+
+def usp_strategy(hw: ClusterHW, shape: AttnShape, cp: int, stride: int, ulysses: int, backward: str) -> AttnTimeline:
+    """USP: Ulysses all-to-alls over ``ulysses`` ranks (innermost), a burst ring across the rest."""
+    p, n = cp, shape.seq_len // cp
+    e, _ = _elem(shape)
+    u = ulysses
+    rep = plans.kv_repeats(shape.kv_heads, u)
+    ul = net.placement(hw, u, stride)
+    inner = AttnShape(shape.batch, shape.seq_len, shape.q_heads // u, shape.kv_heads * rep // u, shape.head_dim,
+                      shape.dtype, shape.causal)
+    ring = ring_strategy(hw, inner, net.placement(hw, p // u, stride * u), "zigzag", backward)
+    a2a = shape.batch * n * shape.head_dim * e * (u - 1) / u
+    qkv, o = a2a * (shape.q_heads + 2 * shape.kv_heads * rep), a2a * shape.q_heads
+    res = []
+    for ring_pass, before, after in ((ring.forward, qkv, o), (ring.backward, o, qkv)):
+        pas = _serial([("comm", net.all_to_all_time(ul, before))], min(8, p))
+        pas.add(ring_pass)
+        pas.add(_serial([("comm", net.all_to_all_time(ul, after))], min(8, p)))
+        pas.bytes_sent = ring_pass.bytes_sent + (before + after) * (1 if u > 1 else 0)
+        res.append(pas)
+    return AttnTimeline(res[0], res[1], ring.backward_mode)
+
+
+SEQUENCE_STRATEGIES = ("burst", "ring", "rsa", "ulysses", "allgather", "usp", "tp")
+
+
+def attention_timeline(strategy: str, shape: AttnShape, hw: ClusterHW, cp: int, stride: int = 1, *,
+                       layout: Optional[str] = None, schedule: str = "ring", backward: str = "auto",
+                       ulysses_degree: Optional[int] = None) -> AttnTimeline:
+    """The timeline of one attention call over a context-parallel group of ``cp`` ranks whose
+    members are ``stride`` global ranks apart (``stride = tp``). Raises ``ValueError`` for an
+    unknown strategy, a layout it does not take, or a shape it cannot split."""
+    if strategy not in SEQUENCE_STRATEGIES:
+        raise ValueError(f"strategy must be one of {SEQUENCE_STRATEGIES}, got {strategy!r}")
+    layouts, default = plans.STRATEGY_LAYOUTS[strategy]
+    layout = default if layout is None else layout
+    if layout not in layouts:
+        raise ValueError(f"strategy {strategy!r} takes layout(s) {list(layouts)}, got {layout!r}")
+    if shape.seq_len % (2 * cp) and cp > 1:
+        raise ValueError(f"seq_len ({shape.seq_len}) must be divisible by 2 * cp ({2 * cp})")
+    pl = net.placement(hw, cp, stride)
+    if strategy in ("ulysses", "tp") and shape.q_heads % cp:
+        raise ValueError(f"strategy {strategy!r} splits query heads over cp={cp}: q_heads ({shape.q_heads}) must "
+                         "be divisible by it")
+    if strategy == "ring":
+        return ring_strategy(hw, shape, pl, "contiguous", "kv")
+    if strategy == "rsa":
+        return rsa_strategy(hw, shape, pl)
+    if strategy in ("ulysses", "allgather", "tp"):
+        return collective_strategy(hw, shape, pl, strategy)
+    if strategy == "usp":
+        u = ulysses_degree or math.gcd(cp, shape.q_heads, hw.devices_per_node)
+        if cp % u or shape.q_heads % u:
+            raise ValueError(f"usp: ulysses_degree ({u}) must divide cp ({cp}) and q_heads ({shape.q_heads})")
+        return usp_strategy(hw, shape, cp, stride, u, backward)
+    if schedule == "distflash":
+        if not shape.causal:
+            raise ValueError("schedule='distflash' is causal-only")
+        return distflash_strategy(hw, shape, pl)
+    if schedule == "double":
+        return double_strategy(hw, shape, pl, layout, backward)
+    if schedule != "ring":
+        raise ValueError(f"schedule must be ring, distflash or double, got {schedule!r}")
+    return ring_strategy(hw, shape, pl, layout, backward)
