@@ -178,15 +178,23 @@ def rsa_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement) -> AttnTime
     p, n = pl.size, shape.seq_len // pl.size
     e, a = _elem(shape)
     half = shape.batch * n * shape.kv_heads * shape.head_dim
-    score_bytes = shape.batch * shape.q_heads * n * n * a
-    mm = 2 * shape.batch * shape.q_heads * n * n * shape.head_dim / hw.matmul_rate
-    c = np.full((1, p), mm + 2 * score_bytes / hw.mem_bw)
-    fwd = _ring(c, net.shift_time(pl, half * e), None, 0.0, False)
-    fwd.add(_serial([("compute", 4 * score_bytes * p / hw.mem_bw)]))
-    fwd.add(_ring(c, net.shift_time(pl, half * e), None, 0.0, False))
+    entries = shape.batch * shape.q_heads * n * n  # of one block pair
+    if hw.plain_attn_rates is not None:
+        fwd_rate, bwd_rate = hw.plain_attn_rates
+        # the forward's two rings and the softmax split the measured per-entry cost: 1/4, 1/2, 1/4
+        mm, sm, back = entries / fwd_rate / 4, entries / fwd_rate / 2, entries / bwd_rate
+    else:
+        mm = 2 * entries * shape.head_dim / hw.matmul_rate + 2 * entries * a / hw.mem_bw
+        sm, back = 4 * entries * a / hw.mem_bw, 2 * mm + 6 * entries * a / hw.mem_bw
+    work = plans.ring_work(p, "contiguous", shape.causal, n, "kv")  # a fully masked block is skipped
+    live = (work.calls > 0).astype(float)
+    c = live * mm
+    fwd = _ring(c, net.shift_time(pl, half * e), None, 0.0, True)
+    fwd.add(_serial([("compute", sm * p)]))
+    fwd.add(_ring(c, net.shift_time(pl, half * e), None, 0.0, True))
     fwd.bytes_sent = 2 * (p - 1) * half * e
-    cb = np.full((1, p), 2 * mm + 6 * score_bytes / hw.mem_bw)
-    bwd = _ring(cb, net.shift_time(pl, 2 * half * e), net.shift_time(pl, 2 * half * a), 6 * half * a / hw.mem_bw, False)
+    cb = live * back
+    bwd = _ring(cb, net.shift_time(pl, 2 * half * e), net.shift_time(pl, 2 * half * a), 6 * half * a / hw.mem_bw, True)
     bwd.bytes_sent = (p - 1) * 2 * half * e + (p if p > 1 else 0) * 2 * half * a
     return AttnTimeline(fwd, bwd, "kv")
 

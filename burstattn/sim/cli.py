@@ -68,12 +68,14 @@ def degrees(strategy: str, gpus: int, cp, tp, dp) -> tuple[int, int, int]:
     if rest:
         fill = own if own in rest else "dp" if "dp" in rest else rest[0]
         if gpus % fixed:
-            raise ValueError(f"--cp/--tp/--dp ({cp}/{tp}/{dp}) do not divide --gpus {gpus}")
+            raise ValueError(f"degrees --cp {cp} --tp {tp} --dp {dp}: their product ({fixed}) does not divide --gpus "
+                             f"{gpus}; the degrees must multiply to the GPU count")
         for k in rest:
             given[k] = gpus // fixed if k == fill else 1
     if given["cp"] * given["tp"] * given["dp"] != gpus:
         raise ValueError(f"degrees cp={given['cp']} x tp={given['tp']} x dp={given['dp']} = "
-                         f"{given['cp'] * given['tp'] * given['dp']} do not multiply to --gpus {gpus}")
+                         f"{given['cp'] * given['tp'] * given['dp']}: the degrees must multiply to the GPU count "
+                         f"(--gpus {gpus})")
     return given["cp"], given["tp"], given["dp"]
 
 

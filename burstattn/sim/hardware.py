@@ -50,6 +50,10 @@ class ClusterHW:
     inter_shared: bool = False
     kernel_overhead_s: float = 5e-6
     """Fixed cost of one kernel call (launch, tile setup)."""
+    plain_attn_rates: Optional[tuple] = None
+    """Score entries/s (forward, backward) of attention built from plain matmuls with the scores
+    materialised (Ring Self-Attention); ``None``: matmuls at ``matmul_rate`` plus the score passes
+    at ``mem_bw`` (4 bytes read and written per entry and pass)."""
     emulated_attn_flops: Optional[float] = None
     """The attention rate ``burstattn cluster`` scales this cluster's links by (its presets only)."""
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
@@ -57,7 +61,8 @@ class ClusterHW:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("name", "sources", "emulated_attn_flops", "intra_shared", "inter_shared"):
+            if f.name in ("name", "sources", "emulated_attn_flops", "intra_shared", "inter_shared",
+                          "plain_attn_rates"):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
                     value == 0 and f.name not in ("intra_lat", "inter_lat", "kernel_overhead_s")):
@@ -200,6 +205,8 @@ def load(path_or_name: str) -> ClusterHW:
                          "file from `burstattn sim calibrate`)")
     data = json.loads(path.read_text())
     hw = data.get("hw", data)
+    if hw.get("plain_attn_rates") is not None:
+        hw = {**hw, "plain_attn_rates": tuple(hw["plain_attn_rates"])}
     try:
         return ClusterHW(**hw)
     except TypeError as e:

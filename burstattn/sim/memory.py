@@ -16,8 +16,7 @@ time in the backward; ``remat`` (DistFlashAttn's rematerialization-aware checkpo
 the attention output and LSE, so the backward never reruns the attention forward. The logits
 (16-bit, plus float32 for the loss) of the local tokens are counted once.
 
-The attention call's own buffers follow the strategies' code (``[B, H, n, D]`` tensors of the
-local shard, ``e`` input bytes, ``a = 4`` accumulator bytes): see :func:`attention_buffers`.
+The attention call's own buffers are the library's measured allocations: :data:`CALL_UNITS`.
 """
 from __future__ import annotations
 
@@ -51,41 +50,40 @@ class Memory:
                                                   "kv_cache")}
 
 
+# Peak of one attention fwd+bwd beyond its inputs (q, k, v, dO), per strategy, in units of one local
+# query shard (``n*Hq*d`` elements) and one local K shard (``n*Hkv*d``): the output, LSE, internal
+# [B, H, n, D] copies, travelling double buffers, float32 accumulators, kernel temporaries, GQA
+# expansions and the gradients. Read off the library's allocations (``bench.memory.measure_peak``,
+# float32, world 2, n = 1024 per rank, MHA 8/8 and GQA 8/2); ``tests/dist/test_sim_library.py``
+# checks them at other shapes. Ring Self-Attention adds its two n x N float32 score matrices.
+CALL_UNITS = {
+    "burst": (8.3, 12.9), "burst-kv": (8.1, 14.0), "ring": (8.1, 14.0), "distflash": (14.3, 12.0),
+    "ulysses": (4.9, 8.6), "allgather": (3.7, 17.3), "usp": (11.4, 7.6), "tp": (7.2, 10.3),
+    "tp-v1": (7.2, 10.3), "tp-v3": (7.2, 10.3), "rsa": (3.0, 10.0),
+}
+FORWARD_SHARE = 0.55  # forward-only peak over fwd+bwd peak (inference: no gradients, no backward ring)
+
+
 def attention_buffers(strategy: str, *, batch: int, local_seq: int, world: int, q_heads: int, kv_heads: int,
                       head_dim: int, e: int, backward: bool, schedule: str = "ring", bwd_mode: str = "burst",
                       ulysses: int = 1) -> float:
-    """Peak bytes one attention call allocates on one device beyond its saved inputs (q, k, v, out,
-    LSE and dO belong to the activations): travelling double buffers, float32 accumulators, gathered
-    copies. ``q_heads``/``kv_heads`` are this tp rank's."""
-    n, d, a = local_seq, head_dim, 4
-    qn, kvn = batch * n * q_heads * d, batch * n * kv_heads * d  # elements of one local q / k shard
-    big = world * n
-    if strategy in ("burst", "ring", "usp"):
-        fwd = 2 * (2 * kvn * e) + qn * a + 2 * qn * e  # kv double buffer, float32 out, block out + cast
-        if not backward:
-            return fwd
-        if bwd_mode == "kv":
-            bwd = 2 * (2 * kvn * e) + 2 * (2 * kvn * a) + qn * a + 2 * qn * e  # kv x2, dkv acc x2, dq, block grads
-        else:
-            pack = batch * n * q_heads * (2 * d * e + 2 * a)
-            bwd = 2 * pack + 2 * qn * a + 2 * kvn * a + 2 * qn * e
-        if strategy == "usp":
-            bwd += 2 * (qn + 2 * kvn) * e
-        return max(fwd, bwd)
+    """Peak bytes one attention call allocates on one device beyond q, k, v and dO (:data:`CALL_UNITS`;
+    16-bit inputs with float32 accumulators count ``(e + 4) / 2`` bytes per element). ``q_heads`` /
+    ``kv_heads`` are this tp rank's; for ``tp-v1`` / ``tp-v3`` (no sequence split) ``local_seq`` is
+    the whole sequence. Raises ``ValueError`` for an unknown strategy."""
+    key = strategy
+    if strategy == "burst" and schedule == "distflash":
+        key = "distflash"
+    elif strategy == "burst" and bwd_mode == "kv":
+        key = "burst-kv"
+    if key not in CALL_UNITS:
+        raise ValueError(f"no memory model for strategy {strategy!r}; known: {sorted(CALL_UNITS)}")
+    cq, ckv = CALL_UNITS[key]
+    per_elem = (e + 4) / 2
+    total = (cq * q_heads + ckv * kv_heads) * batch * local_seq * head_dim * per_elem
     if strategy == "rsa":
-        scores = batch * q_heads * n * big * a
-        return scores * (3 if backward else 2) + 2 * 2 * kvn * e
-    if strategy == "allgather":
-        full_kv = 2 * kvn * world * e
-        return full_kv + qn * a + (2 * kvn * world * a if backward else 0)
-    if strategy in ("ulysses", "tp", "tp-v1", "tp-v3"):
-        heads_q = q_heads // world if strategy in ("ulysses", "tp") else q_heads
-        heads_kv = max(1, kv_heads // world) if strategy in ("ulysses", "tp") else kv_heads
-        rows = big if strategy in ("ulysses", "tp") else n
-        gathered = batch * rows * (heads_q + 2 * heads_kv) * d * e
-        out = batch * rows * heads_q * d * (a + e)
-        return gathered + out + (gathered * a // e + out if backward else 0)
-    raise ValueError(f"no memory model for strategy {strategy!r}")
+        total += 2 * batch * q_heads * local_seq * world * local_seq * 4
+    return total if backward else FORWARD_SHARE * total
 
 
 def activation_bytes(model: LlamaConfig, *, tokens: int, tp: int, sp: bool, checkpointing: str, e: int) -> float:

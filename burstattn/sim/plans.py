@@ -12,8 +12,9 @@ What is exploited (and checked by ``tests/unit/test_sim.py`` against the full re
 * ring symmetry: a dense pair's block ops depend on the pair only through its order (``q == k``,
   ``k < q``, ``k > q``), so for ``P > EXACT_P`` the plan is replayed for one representative pair of
   each order instead of all ``P^2`` pairs;
-* DistFlashAttn's plan is replayed for every rank up to ``EXACT_P`` ranks and for an evenly spread
-  sample of ranks (the edges included) beyond; its transfers are shifts by ``t`` and ``P - t``
+* DistFlashAttn's plan is replayed for every rank up to ``4 * EXACT_P`` ranks and for an evenly
+  spread sample of ranks (the edges and the middle included) beyond; the double ring's for every rank
+  up to ``EXACT_P`` and for the first and last rank beyond; its transfers are shifts by ``t`` and ``P - t``
   (the plan's ``kv_to`` / ``q_to``), which the link model prices in closed form.
 """
 from __future__ import annotations
@@ -90,7 +91,7 @@ def distflash_work(world: int, n: int) -> tuple[StepWork, np.ndarray, np.ndarray
     """Work of :func:`~burstattn.engine.schedule.distflash_plan` over the replayed ranks, and per
     step whether K/V and queries move (``kv_moves[t]``, ``q_moves[t]``: some replayed rank sends)."""
     ranks = range(world) if world <= 4 * EXACT_P else sorted(
-        set(np.linspace(0, world - 1, 2 * EXACT_P).astype(int).tolist()) | {world // 2 - 1, world // 2})
+        set(np.linspace(0, world - 1, EXACT_P // 2).astype(int).tolist()) | {world // 2 - 1, world // 2})
     steps = world // 2 + 1
     full, diag, calls, rows = (np.zeros((len(ranks), steps)) for _ in range(4))
     kv_moves, q_moves = np.zeros(steps, bool), np.zeros(steps, bool)
@@ -119,9 +120,9 @@ def distflash_work(world: int, n: int) -> tuple[StepWork, np.ndarray, np.ndarray
 def double_work(world: int, ranks_per_node: int, layout: str, causal: bool, n: int,
                 travelling: str) -> StepWork:
     """Work of :func:`~burstattn.engine.double.double_plan`, steps flattened outer-major
-    (``d * R + s``), for the ranks ``0, R-1, P/2, P-1`` and more up to ``EXACT_P`` (all if fewer)."""
-    ranks = range(world) if world <= EXACT_P else sorted(
-        set(np.linspace(0, world - 1, EXACT_P).astype(int).tolist()))
+    (``d * R + s``), for every rank up to ``EXACT_P`` ranks, beyond for the first and the last rank
+    (the extremes of the contiguous layout's imbalance; the balanced layouts give every rank the same)."""
+    ranks = range(world) if world <= EXACT_P else (0, world - 1)
     full, diag, calls, rows = (np.zeros((len(ranks), world)) for _ in range(4))
     for i, r in enumerate(ranks):
         plan = double_plan(r, world, ranks_per_node, layout, causal, n, travelling)

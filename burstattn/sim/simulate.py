@@ -74,7 +74,18 @@ class SimResult:
     idle_s: float
     memory: mem.Memory
     breakdown: dict = field(default_factory=dict)
-    layer_events: list = field(default_factory=list)
+    passes: tuple = ()  # (forward Pass, backward Pass or None) of one layer's attention
+
+    @property
+    def layer_events(self) -> list:
+        """``(phase, rank, kind, start_s, stop_s)`` of one layer's attention (backward after forward)."""
+        if not self.passes:
+            return []
+        fwd, bwd = self.passes
+        events = [("fwd",) + ev for ev in fwd.events]
+        if bwd is not None:
+            events += [("bwd", r, k, a + fwd.time, b + fwd.time) for r, k, a, b in bwd.events]
+        return events
 
     @property
     def peak_memory_bytes(self) -> int:
@@ -186,10 +197,8 @@ def simulate(cfg: SimConfig, memory_only: bool = False) -> SimResult:
     breakdown = {**{f"layer_fwd_{k}_s": v for k, v in layer.items()}, "layer_bwd_attention_s": bwd.compute,
                  "layer_bwd_attn_comm_s": bwd.exposed_comm, "dp_comm_s": dp_comm, "head_s": head,
                  "optimizer_s": optimizer}
-    events = [("fwd",) + ev for ev in fwd.events]
-    if train:
-        events += [("bwd", r, k, a + fwd.time, b + fwd.time) for r, k, a, b in bwd.events]
-    return SimResult(compute + exposed + idle_s, compute, exposed, idle_s, memory, breakdown, events)
+    return SimResult(compute + exposed + idle_s, compute, exposed, idle_s, memory, breakdown,
+                     (fwd, bwd if train else None))
 
 
 def memory_model(cfg: SimConfig, bwd_mode: Optional[str] = None) -> mem.Memory:
