@@ -88,29 +88,31 @@ def _ring(c: np.ndarray, m_travel: float, m_acc: Optional[float], fold: float, r
     def run(mt: float, ma: Optional[float], record: bool):
         prev = (lambda x: np.roll(x, 1)) if ring_rows else (lambda x: x)
         s = np.zeros(c.shape[0])
-        f_prev, ev = None, []
+        link = np.zeros(c.shape[0])  # when the link into each rank is free: block and accumulator share it
+        acc_in, ev = None, []
+        shown = range(min(gantt_ranks, len(s)))
         for t in range(steps):
             done = s + c[:, t]
             if record:
-                ev += [(r, "compute", s[r], done[r]) for r in range(min(gantt_ranks, len(s)))]
-            if ma is not None:
-                arrive = (np.maximum(f_prev, prev(f_prev)) + ma) if t > 0 else done
-                f = np.maximum(done, arrive) + fold
-            else:
-                f = done
-            if t < steps - 1 and mt is not None:
-                arrive_block = np.maximum(s, prev(s)) + mt
+                ev += [(r, "compute", s[r], done[r]) for r in shown]
+            arrive_block = None
+            if t < steps - 1 and mt is not None:  # posted before the compute (both ends: a rendezvous)
+                start = np.maximum(np.maximum(s, prev(s)), link)
+                arrive_block = link = start + mt
                 if record:
-                    ev += [(r, "comm", s[r], arrive_block[r]) for r in range(min(gantt_ranks, len(s)))]
-                s = np.maximum(f, arrive_block)
-            else:
-                s = f
-            f_prev = f
-        if ma is not None and steps > 1:
-            home = np.maximum(f_prev, prev(f_prev)) + ma
-            if record:
-                ev += [(r, "comm", f_prev[r], home[r]) for r in range(min(gantt_ranks, len(s)))]
-            s = np.maximum(s, home)
+                    ev += [(r, "comm", start[r], arrive_block[r]) for r in shown]
+            f = done
+            if ma is not None:
+                if acc_in is not None:  # the accumulator of step t-1 from the predecessor
+                    f = np.maximum(done, acc_in)
+                f = f + fold
+                start = np.maximum(np.maximum(f, prev(f)), link)
+                acc_in = link = start + ma  # sent on after folding (the last hop takes it home)
+                if record:
+                    ev += [(r, "comm", start[r], acc_in[r]) for r in shown]
+            s = f if arrive_block is None else np.maximum(f, arrive_block)
+        if acc_in is not None and steps > 1:
+            s = np.maximum(s, acc_in)
         return float(s.max()), ev
 
     total, events = run(m_travel, m_acc, True)
@@ -123,10 +125,13 @@ def _serial(parts: list[tuple[str, float]], ranks: int = 2) -> Pass:
     """Collective strategies: ``[(kind, seconds), ...]`` back to back on every rank."""
     p, t = Pass(), 0.0
     for kind, dt in parts:
-        p.events += [(r, kind, t, t + dt) for r in range(ranks)]
+        if kind != "idle":
+            p.events += [(r, kind, t, t + dt) for r in range(ranks)]
         t += dt
         if kind == "compute":
             p.compute += dt
+        elif kind == "idle":
+            p.idle += dt
         else:
             p.exposed_comm += dt
     p.time = t
@@ -284,17 +289,24 @@ def double_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement, layout: 
     return AttnTimeline(res[0], res[1], backward)
 
 
-def collective_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement, strategy: str) -> AttnTimeline:
+def collective_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement, strategy: str,
+                        layout: str = "contiguous") -> AttnTimeline:
     """ulysses, allgather and tp: the collectives of their byte formulas, then one local call."""
     p, n, big_n = pl.size, shape.seq_len // pl.size, shape.seq_len
     e, a = _elem(shape)
     f = plans.bytes_formula(strategy, batch=shape.batch, local_seq=n, world_size=p, q_heads=shape.q_heads,
                             kv_heads=shape.kv_heads, head_dim=shape.head_dim, dtype=shape.dtype)
     ops = {k: v for k, v in f["ops"].items() if k[1] != "meta"}
+    idle = [0.0, 0.0]
     if strategy == "allgather":
-        # every rank: its n queries against all N keys (the causal half on average: balanced by layout)
-        comp = [_local_full(hw, shape, shape.q_heads, b, n, big_n // (2 if shape.causal else 1), False)
-                for b in (False, True)]
+        # every rank: its n queries against all N keys in one call, the pairs of its row of the ring plan
+        # (the layout decides the balance); the collectives wait for the busiest rank
+        work = plans.ring_work(p, layout, shape.causal, n, "kv")
+        one = plans.StepWork(work.full.sum(1, keepdims=True), work.diag.sum(1, keepdims=True),
+                             np.ones((p, 1)), work.rows.sum(1, keepdims=True))
+        per_rank = [_cost(hw, shape, one, b)[:, 0] for b in (False, True)]
+        comp = [float(x.mean()) for x in per_rank]
+        idle = [float(x.max() - x.mean()) for x in per_rank]
         fwd = [("comm", net.all_gather_time(pl, ops[("forward", "kv")] / max(p - 1, 1))), ("compute", comp[0])]
         bwd = [("comm", net.all_gather_time(pl, ops[("backward", "kv")] / max(p - 1, 1))), ("compute", comp[1]),
                ("comm", net.reduce_scatter_time(pl, ops[("backward", "dkv")] / max(p - 1, 1)))]
@@ -315,6 +327,8 @@ def collective_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement, stra
             bwd = [("comm", net.all_to_all_time(pl, ba * 0.25)), ("compute", comp[1]),
                    ("comm", net.all_to_all_time(pl, ba * 0.75))]
     rk = min(8, p)
+    fwd.insert(2, ("idle", idle[0]))
+    bwd.insert(2, ("idle", idle[1]))
     fp, bp = _serial(fwd, rk), _serial(bwd, rk)
     fp.bytes_sent = f["forward"] - plans.meta_bytes(p)
     bp.bytes_sent = f["backward"]
@@ -369,7 +383,7 @@ def attention_timeline(strategy: str, shape: AttnShape, hw: ClusterHW, cp: int, 
     if strategy == "rsa":
         return rsa_strategy(hw, shape, pl)
     if strategy in ("ulysses", "allgather", "tp"):
-        return collective_strategy(hw, shape, pl, strategy)
+        return collective_strategy(hw, shape, pl, strategy, layout)
     if strategy == "usp":
         u = ulysses_degree or math.gcd(cp, shape.q_heads, hw.devices_per_node)
         if cp % u or shape.q_heads % u:

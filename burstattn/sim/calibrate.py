@@ -10,7 +10,6 @@ processes on the machine can only slow a measurement down.
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from dataclasses import dataclass
 
@@ -29,7 +28,8 @@ def _rate(fn, flops: float, seconds: float) -> float:
     return flops / min(times)  # the fastest repeat: work of other processes only ever slows one down
 
 
-def kernel_rates(seq: int = 1024, heads: int = 8, head_dim: int = 64, seconds: float = 1.0) -> dict:
+def kernel_rates(seq: int = 1024, heads: int = 8, head_dim: int = 64, seconds: float = 1.0,
+                 plain: bool = True) -> dict:
     """Attention forward / backward FLOP/s of the auto-selected local kernel (float32, one block of
     ``seq x seq``, forward FLOPs ``4 * seq^2 * d * heads``, backward 2.5x; the forward on the block
     :func:`burstattn.cluster.spec.calibrate` times, so the two figures compare), its causal-block
@@ -42,7 +42,11 @@ def kernel_rates(seq: int = 1024, heads: int = 8, head_dim: int = 64, seconds: f
     flops = 4 * seq * seq * head_dim * heads
     scale = head_dim ** -0.5
     fwd = _rate(lambda: kernel.forward(q, k, v, scale, False), flops, seconds)
-    causal = _rate(lambda: kernel.forward(q, k, v, scale, True), flops / 2, seconds)
+    # the causal (diagonal) block against a full one of the same size, at 2048 (the kernel skips more
+    # of a larger causal block, so a small one would understate it)
+    q2, k2, v2 = (torch.randn(1, heads, 2 * seq, head_dim) for _ in range(3))
+    causal = _rate(lambda: kernel.forward(q2, k2, v2, scale, True), 2 * flops, seconds) / _rate(
+        lambda: kernel.forward(q2, k2, v2, scale, False), 4 * flops, seconds) * fwd
     out, lse = kernel.forward(q, k, v, scale, False)
     dout = torch.randn_like(q)
     bwd = _rate(lambda: kernel.backward(dout, q, k, v, out.to(q.dtype), lse, scale, False), 2.5 * flops, seconds)
@@ -51,12 +55,15 @@ def kernel_rates(seq: int = 1024, heads: int = 8, head_dim: int = 64, seconds: f
     x = torch.empty(32 * 2**20 // 4)
     y = torch.empty_like(x)
     bw = _rate(lambda: y.copy_(x), 2 * x.numel() * 4, seconds)
+    rates = {"attn_fwd": fwd, "attn_bwd": bwd, "causal_eff": min(1.0, causal / fwd), "matmul": mm, "mem_bw": bw,
+             "backend": kernel.name}
+    if not plain:
+        return rates
     # RSA keeps n x N scores far larger than any cache: time it on a 2048 x 4096 block (256 MiB of scores)
     qq, kk, vv = torch.randn(1, heads, 2048, head_dim), torch.randn(1, heads, 4096, head_dim), torch.randn(
         1, heads, 4096, head_dim)
     pf, pb = plain_rates(qq, kk, vv, torch.randn_like(qq), seconds)
-    return {"attn_fwd": fwd, "attn_bwd": bwd, "causal_eff": min(1.0, causal / fwd), "matmul": mm, "mem_bw": bw,
-            "plain_fwd": pf, "plain_bwd": pb, "backend": kernel.name}
+    return {**rates, "plain_fwd": pf, "plain_bwd": pb}
 
 
 def plain_rates(q, k, v, dout, seconds: float) -> tuple[float, float]:
@@ -82,13 +89,20 @@ def plain_rates(q, k, v, dout, seconds: float) -> tuple[float, float]:
     return f, 1 / max(1 / b_with_fwd_scores - 0.5 / f, 1e-30)  # the backward reads stored P: drop its rebuild
 
 
-def _p2p_worker(rank: int, port: int, sizes: list, repeats: int, queue) -> None:
+def _worker(rank: int, world: int, port: int, seconds: float, rounds: int, repeats: int, queue) -> None:
+    """One rank: the kernel rates while every rank computes (``rounds``, best of each), then the
+    point-to-point ping-pong between ranks 0 and 1 while the others wait."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    best: dict = {}
+    for _ in range(rounds):
+        dist.barrier()
+        for key, value in kernel_rates(seconds=seconds).items():
+            best[key] = value if isinstance(value, str) else max(value, best.get(key, 0.0))
     res = {}
-    for nbytes in sizes:
+    for nbytes in (4096, 16 * 2**20):
         buf = torch.empty(nbytes // 4)
         times = []
         for _ in range(repeats):
@@ -97,19 +111,25 @@ def _p2p_worker(rank: int, port: int, sizes: list, repeats: int, queue) -> None:
             if rank == 0:
                 dist.send(buf, 1)
                 dist.recv(buf, 1)
-            else:
+            elif rank == 1:
                 dist.recv(buf, 0)
                 dist.send(buf, 0)
             times.append((time.perf_counter() - t0) / 2)
-        res[nbytes] = min(times)
+        res[nbytes] = min(times)  # the fastest repeat: other processes only ever slow one down
+    gathered = [None] * world
+    dist.all_gather_object(gathered, best)
     if rank == 0:
-        queue.put(res)
+        lat = res[4096]
+        rates = {k: (v if isinstance(v, str) else min(g[k] for g in gathered)) for k, v in best.items()}
+        queue.put((rates, {"latency_s": lat, "bandwidth": 16 * 2**20 / max(res[16 * 2**20] - lat, 1e-9)}))
     dist.destroy_process_group()
 
 
-def p2p_link(repeats: int = 9) -> dict:
-    """One-way gloo point-to-point between two local processes: latency (4 KiB ping-pong) and
-    bandwidth (16 MiB: ``bytes / (time - latency)``)."""
+def measure(ranks: int = 2, seconds: float = 1.0, rounds: int = 3, repeats: int = 15) -> tuple[dict, dict]:
+    """``(rates, link)`` from ``ranks`` spawned processes of one thread each computing at once
+    (the slowest rank's best rates: a rank's rate when its neighbours compute too, as in a run),
+    and the gloo one-way link between two of them: latency (4 KiB ping-pong), bandwidth (16 MiB:
+    ``bytes / (time - latency)``)."""
     import socket
 
     import torch.multiprocessing as mp
@@ -119,15 +139,14 @@ def p2p_link(repeats: int = 9) -> dict:
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    small, large = 4096, 16 * 2**20
-    procs = [ctx.Process(target=_p2p_worker, args=(r, port, [small, large], repeats, queue)) for r in range(2)]
+    procs = [ctx.Process(target=_worker, args=(r, ranks, port, seconds, rounds, repeats, queue)) for r in range(ranks)]
     for p in procs:
         p.start()
-    res = queue.get(timeout=300)
-    for p in procs:
-        p.join(timeout=60)
-    lat = res[small]
-    return {"latency_s": lat, "bandwidth": large / max(res[large] - lat, 1e-9)}
+    try:
+        return queue.get(timeout=600)
+    finally:
+        for p in procs:
+            p.join(timeout=60)
 
 
 @dataclass(frozen=True)
@@ -137,36 +156,19 @@ class Calibration:
     link: dict
 
 
-def best_rates(seconds: float, rounds: int) -> dict:
-    """:func:`kernel_rates` ``rounds`` times, the best of each figure (a busy machine's episodes of
-    contention hit one round or another, not all)."""
-    best: dict = {}
-    for _ in range(rounds):
-        for key, value in kernel_rates(seconds=seconds).items():
-            best[key] = value if isinstance(value, str) else max(value, best.get(key, 0.0))
-    return best
-
-
 def calibrate(seconds: float = 1.0, ranks: int = 2, rounds: int = 3) -> Calibration:
     """Measure this machine (one thread per rank, ``ranks`` ranks per 'node') as a :class:`ClusterHW`:
     ``peak_flops`` is the measured matmul rate (efficiency 1), the attention efficiencies are the
     kernel's rates over it, both link levels are the measured gloo point-to-point link."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        rates = best_rates(seconds, rounds)
-    finally:
-        torch.set_num_threads(old)
-    links = [p2p_link() for _ in range(rounds)]
-    link = {"latency_s": min(x["latency_s"] for x in links), "bandwidth": max(x["bandwidth"] for x in links)}
+    rates, link = measure(ranks, seconds, rounds)
     peak = rates["matmul"]
     hw = ClusterHW(
         "calibrated", ranks, peak, 1.0, rates["attn_fwd"] / peak, rates["attn_bwd"] / peak, rates["causal_eff"],
         rates["mem_bw"], float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / ranks,
         intra_bw=link["bandwidth"], intra_lat=link["latency_s"], inter_bw=link["bandwidth"],
-        inter_lat=link["latency_s"], intra_shared=False, inter_shared=False, kernel_overhead_s=20e-6,
-        sources={"all": f"measured by `burstattn sim calibrate` on this machine ({os.cpu_count()} cores, "
-                        f"1 thread per rank, kernel {rates['backend']}, gloo point-to-point)"})
+        inter_lat=link["latency_s"], kernel_overhead_s=20e-6, plain_attn_rates=(rates["plain_fwd"], rates["plain_bwd"]),
+        sources={"all": f"measured by `burstattn sim calibrate` on this machine ({os.cpu_count()} cores, {ranks} "
+                        f"ranks of 1 thread computing at once, kernel {rates['backend']}, gloo point-to-point)"})
     return Calibration(hw, rates, link)
 
 

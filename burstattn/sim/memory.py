@@ -50,16 +50,20 @@ class Memory:
                                                   "kv_cache")}
 
 
-# Peak of one attention fwd+bwd beyond its inputs (q, k, v, dO), per strategy, in units of one local
-# query shard (``n*Hq*d`` elements) and one local K shard (``n*Hkv*d``): the output, LSE, internal
-# [B, H, n, D] copies, travelling double buffers, float32 accumulators, kernel temporaries, GQA
-# expansions and the gradients. Read off the library's allocations (``bench.memory.measure_peak``,
-# float32, world 2, n = 1024 per rank, MHA 8/8 and GQA 8/2); ``tests/dist/test_sim_library.py``
-# checks them at other shapes. Ring Self-Attention adds its two n x N float32 score matrices.
+# Peak of one attention fwd+bwd beyond its inputs (q, k, v, dO), per strategy: ``(c_q, c_kv, c_gqa)`` in
+# units of one local query shard (``n*Hq*d`` elements): ``c_q + c_kv * Hkv/Hq + c_gqa * [Hkv < Hq]``
+# (the output, LSE, internal [B, H, n, D] copies, travelling double buffers, float32 accumulators,
+# kernel temporaries, the gradients; ``c_gqa``: what grouped K/V heads add or save, e.g. expansions to
+# the query heads, or the smaller all-to-all of repeated kv heads). Read off the library's
+# allocations (``bench.memory.measure_peak``, float32, world 2, n = 1024 per rank, heads 8/8, 8/4, 8/2,
+# d = 32, the larger rank of two runs; ulysses' and tp's vary by up to 30% between ranks and runs, with
+# the order in which their all-to-all buffers are freed: the top of that range, since the planner
+# must not call a configuration feasible that is not); ``tests/dist/
+# test_sim_library.py`` checks them at other shapes. Ring Self-Attention adds its two n x N float32 score matrices.
 CALL_UNITS = {
-    "burst": (8.3, 12.9), "burst-kv": (8.1, 14.0), "ring": (8.1, 14.0), "distflash": (14.3, 12.0),
-    "ulysses": (4.9, 8.6), "allgather": (3.7, 17.3), "usp": (11.4, 7.6), "tp": (7.2, 10.3),
-    "tp-v1": (7.2, 10.3), "tp-v3": (7.2, 10.3), "rsa": (3.0, 10.0),
+    "burst": (7.2, 14.0, 0.9), "ring": (8.1, 14.0, 0.0), "distflash": (14.3, 12.0, 0.0),
+    "ulysses": (14.0, 0.0, -6.0), "allgather": (7.0, 14.0, -2.0), "usp": (11.1, 8.0, 0.0),
+    "tp": (16.0, 4.0, -7.0), "tp-v1": (16.0, 4.0, -7.0), "tp-v3": (16.0, 4.0, -7.0), "rsa": (3.0, 10.0, 0.0),
 }
 FORWARD_SHARE = 0.55  # forward-only peak over fwd+bwd peak (inference: no gradients, no backward ring)
 
@@ -71,16 +75,13 @@ def attention_buffers(strategy: str, *, batch: int, local_seq: int, world: int, 
     16-bit inputs with float32 accumulators count ``(e + 4) / 2`` bytes per element). ``q_heads`` /
     ``kv_heads`` are this tp rank's; for ``tp-v1`` / ``tp-v3`` (no sequence split) ``local_seq`` is
     the whole sequence. Raises ``ValueError`` for an unknown strategy."""
-    key = strategy
-    if strategy == "burst" and schedule == "distflash":
-        key = "distflash"
-    elif strategy == "burst" and bwd_mode == "kv":
-        key = "burst-kv"
+    key = "distflash" if (strategy == "burst" and schedule == "distflash") else strategy
     if key not in CALL_UNITS:
         raise ValueError(f"no memory model for strategy {strategy!r}; known: {sorted(CALL_UNITS)}")
-    cq, ckv = CALL_UNITS[key]
+    cq, ckv, cg = CALL_UNITS[key]
     per_elem = (e + 4) / 2
-    total = (cq * q_heads + ckv * kv_heads) * batch * local_seq * head_dim * per_elem
+    units = cq + ckv * kv_heads / q_heads + (cg if kv_heads < q_heads else 0.0)
+    total = units * q_heads * batch * local_seq * head_dim * per_elem
     if strategy == "rsa":
         total += 2 * batch * q_heads * local_seq * world * local_seq * 4
     return total if backward else FORWARD_SHARE * total

@@ -18,7 +18,7 @@ from burstattn.sim import net, plans
 from burstattn.sim.attention import AttnShape, attention_timeline
 from burstattn.sim.hardware import PRESETS, ClusterHW, preset
 from burstattn.sim.planner import max_seq_len, plan
-from burstattn.sim.simulate import SimConfig, memory_model, simulate
+from burstattn.sim.simulate import SimConfig, memory_model
 from burstattn.strategies import STRATEGIES
 
 HW = ClusterHW("test", 4, 100e12, 0.5, 0.5, 0.5, 1.0, 1e30, 80e9, intra_bw=100e9, intra_lat=2e-6,
