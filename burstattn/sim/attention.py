@@ -357,12 +357,50 @@ def usp_strategy(hw: ClusterHW, shape: AttnShape, cp: int, stride: int, ulysses:
     return AttnTimeline(res[0], res[1], ring.backward_mode)
 
 
+def window_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement, window: int, layout: str,
+                    block_size: int = 2048) -> AttnTimeline:
+    """burst with a causal sliding window: the masked direct schedule (K/V straight to the ranks
+    that need them, steps nobody needs dropped); forward and the K/V backward (dK/dV partials home)
+    replayed like distflash. Partial (masked) tiles cost as much as full ones."""
+    p, n = pl.size, shape.seq_len // pl.size
+    if p > 64:
+        raise ValueError(f"--window is simulated up to 64 context-parallel ranks, got cp={p}")
+    e, a = _elem(shape)
+    kv = 2 * shape.batch * n * shape.kv_heads * shape.head_dim
+    work, kv_moves, mplans = plans.mask_work(window, block_size, shape.seq_len, p, layout)
+    out = []
+    for backward in (False, True):
+        c = _cost(hw, shape, work, backward)
+        cmax = c.max(axis=0)
+        keep = [t for t in range(p) if t == 0 or kv_moves[t] or cmax[t] > 0]
+        fetch = [net.shift_time(pl, kv * e, t) if kv_moves[t] else 0.0 for t in keep[1:]] + [0.0]
+        rets = [0.0] + [net.shift_time(pl, kv * a, p - t) if (backward and kv_moves[t]) else 0.0 for t in keep[1:]]
+        step = np.maximum(cmax[keep] + np.array(rets), np.array(fetch))
+        pas = Pass(float(step.sum()), float(c.sum(axis=1).mean()))
+        free = float(cmax[keep].sum())
+        pas.idle = max(0.0, free - pas.compute)
+        pas.exposed_comm = max(0.0, pas.time - max(free, pas.compute))
+        t0 = 0.0
+        for i, t in enumerate(keep):
+            for rk in range(min(8, p)):
+                pas.events += [(rk, "compute", t0, t0 + c[rk, t]), (rk, "comm", t0, t0 + fetch[i])]
+            t0 += step[i]
+        out.append(pas)
+    # bytes: which peers each rank serves (the plan), at the real shard size
+    b = [plans.mask_bytes(mp, batch=shape.batch, local_seq=n, q_heads=shape.q_heads, kv_heads=shape.kv_heads,
+                          head_dim=shape.head_dim, dtype=shape.dtype, backward="kv") for mp in mplans]
+    busiest = max(range(p), key=lambda r: b[r]["forward"] + b[r]["backward"])
+    out[0].bytes_sent = b[busiest]["forward"] - plans.meta_bytes(p)
+    out[1].bytes_sent = b[busiest]["backward"]
+    return AttnTimeline(out[0], out[1], "kv")
+
+
 SEQUENCE_STRATEGIES = ("burst", "ring", "rsa", "ulysses", "allgather", "usp", "tp")
 
 
 def attention_timeline(strategy: str, shape: AttnShape, hw: ClusterHW, cp: int, stride: int = 1, *,
                        layout: Optional[str] = None, schedule: str = "ring", backward: str = "auto",
-                       ulysses_degree: Optional[int] = None) -> AttnTimeline:
+                       ulysses_degree: Optional[int] = None, window: Optional[int] = None) -> AttnTimeline:
     """The timeline of one attention call over a context-parallel group of ``cp`` ranks whose
     members are ``stride`` global ranks apart (``stride = tp``). Raises ``ValueError`` for an
     unknown strategy, a layout it does not take, or a shape it cannot split."""
@@ -389,6 +427,10 @@ def attention_timeline(strategy: str, shape: AttnShape, hw: ClusterHW, cp: int, 
         if cp % u or shape.q_heads % u:
             raise ValueError(f"usp: ulysses_degree ({u}) must divide cp ({cp}) and q_heads ({shape.q_heads})")
         return usp_strategy(hw, shape, cp, stride, u, backward)
+    if window is not None:
+        if strategy != "burst" or not shape.causal or schedule != "ring":
+            raise ValueError("--window is simulated for strategy burst, causal, schedule ring")
+        return window_strategy(hw, shape, pl, window, layout)
     if schedule == "distflash":
         if not shape.causal:
             raise ValueError("schedule='distflash' is causal-only")

@@ -37,6 +37,7 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpointing", default="full", choices=CHECKPOINTING)
     p.add_argument("--fsdp", action="store_true")
     p.add_argument("--non-causal", action="store_true", help="bidirectional attention (default causal)")
+    p.add_argument("--window", type=int, default=None, help="burst: a causal sliding window of this many keys")
     p.add_argument("--timeline", default=None, metavar="OUT.png", help="write one layer's Gantt chart")
     p.add_argument("--out", default="cluster-spec.json", help="calibrate: where to write the spec")
     p.add_argument("--seconds", type=float, default=1.0, help="calibrate: seconds per kernel measurement")
@@ -92,7 +93,8 @@ def run_sim(ns) -> int:
         cp, tp, dp = degrees(ns.strategy, ns.gpus, ns.cp, ns.tp, ns.dp)
         cfg = SimConfig(model_preset(ns.model), ns.seq_len, hw, ns.strategy, ns.mode, cp=cp, tp=tp, dp=dp,
                         batch=ns.batch, layout=ns.layout, schedule=ns.schedule, checkpointing=ns.checkpointing,
-                        fsdp=ns.fsdp, causal=not ns.non_causal, ulysses_degree=ns.ulysses_degree)
+                        fsdp=ns.fsdp, causal=not ns.non_causal, ulysses_degree=ns.ulysses_degree,
+                        window=ns.window)
         res = simulate(cfg)
     except ValueError as e:
         print(f"burstattn sim: {e}", file=sys.stderr)

@@ -100,6 +100,8 @@ def _why(c: Candidate, best: Candidate) -> str:
     if c is best:
         return "fastest configuration that fits"
     slower = r.time_s / best.result.time_s - 1
+    if slower < 0.01:
+        return f"a tie with the best ({slower:+.1%})"
     if r.exposed_comm_s > max(r.idle_s, 0.25 * r.time_s):
         return f"communication-bound: {r.exposed_comm_s / r.time_s:.0%} of the step is exposed communication " \
                f"({slower:+.0%} vs best)"

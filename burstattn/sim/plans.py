@@ -9,6 +9,8 @@ simulator sees plans as arrays of work per (rank, step), in units of score-matri
 
 What is exploited (and checked by ``tests/unit/test_sim.py`` against the full replay):
 
+* masks (a causal sliding window, ``burstattn sim --window``): the sparse direct schedule of
+  :func:`burstattn.masks.plan.mask_plan` is replayed for every rank (up to 64 ranks);
 * ring symmetry: a dense pair's block ops depend on the pair only through its order (``q == k``,
   ``k < q``, ``k > q``), so for ``P > EXACT_P`` the plan is replayed for one representative pair of
   each order instead of all ``P^2`` pairs;
@@ -27,6 +29,8 @@ import torch
 
 from ..engine.double import double_plan
 from ..engine.schedule import MaskKind, block_ops, distflash_plan, part_rows, ring_plan
+from ..masks.plan import mask_bytes, mask_plan
+from ..masks.spec import AttnMask
 from ..formulas import (accum_dtype, choose_backward, distflash_bytes, double_bytes, element_size, meta_bytes,
                         ring_bytes)
 from ..strategies import STRATEGIES
@@ -34,7 +38,7 @@ from ..strategies.heads import kv_repeats
 
 EXACT_P = 32
 
-__all__ = ["StepWork", "ring_work", "distflash_work", "double_work", "bytes_formula", "choose_backward",
+__all__ = ["StepWork", "ring_work", "mask_work", "window_mask", "distflash_work", "double_work", "bytes_formula", "choose_backward",
            "element_size", "accum_dtype", "meta_bytes", "kv_repeats", "ring_bytes", "distflash_bytes", "double_bytes",
            "EXACT_P", "STRATEGY_LAYOUTS"]
 
@@ -136,3 +140,42 @@ def double_work(world: int, ranks_per_node: int, layout: str, causal: bool, n: i
 def bytes_formula(strategy: str, *, dtype: torch.dtype, **shape) -> dict:
     """``STRATEGIES[strategy].bytes_formula()(**shape)``: ``{"forward", "backward", "ops"}``."""
     return STRATEGIES[strategy].bytes_formula()(dtype=dtype, **shape)
+
+
+def window_mask(window: int, block_size: int):
+    """A causal sliding window of ``window`` keys (:class:`burstattn.masks.spec.AttnMask`)."""
+    return AttnMask(window=(window, 0), block_size=block_size)
+
+
+@lru_cache(maxsize=32)
+def mask_work(window: int, block_size: int, seq_len: int, world: int, layout: str) -> tuple[StepWork, np.ndarray, list]:
+    """Work of the masked direct schedule (:func:`burstattn.masks.plan.mask_plan`, ``kv_steps``) of every
+    rank under a causal sliding window, ``[ranks, P]`` steps (a step a rank does not take is empty), whether
+    some rank moves K/V at step t (``kv_moves[t]``: a shift by t), and each rank's :class:`MaskPlan`.
+
+    A window's pattern depends on ``window / seq_len`` and the layout only, so long sequences are planned
+    at a reduced scale (at most 1,024 local tokens, tiles of ``block_size`` scaled alike) and the entries
+    scaled back by the square of the factor: the library's plan, not a copy of its logic."""
+    n = seq_len // world
+    k = 1
+    while n // (2 * k) >= 512 and n % (2 * k) == 0 and window % (2 * k) == 0 and block_size % (2 * k) == 0:
+        k *= 2
+    mask = window_mask(window // k, max(16, block_size // k))
+    full, diag, calls, rows = (np.zeros((world, world)) for _ in range(4))
+    kv_moves = np.zeros(world, bool)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # thousands of tiny tensor ops: threads only add contention (50x here)
+    try:
+        mplans = [mask_plan(mask, True, seq_len // k, world, layout, r) for r in range(world)]
+    finally:
+        torch.set_num_threads(threads)
+    for r, mp in enumerate(mplans):
+        for st in mp.kv_steps():
+            if st.own_k is not None:
+                ops = mp.row[st.own_k]
+                full[r, st.step] = k * k * sum(op.cost for op in ops if op.mask is MaskKind.FULL)
+                diag[r, st.step] = k * k * sum(op.cost for op in ops if op.mask is not MaskKind.FULL)
+                calls[r, st.step] = len(ops)
+                rows[r, st.step] = n
+            kv_moves[st.step] |= st.kv_to is not None and st.step > 0
+    return StepWork(full, diag, calls, rows), kv_moves, mplans

@@ -60,6 +60,8 @@ class SimConfig:
     dtype: torch.dtype = torch.bfloat16
     causal: bool = True
     ulysses_degree: Optional[int] = None
+    window: Optional[int] = None
+    """A causal sliding window of this many keys (burst only; the masked direct schedule)."""
 
     @property
     def gpus(self) -> int:
@@ -124,13 +126,13 @@ def check(cfg: SimConfig) -> None:
 
 @lru_cache(maxsize=4096)
 def _attention(strategy: str, shape: AttnShape, hw: ClusterHW, cp: int, stride: int, layout, schedule: str,
-               ulysses) -> tuple[Pass, Pass, str]:
+               ulysses, window) -> tuple[Pass, Pass, str]:
     if strategy in ("tp-v1", "tp-v3") or cp == 1:
         name = "burst"  # one rank: the local kernel over the whole sequence
         t = attention_timeline(name, shape, hw, 1)
     else:
         t = attention_timeline(strategy, shape, hw, cp, stride, layout=layout, schedule=schedule,
-                               ulysses_degree=ulysses)
+                               ulysses_degree=ulysses, window=window)
     return t.forward, t.backward, t.backward_mode
 
 
@@ -157,7 +159,8 @@ def simulate(cfg: SimConfig, memory_only: bool = False) -> SimResult:
         cfg = dataclasses.replace(cfg, ulysses_degree=math.gcd(cp, m.n_heads // tp, max(1, hw.devices_per_node // tp)))
     tokens = cfg.batch * cfg.seq_len // cp
     shape = AttnShape(cfg.batch, cfg.seq_len, m.n_heads // tp, kv_heads, m.head_dim, cfg.dtype, cfg.causal)
-    fwd, bwd, bmode = _attention(cfg.strategy, shape, hw, cp, tp, cfg.layout, cfg.schedule, cfg.ulysses_degree)
+    fwd, bwd, bmode = _attention(cfg.strategy, shape, hw, cp, tp, cfg.layout, cfg.schedule, cfg.ulysses_degree,
+                                 cfg.window)
     mm_f = 2 * tokens * layer_w / hw.matmul_rate
     elem_f = tokens * 24 * h * e / (tp if sp else 1) / hw.mem_bw
     act = tokens * h * e
