@@ -416,6 +416,10 @@ def attention_timeline(strategy: str, shape: AttnShape, hw: ClusterHW, cp: int, 
     if strategy in ("ulysses", "tp") and shape.q_heads % cp:
         raise ValueError(f"strategy {strategy!r} splits query heads over cp={cp}: q_heads ({shape.q_heads}) must "
                          "be divisible by it")
+    if window is not None:
+        if strategy != "burst" or not shape.causal or schedule != "ring":
+            raise ValueError("--window is simulated for strategy burst, causal, schedule ring")
+        return window_strategy(hw, shape, pl, window, layout)
     if strategy == "ring":
         return ring_strategy(hw, shape, pl, "contiguous", "kv")
     if strategy == "rsa":
@@ -427,10 +431,6 @@ def attention_timeline(strategy: str, shape: AttnShape, hw: ClusterHW, cp: int, 
         if cp % u or shape.q_heads % u:
             raise ValueError(f"usp: ulysses_degree ({u}) must divide cp ({cp}) and q_heads ({shape.q_heads})")
         return usp_strategy(hw, shape, cp, stride, u, backward)
-    if window is not None:
-        if strategy != "burst" or not shape.causal or schedule != "ring":
-            raise ValueError("--window is simulated for strategy burst, causal, schedule ring")
-        return window_strategy(hw, shape, pl, window, layout)
     if schedule == "distflash":
         if not shape.causal:
             raise ValueError("schedule='distflash' is causal-only")
