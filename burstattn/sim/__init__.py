@@ -4,7 +4,8 @@
   ``h100-nvlink-ib``, ``h200-nvlink-ib``, ``tpuv4``), every figure with its source;
 * :mod:`.net`: link and collective cost models;
 * :mod:`.plans`: the one adapter to the library's plan functions and byte formulas;
-* :mod:`.attention`: one attention layer's event-level timeline per strategy;
+* :mod:`.attention`, :mod:`.direct`, :mod:`.passes`: one attention layer's event-level timeline per
+  strategy (ring loops, direct schedules, collectives);
 * :mod:`.memory`, :mod:`.simulate`: the whole model's step, memory per device;
 * :mod:`.planner`: ranking and longest sequence; :mod:`.timeline`: the Gantt chart;
 * :mod:`.calibrate`: this machine as a spec; :mod:`.validation`: the measured and published checks.

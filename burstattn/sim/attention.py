@@ -16,65 +16,17 @@ run with free links, minus the compute) and ``exposed_comm`` (the rest).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
 from typing import Optional
 
-import math
-
 import numpy as np
-import torch
 
 from . import net, plans
+from .direct import distflash_strategy, window_strategy
 from .hardware import ClusterHW
+from .passes import AttnShape, AttnTimeline, Pass, element_sizes, kernel_seconds
 
-
-@dataclass(frozen=True)
-class AttnShape:
-    """One attention call: ``batch`` x ``seq_len`` global tokens, heads of this tp rank."""
-
-    batch: int
-    seq_len: int
-    q_heads: int
-    kv_heads: int
-    head_dim: int
-    dtype: torch.dtype = torch.bfloat16
-    causal: bool = True
-
-
-@dataclass
-class Pass:
-    """One pass (forward or backward) of the slowest rank, and the events for a Gantt chart."""
-
-    time: float = 0.0
-    compute: float = 0.0
-    idle: float = 0.0
-    exposed_comm: float = 0.0
-    bytes_sent: float = 0.0
-    events: list = field(default_factory=list)  # (rank, kind, start, stop), kind compute|comm
-
-    def add(self, other: "Pass", offset: bool = True) -> "Pass":
-        shift = self.time if offset else 0.0
-        self.events += [(r, k, a + shift, b + shift) for r, k, a, b in other.events]
-        self.time += other.time
-        self.compute += other.compute
-        self.idle += other.idle
-        self.exposed_comm += other.exposed_comm
-        self.bytes_sent += other.bytes_sent
-        return self
-
-
-@dataclass(frozen=True)
-class AttnTimeline:
-    forward: Pass
-    backward: Pass
-    backward_mode: str
-
-
-def _cost(hw: ClusterHW, shape: AttnShape, work: plans.StepWork, backward: bool) -> np.ndarray:
-    """Seconds of kernel work per (rank, step)."""
-    per_entry = (10 if backward else 4) * shape.head_dim * shape.q_heads * shape.batch
-    eff = work.full + work.diag / hw.causal_eff
-    return eff * per_entry / hw.attn_rate(backward) + work.calls * hw.kernel_overhead_s
+__all__ = ["AttnShape", "AttnTimeline", "Pass", "attention_timeline", "SEQUENCE_STRATEGIES"]
 
 
 def _ring(c: np.ndarray, m_travel: float, m_acc: Optional[float], fold: float, ring_rows: bool,
@@ -138,11 +90,6 @@ def _serial(parts: list[tuple[str, float]], ranks: int = 2) -> Pass:
     return p
 
 
-def _elem(shape: AttnShape) -> tuple[int, int]:
-    e = plans.element_size(shape.dtype)
-    return e, plans.element_size(plans.accum_dtype(shape.dtype))
-
-
 def _local_full(hw: ClusterHW, shape: AttnShape, heads: int, backward: bool, rows: int, keys: int,
                 diag: bool) -> float:
     """One local call: ``rows`` queries x ``keys`` keys, ``heads`` query heads."""
@@ -154,7 +101,7 @@ def _local_full(hw: ClusterHW, shape: AttnShape, heads: int, backward: bool, row
 def ring_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement, layout: str, backward: str) -> AttnTimeline:
     """burst (schedule='ring') and ring: K/V ring forward; query ring or K/V ring backward."""
     p, n = pl.size, shape.seq_len // pl.size
-    e, a = _elem(shape)
+    e, a = element_sizes(shape)
     kv = 2 * shape.batch * n * shape.kv_heads * shape.head_dim
     rows = shape.batch * n * shape.q_heads
     if backward == "auto":
@@ -162,7 +109,7 @@ def ring_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement, layout: st
                                          kv_heads=shape.kv_heads, head_dim=shape.head_dim, dtype=shape.dtype)
     merge = rows * (shape.head_dim + 1) * a * 3 / hw.mem_bw
     fw = plans.ring_work(p, layout, shape.causal, n, "kv")
-    c = _cost(hw, shape, fw, False) + np.where(np.arange(p) > 0, merge, 0.0)[None, :] * (fw.calls > 0)
+    c = kernel_seconds(hw, shape, fw, False) + np.where(np.arange(p) > 0, merge, 0.0)[None, :] * (fw.calls > 0)
     fwd = _ring(c, net.shift_time(pl, kv * e), None, 0.0, True)
     fwd.bytes_sent = (p - 1) * kv * e
     if backward == "burst":
@@ -172,7 +119,7 @@ def ring_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement, layout: st
         bw = plans.ring_work(p, layout, shape.causal, n, "kv")
         travel, acc = kv * e, kv * a
     fold = acc * 3 / hw.mem_bw
-    bwd = _ring(_cost(hw, shape, bw, True), net.shift_time(pl, travel), net.shift_time(pl, acc), fold, True)
+    bwd = _ring(kernel_seconds(hw, shape, bw, True), net.shift_time(pl, travel), net.shift_time(pl, acc), fold, True)
     bwd.bytes_sent = (p - 1) * travel + p * acc if p > 1 else 0.0
     return AttnTimeline(fwd, bwd, backward)
 
@@ -181,7 +128,7 @@ def rsa_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement) -> AttnTime
     """Ring Self-Attention: a K ring builds the full ``n x N`` scores with plain matmuls (kept),
     softmax over them, a V ring; backward a K/V ring with dK/dV following. No block is skipped."""
     p, n = pl.size, shape.seq_len // pl.size
-    e, a = _elem(shape)
+    e, a = element_sizes(shape)
     half = shape.batch * n * shape.kv_heads * shape.head_dim
     entries = shape.batch * shape.q_heads * n * n  # of one block pair
     if hw.plain_attn_rates is not None:
@@ -204,56 +151,13 @@ def rsa_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement) -> AttnTime
     return AttnTimeline(fwd, bwd, "kv")
 
 
-def distflash_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement) -> AttnTimeline:
-    """burst with schedule='distflash' (causal, contiguous): direct transfers by shifts t, P-t."""
-    p, n = pl.size, shape.seq_len // pl.size
-    e, a = _elem(shape)
-    kv = 2 * shape.batch * n * shape.kv_heads * shape.head_dim
-    rows = shape.batch * n * shape.q_heads
-    work, kv_moves, q_moves = plans.distflash_work(p, n)
-
-    def step_comm(t: int, kv_b: float, q_b: float) -> float:
-        return max(net.shift_time(pl, kv_b, t) if kv_moves[t] else 0.0,
-                   net.shift_time(pl, q_b, p - t) if q_moves[t] else 0.0)
-
-    out = []
-    for backward, q_b, ret_q, ret_kv in ((False, rows * shape.head_dim * e, rows * (shape.head_dim * e + a), 0.0),
-                                         (True, rows * (2 * shape.head_dim * e + 2 * a), rows * shape.head_dim * a,
-                                          kv * a)):
-        c = _cost(hw, shape, work, backward)
-        cmax = c.max(axis=0)
-        fetch = [step_comm(t, kv * e, q_b) for t in range(1, work.steps)] + [0.0]
-        rets = [0.0] + [max(net.shift_time(pl, ret_q, t) if q_moves[t] else 0.0,
-                            net.shift_time(pl, ret_kv, p - t) if (ret_kv and kv_moves[t]) else 0.0)
-                        for t in range(1, work.steps)]
-        # direct_loop at step t: post the fetch of step t+1, compute, post step t's partials home,
-        # wait for both; every transfer is a rendezvous with a peer, so the slowest rank sets the pace
-        step = np.maximum(cmax + np.array(rets), np.array(fetch))
-        pas = Pass(float(step.sum()), float(c.sum(axis=1).mean()))
-        free = float(cmax.sum())
-        pas.idle = max(0.0, free - pas.compute)
-        pas.exposed_comm = max(0.0, pas.time - max(free, pas.compute))
-        t0 = 0.0
-        for t in range(work.steps):
-            for rk in range(min(8, len(c))):
-                pas.events += [(rk, "compute", t0, t0 + c[rk, t]), (rk, "comm", t0, t0 + max(fetch[t], 0.0))]
-                if rets[t]:
-                    pas.events.append((rk, "comm", t0 + c[rk, t], t0 + c[rk, t] + rets[t]))
-            t0 += step[t]
-        out.append(pas)
-    fb = plans.distflash_bytes(rank=p - 1, batch=shape.batch, local_seq=n, world_size=p, q_heads=shape.q_heads,
-                               kv_heads=shape.kv_heads, head_dim=shape.head_dim, dtype=shape.dtype)
-    out[0].bytes_sent, out[1].bytes_sent = fb["forward"] - plans.meta_bytes(p), fb["backward"]
-    return AttnTimeline(out[0], out[1], "distflash")
-
-
 def double_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement, layout: str, backward: str) -> AttnTimeline:
     """burst with schedule='double': an inner ring inside nodes nested in an outer ring across them;
     the outer transfer of the next block is posted before the R inner steps and waited for after."""
     p, n = pl.size, shape.seq_len // pl.size
     r_ = min(pl.per_node, p)
     m_ = p // r_
-    e, a = _elem(shape)
+    e, a = element_sizes(shape)
     kv = 2 * shape.batch * n * shape.kv_heads * shape.head_dim
     rows = shape.batch * n * shape.q_heads
     if backward == "auto":
@@ -264,7 +168,7 @@ def double_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement, layout: 
     res = []
     for travelling, back in (("kv", False), ("kv" if backward == "kv" else "q", True)):
         work = plans.double_work(p, r_, layout, shape.causal, n, travelling)
-        c = _cost(hw, shape, work, back)
+        c = kernel_seconds(hw, shape, work, back)
         if not back:
             travel, acc = kv * e, None
         elif travelling == "q":
@@ -293,7 +197,7 @@ def collective_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement, stra
                         layout: str = "contiguous") -> AttnTimeline:
     """ulysses, allgather and tp: the collectives of their byte formulas, then one local call."""
     p, n, big_n = pl.size, shape.seq_len // pl.size, shape.seq_len
-    e, a = _elem(shape)
+    e, a = element_sizes(shape)
     f = plans.bytes_formula(strategy, batch=shape.batch, local_seq=n, world_size=p, q_heads=shape.q_heads,
                             kv_heads=shape.kv_heads, head_dim=shape.head_dim, dtype=shape.dtype)
     ops = {k: v for k, v in f["ops"].items() if k[1] != "meta"}
@@ -304,7 +208,7 @@ def collective_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement, stra
         work = plans.ring_work(p, layout, shape.causal, n, "kv")
         one = plans.StepWork(work.full.sum(1, keepdims=True), work.diag.sum(1, keepdims=True),
                              np.ones((p, 1)), work.rows.sum(1, keepdims=True))
-        per_rank = [_cost(hw, shape, one, b)[:, 0] for b in (False, True)]
+        per_rank = [kernel_seconds(hw, shape, one, b)[:, 0] for b in (False, True)]
         comp = [float(x.mean()) for x in per_rank]
         idle = [float(x.max() - x.mean()) for x in per_rank]
         fwd = [("comm", net.all_gather_time(pl, ops[("forward", "kv")] / max(p - 1, 1))), ("compute", comp[0])]
@@ -338,7 +242,7 @@ def collective_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement, stra
 def usp_strategy(hw: ClusterHW, shape: AttnShape, cp: int, stride: int, ulysses: int, backward: str) -> AttnTimeline:
     """USP: Ulysses all-to-alls over ``ulysses`` ranks (innermost), a burst ring across the rest."""
     p, n = cp, shape.seq_len // cp
-    e, _ = _elem(shape)
+    e, _ = element_sizes(shape)
     u = ulysses
     rep = plans.kv_repeats(shape.kv_heads, u)
     ul = net.placement(hw, u, stride)
@@ -355,44 +259,6 @@ def usp_strategy(hw: ClusterHW, shape: AttnShape, cp: int, stride: int, ulysses:
         pas.bytes_sent = ring_pass.bytes_sent + (before + after) * (1 if u > 1 else 0)
         res.append(pas)
     return AttnTimeline(res[0], res[1], ring.backward_mode)
-
-
-def window_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement, window: int, layout: str,
-                    block_size: int = 2048) -> AttnTimeline:
-    """burst with a causal sliding window: the masked direct schedule (K/V straight to the ranks
-    that need them, steps nobody needs dropped); forward and the K/V backward (dK/dV partials home)
-    replayed like distflash. Partial (masked) tiles cost as much as full ones."""
-    p, n = pl.size, shape.seq_len // pl.size
-    if p > 64:
-        raise ValueError(f"--window is simulated up to 64 context-parallel ranks, got cp={p}")
-    e, a = _elem(shape)
-    kv = 2 * shape.batch * n * shape.kv_heads * shape.head_dim
-    work, kv_moves, mplans = plans.mask_work(window, block_size, shape.seq_len, p, layout)
-    out = []
-    for backward in (False, True):
-        c = _cost(hw, shape, work, backward)
-        cmax = c.max(axis=0)
-        keep = [t for t in range(p) if t == 0 or kv_moves[t] or cmax[t] > 0]
-        fetch = [net.shift_time(pl, kv * e, t) if kv_moves[t] else 0.0 for t in keep[1:]] + [0.0]
-        rets = [0.0] + [net.shift_time(pl, kv * a, p - t) if (backward and kv_moves[t]) else 0.0 for t in keep[1:]]
-        step = np.maximum(cmax[keep] + np.array(rets), np.array(fetch))
-        pas = Pass(float(step.sum()), float(c.sum(axis=1).mean()))
-        free = float(cmax[keep].sum())
-        pas.idle = max(0.0, free - pas.compute)
-        pas.exposed_comm = max(0.0, pas.time - max(free, pas.compute))
-        t0 = 0.0
-        for i, t in enumerate(keep):
-            for rk in range(min(8, p)):
-                pas.events += [(rk, "compute", t0, t0 + c[rk, t]), (rk, "comm", t0, t0 + fetch[i])]
-            t0 += step[i]
-        out.append(pas)
-    # bytes: which peers each rank serves (the plan), at the real shard size
-    b = [plans.mask_bytes(mp, batch=shape.batch, local_seq=n, q_heads=shape.q_heads, kv_heads=shape.kv_heads,
-                          head_dim=shape.head_dim, dtype=shape.dtype, backward="kv") for mp in mplans]
-    busiest = max(range(p), key=lambda r: b[r]["forward"] + b[r]["backward"])
-    out[0].bytes_sent = b[busiest]["forward"] - plans.meta_bytes(p)
-    out[1].bytes_sent = b[busiest]["backward"]
-    return AttnTimeline(out[0], out[1], "kv")
 
 
 SEQUENCE_STRATEGIES = ("burst", "ring", "rsa", "ulysses", "allgather", "usp", "tp")

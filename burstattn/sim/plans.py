@@ -38,7 +38,7 @@ from ..strategies.heads import kv_repeats
 
 EXACT_P = 32
 
-__all__ = ["StepWork", "ring_work", "mask_work", "window_mask", "distflash_work", "double_work", "bytes_formula", "choose_backward",
+__all__ = ["StepWork", "ring_work", "mask_work", "window_mask", "mask_bytes", "mask_plan", "distflash_work", "double_work", "bytes_formula", "choose_backward",
            "element_size", "accum_dtype", "meta_bytes", "kv_repeats", "ring_bytes", "distflash_bytes", "double_bytes",
            "EXACT_P", "STRATEGY_LAYOUTS"]
 
