@@ -98,15 +98,21 @@ def _local_full(hw: ClusterHW, shape: AttnShape, heads: int, backward: bool, row
             + hw.kernel_overhead_s)
 
 
-def ring_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement, layout: str, backward: str) -> AttnTimeline:
-    """burst (schedule='ring') and ring: K/V ring forward; query ring or K/V ring backward."""
-    p, n = pl.size, shape.seq_len // pl.size
+def ring_sizes(shape: AttnShape, p: int, backward: str) -> tuple[int, int, int, int, int, str]:
+    """``(n, e, a, kv, rows, backward)`` of a ring over ``p`` ranks: local tokens, element sizes, K/V
+    elements of one shard, query rows, and the backward (``"auto"`` resolved as the library does)."""
+    n = shape.seq_len // p
     e, a = element_sizes(shape)
-    kv = 2 * shape.batch * n * shape.kv_heads * shape.head_dim
-    rows = shape.batch * n * shape.q_heads
     if backward == "auto":
         backward = plans.choose_backward(batch=shape.batch, local_seq=n, world_size=p, q_heads=shape.q_heads,
                                          kv_heads=shape.kv_heads, head_dim=shape.head_dim, dtype=shape.dtype)
+    return n, e, a, 2 * shape.batch * n * shape.kv_heads * shape.head_dim, shape.batch * n * shape.q_heads, backward
+
+
+def ring_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement, layout: str, backward: str) -> AttnTimeline:
+    """burst (schedule='ring') and ring: K/V ring forward; query ring or K/V ring backward."""
+    p = pl.size
+    n, e, a, kv, rows, backward = ring_sizes(shape, p, backward)
     merge = rows * (shape.head_dim + 1) * a * 3 / hw.mem_bw
     fw = plans.ring_work(p, layout, shape.causal, n, "kv")
     c = kernel_seconds(hw, shape, fw, False) + np.where(np.arange(p) > 0, merge, 0.0)[None, :] * (fw.calls > 0)
@@ -154,15 +160,10 @@ def rsa_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement) -> AttnTime
 def double_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement, layout: str, backward: str) -> AttnTimeline:
     """burst with schedule='double': an inner ring inside nodes nested in an outer ring across them;
     the outer transfer of the next block is posted before the R inner steps and waited for after."""
-    p, n = pl.size, shape.seq_len // pl.size
+    p = pl.size
     r_ = min(pl.per_node, p)
     m_ = p // r_
-    e, a = element_sizes(shape)
-    kv = 2 * shape.batch * n * shape.kv_heads * shape.head_dim
-    rows = shape.batch * n * shape.q_heads
-    if backward == "auto":
-        backward = plans.choose_backward(batch=shape.batch, local_seq=n, world_size=p, q_heads=shape.q_heads,
-                                         kv_heads=shape.kv_heads, head_dim=shape.head_dim, dtype=shape.dtype)
+    n, e, a, kv, rows, backward = ring_sizes(shape, p, backward)
     inner = net.Placement(hw, r_, r_, pl.concurrent)
     outer = net.Placement(hw, m_, 1, pl.concurrent * r_)
     res = []

@@ -206,3 +206,20 @@ def test_a_thousand_devices_and_millions_of_tokens_in_seconds():
     elapsed = time.process_time() - start
     assert rows[0]["fits"] and longest["burst"]["tokens"] > 1 << 22
     assert elapsed < 10, elapsed
+
+
+def test_calibrated_spec_file_serves_sim_and_cluster(tmp_path):
+    from burstattn.cluster.spec import from_file, resolve
+    from burstattn.sim.calibrate import Calibration, cluster_section
+    from burstattn.sim.hardware import load, save
+
+    hw = dataclasses.replace(HW, name="calibrated", plain_attn_rates=(1e8, 5e7))
+    cal = Calibration(hw, {"attn_fwd": 1e11}, {"bandwidth": 2e9, "latency_s": 1e-4})
+    path = str(tmp_path / "spec.json")
+    save(hw, path, {"cluster": cluster_section(cal)})
+    assert load(path) == hw
+    spec = from_file(path)
+    assert spec.intra.bandwidth == pytest.approx(2e9) and spec.intra.latency_ms == pytest.approx(0.1)
+    assert resolve(path, 2, 2).world_size == 4
+    with pytest.raises(ValueError, match="unknown cluster preset"):
+        load(str(tmp_path / "missing.json"))
