@@ -170,7 +170,8 @@ def run_plan(ns) -> int:
         print(f"{i + 1:>3} {r['strategy']:18s} {d['dp']:>4} {d['cp']:>4} {d['tp']:>3} {r['checkpointing']:5s} "
               f"{'yes' if r['fsdp'] else 'no':4s} {r['time_s']:>8.3f}s {r['peak_memory_bytes'] / 2**30:>7.1f}G  {r['why']}")
     if rows and rows[0]["fits"]:
-        print(f"\nrun the winner with:\n  {rows[0]['config']['train']}\n  {rows[0]['config']['attention']}")
+        cfg = rows[0]["config"]
+        print(f"\nrun the winner with:\n  {cfg['train']}\n  {cfg['attention']}" + (f"\n  ({cfg['note']})" if "note" in cfg else ""))
     else:
         print("\nnothing fits: add devices, shorten the sequence, or use a larger-memory cluster")
     return 0

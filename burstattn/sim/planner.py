@@ -145,14 +145,19 @@ def configuration(cfg: SimConfig, model_name: Optional[str] = None) -> dict:
     if cfg.strategy == "usp" and cfg.ulysses_degree:
         kwargs["ulysses_degree"] = cfg.ulysses_degree
         kwargs["ring_degree"] = cfg.cp // cfg.ulysses_degree
-    flags = [f"--model {model_name}" if model_name else "", f"--seq-len {cfg.seq_len}",
+    flags = [f"--model {model_name}" if model_name else "", f"--seq-len {cfg.seq_len}", f"--batch {cfg.batch}",
              f"--strategy {cfg.strategy}", f"--dp {cfg.dp}", f"--cp {cfg.cp}", f"--tp {cfg.tp}",
-             f"--checkpointing {cfg.checkpointing}"] + (["--fsdp"] if cfg.fsdp else [])
+             f"--checkpointing {cfg.checkpointing}", "--dtype bfloat16"] + (["--fsdp"] if cfg.fsdp else [])
+    if cfg.layout:
+        flags.append(f"--layout {cfg.layout}")
+    if cfg.strategy == "usp" and cfg.ulysses_degree:
+        flags.append(f"--ulysses-degree {cfg.ulysses_degree}")
+    out = {"attention": f"burstattn.attention(q, k, v, group=cp_group, {', '.join(f'{k}={v!r}' for k, v in kwargs.items())})",
+           "train": "burstattn train " + " ".join(f for f in flags if f), "attention_kwargs": kwargs}
     if "schedule" in kwargs:
-        flags.append(f"--schedule {cfg.schedule}")
-    args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
-    return {"attention": f"burstattn.attention(q, k, v, group=cp_group, {args})",
-            "train": "burstattn train " + " ".join(f for f in flags if f), "attention_kwargs": kwargs}
+        out["note"] = (f"schedule={cfg.schedule!r} is an option of burstattn.attention; `burstattn train` has no "
+                       "flag for it (its --strategy burst runs the ring schedule)")
+    return out
 
 
 def max_seq_len(model: LlamaConfig, gpus: int, hw: ClusterHW, mode: str = "train", batch: int = 1,
