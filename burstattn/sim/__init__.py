@@ -6,13 +6,21 @@
 * :mod:`.plans`: the one adapter to the library's plan functions and byte formulas;
 * :mod:`.attention`, :mod:`.direct`, :mod:`.passes`: one attention layer's event-level timeline per
   strategy (ring loops, direct schedules, collectives);
-* :mod:`.memory`, :mod:`.simulate`: the whole model's step, memory per device;
+* :mod:`.memory`, :mod:`.step`: the whole model's step (:func:`simulate`), memory per device;
 * :mod:`.planner`: ranking and longest sequence; :mod:`.timeline`: the Gantt chart;
 * :mod:`.calibrate`: this machine as a spec; :mod:`.validation`: the measured and published checks.
 
 Nothing here is imported by ``import burstattn``.
 """
-from .hardware import PRESETS, ClusterHW, preset
-from .simulate import SimConfig, SimResult, simulate
+from importlib import import_module
 
 __all__ = ["PRESETS", "ClusterHW", "preset", "SimConfig", "SimResult", "simulate"]
+_HOME = {"PRESETS": "hardware", "ClusterHW": "hardware", "preset": "hardware", "SimConfig": "step",
+         "SimResult": "step", "simulate": "step"}
+
+
+def __getattr__(name: str):
+    """The public names, imported on first use (``burstattn --help`` stays light)."""
+    if name in _HOME:
+        return getattr(import_module(f"{__name__}.{_HOME[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

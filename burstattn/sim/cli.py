@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .simulate import CHECKPOINTING, MODES, STRATEGIES
+from .names import CHECKPOINTING, MODES, SCHEDULES, STRATEGIES
 
 _OWN_DIM = {"tp-v1": "tp", "tp-v3": "tp"}
 
@@ -29,7 +29,7 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     _common(p, True)
     p.add_argument("--strategy", default="burst", choices=STRATEGIES)
     p.add_argument("--layout", default=None)
-    p.add_argument("--schedule", default="ring", choices=("ring", "distflash", "double"))
+    p.add_argument("--schedule", default="ring", choices=SCHEDULES)
     p.add_argument("--cp", type=int, default=None)
     p.add_argument("--tp", type=int, default=None)
     p.add_argument("--dp", type=int, default=None)
@@ -82,7 +82,7 @@ def degrees(strategy: str, gpus: int, cp, tp, dp) -> tuple[int, int, int]:
 
 def run_sim(ns) -> int:
     from ..models.config import preset as model_preset
-    from .simulate import SimConfig, simulate
+    from .step import SimConfig, simulate
 
     try:
         if ns.action == "calibrate":

@@ -19,7 +19,7 @@ from typing import Optional
 
 from ..models.config import LlamaConfig
 from .hardware import ClusterHW
-from .simulate import SimConfig, SimResult, simulate
+from .step import SimConfig, SimResult, simulate
 
 
 @dataclass(frozen=True)

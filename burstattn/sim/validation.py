@@ -23,7 +23,7 @@ import torch
 from ..models.config import preset as model_preset
 from .attention import AttnShape, attention_timeline
 from .hardware import ClusterHW, load, preset
-from .simulate import SimConfig, memory_model, simulate
+from .step import SimConfig, memory_model, simulate
 
 # bench contender -> (strategy, options) as bench grid / bench --cluster run it
 CONTENDERS = {"burst": ("burst", {}), "burst-distflash": ("burst", {"schedule": "distflash"}),

@@ -18,7 +18,7 @@ from burstattn.sim import net, plans
 from burstattn.sim.attention import AttnShape, attention_timeline
 from burstattn.sim.hardware import PRESETS, ClusterHW, preset
 from burstattn.sim.planner import max_seq_len, plan
-from burstattn.sim.simulate import SimConfig, memory_model
+from burstattn.sim.step import SimConfig, memory_model
 from burstattn.strategies import STRATEGIES
 
 HW = ClusterHW("test", 4, 100e12, 0.5, 0.5, 0.5, 1.0, 1e30, 80e9, intra_bw=100e9, intra_lat=2e-6,
@@ -48,6 +48,8 @@ def test_ring_all_reduce_and_all_gather_cost_what_the_formula_says():
     pl = net.placement(HW, 8)
     assert net.shift_time(pl, nbytes) == pytest.approx(7e-6 + max(nbytes / 100e9, nbytes / 10e9))
     assert net.shift_time(pl, nbytes, 4) == pytest.approx(7e-6 + 4 * nbytes / 10e9)  # all 4 cross
+    assert net.p2p_time(HW, nbytes, same_node=False) == pytest.approx(7e-6 + nbytes / 10e9)
+    assert net.p2p_time(HW, nbytes, same_node=True) == pytest.approx(2e-6 + nbytes / 100e9)
 
 
 def test_all_to_all_costs_what_the_formula_says():

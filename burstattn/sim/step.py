@@ -35,9 +35,7 @@ from . import net, plans
 from .attention import AttnShape, Pass, attention_timeline
 from .hardware import ClusterHW
 
-STRATEGIES = ("burst", "ring", "rsa", "ulysses", "allgather", "usp", "tp", "tp-v1", "tp-v3")
-MODES = ("train", "prefill", "decode")
-CHECKPOINTING = ("none", "full", "remat")
+from .names import CHECKPOINTING, MODES, STRATEGIES
 
 
 @dataclass(frozen=True)
