@@ -111,8 +111,8 @@ def run_sim(ns) -> int:
         print(json.dumps(out))
         return 0
     gib = 2**30
-    print(f"{ns.model} {ns.mode}, N={ns.seq_len}, {ns.gpus} x {hw.name}: {ns.strategy} dp={dp} cp={cp} tp={tp}, "
-          f"checkpointing {ns.checkpointing}{', FSDP' if ns.fsdp else ''}")
+    print(f"{ns.model} {ns.mode}, N={ns.seq_len}, {ns.gpus} x {hw.name}: {ns.strategy} dp={dp} cp={cp} tp={tp}"
+          + (f", checkpointing {ns.checkpointing}{', FSDP' if ns.fsdp else ''}" if ns.mode == "train" else ""))
     print(f"  time {res.time_s:.4g} s = compute {res.compute_s:.4g} + exposed comm {res.exposed_comm_s:.4g} "
           f"+ idle {res.idle_s:.4g}")
     print(f"  peak memory {res.peak_memory_bytes / gib:.2f} GiB of {hw.mem_bytes / gib:.1f} GiB: "

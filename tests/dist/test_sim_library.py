@@ -37,7 +37,8 @@ def test_memory_model_matches_the_library(pools, strategy, options, n, hq, hkv, 
 
 def test_predicted_time_matches_the_committed_measurement():
     """The simulator on the committed calibration against the committed ``bench grid`` run (P=2 on this
-    machine, N=8192, quiet machine): within 25% for the fused-kernel ring strategies."""
+    machine, N=8192, quiet machine): within 25% for the fused-kernel ring strategies. The two files belong
+    together: recalibrating on another machine means rerunning the grid there too."""
     import json
     from pathlib import Path
 
