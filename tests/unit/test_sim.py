@@ -99,17 +99,17 @@ def test_window_replays_the_mask_plan():
     from burstattn.masks.plan import mask_bytes, mask_plan
     from burstattn.masks.spec import AttnMask
 
-    shape = AttnShape(1, 8 * 1024, 8, 8, 64, torch.bfloat16, True)
+    shape = AttnShape(1, 8 * 512, 8, 8, 64, torch.bfloat16, True)
     dense = attention_timeline("burst", shape, HW, 8, layout="contiguous")
-    win = attention_timeline("burst", shape, HW, 8, layout="contiguous", window=1024)
+    win = attention_timeline("burst", shape, HW, 8, layout="contiguous", window=512)
     assert win.forward.compute < 0.4 * dense.forward.compute  # a window of N/8: about 1/4 of causal's work
-    mask = AttnMask(window=(1024, 0), block_size=256)
-    sent = [mask_bytes(mask_plan(mask, True, 8192, 8, "contiguous", r), batch=1, local_seq=1024, q_heads=8,
+    mask = AttnMask(window=(512, 0), block_size=128)
+    sent = [mask_bytes(mask_plan(mask, True, 4096, 8, "contiguous", r), batch=1, local_seq=512, q_heads=8,
                        kv_heads=8, head_dim=64, dtype=torch.bfloat16, backward="kv") for r in range(8)]
     busiest = max(f["forward"] + f["backward"] for f in sent)
     assert win.forward.bytes_sent + win.backward.bytes_sent == busiest - 7 * 128
     with pytest.raises(ValueError, match="--window"):
-        attention_timeline("ring", shape, HW, 8, window=1024)
+        attention_timeline("ring", shape, HW, 8, window=512)
 
 
 @pytest.mark.parametrize("layout,causal", [("contiguous", True), ("zigzag", True), ("striped", True), ("zigzag", False)])
