@@ -8,6 +8,9 @@
     burstattn bench --cluster PRESET|SPEC [flags]   # the strategies on an emulated cluster (root)
     burstattn cluster up --nodes N --ranks-per-node R --inter BW[,LAT] --intra BW[,LAT] | --preset NAME
     burstattn cluster down | status | run -- ARGS   # tear down / describe / torchrun ARGS on every node
+    burstattn sim --model M --seq-len N --gpus G --cluster PRESET --strategy S --mode train|prefill|decode
+    burstattn sim calibrate [--out cluster-spec.json]  # this machine as a cluster spec
+    burstattn plan --model M --seq-len N --gpus G --cluster PRESET --mode train|prefill [--max-seq-len]
 
 Subcommands import their modules (and ``rich``) only when they run, and ``burstattn --help`` is
 answered from :data:`COMMANDS` without importing torch. Later subcommands (``train``, ``generate``, ``sim``, ``plan``) are
@@ -96,6 +99,8 @@ def _add_cluster(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--intra", default=None, help="BANDWIDTH[,LATENCY] inside a node, e.g. 100mbit")
     up.add_argument("--preset", default=None, help="a100-pcie-roce or h100-nvlink-ib (calibrated here)")
     up.add_argument("--prefix", default="bt")
+    up.add_argument("--cluster-spec", default=None, metavar="FILE",
+                    help="links from a spec file written by `burstattn sim calibrate`")
     up.set_defaults(handler=_run_cluster)
     for name, text in (("down", "remove everything of the cluster (also after a crash)"),
                        ("status", "describe the cluster that is up")):
@@ -129,6 +134,11 @@ def _run_cluster(ns: argparse.Namespace) -> int:
             for res in results:
                 print(f"--- node {res.node} (exit {res.returncode}) ---\n{res.output}")
             return max(1 if r.returncode is None else r.returncode for r in results)
+        if getattr(ns, "cluster_spec", None):
+            from .cluster.spec import from_file
+            spec = netns.up(from_file(ns.cluster_spec, prefix=ns.prefix), allow_no_latency=True)
+            print(f"up: {spec.describe()}; node addresses {[spec.address(i) for i in range(spec.nodes)]}")
+            return 0
         if ns.preset is not None:
             if ns.inter or ns.intra:
                 raise ValueError("give --preset or --inter/--intra, not both")
@@ -180,6 +190,17 @@ def _run_bench_masks(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _add_sim(sub: argparse._SubParsersAction) -> None:
+    from .sim import cli as sim_cli
+
+    p = sub.add_parser("sim", help="simulate a strategy on a cluster (time, memory, timeline); `sim calibrate`")
+    sim_cli.add_sim_arguments(p)
+    p.set_defaults(handler=lambda ns: sim_cli.run_sim(ns))
+    q = sub.add_parser("plan", help="rank every strategy and degree choice on a cluster; --max-seq-len")
+    sim_cli.add_plan_arguments(q)
+    q.set_defaults(handler=lambda ns: sim_cli.run_plan(ns))
+
+
 DESCRIPTION = "Exact distributed attention over long sequences (BurstAttention)."
 # name -> one line, for ``burstattn --help`` (answered without importing torch or any subcommand);
 # a new subcommand adds its line here as well as its ``_add_<name>`` (tests check both agree)
@@ -187,6 +208,8 @@ COMMANDS = {
     "demo": "run and check burst attention on a long sequence over local ranks",
     "bench": "benchmarks (JSON + Markdown)",
     "cluster": "emulated multi-node cluster on this machine (network namespaces, tc)",
+    "sim": "simulate a strategy on a cluster (time, memory, timeline); `sim calibrate`",
+    "plan": "rank every strategy and degree choice on a cluster; --max-seq-len",
 }
 
 
@@ -206,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     _add_bench(sub)
     _add_cluster(sub)
+    _add_sim(sub)
     return parser
 
 

@@ -13,9 +13,12 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Optional
 
 import torch
+
+from ..sim.hardware import emulation_figures
 
 _UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "b": 1, "kb": 1e3, "mb": 1e6,
           "gb": 1e9, "bps": 1 / 8, "kbps": 1e3 / 8, "mbps": 1e6 / 8, "gbps": 1e9 / 8}
@@ -101,13 +104,9 @@ class ClusterSpec:
                 f"intra {self.intra.describe()}")
 
 
-# Real clusters: attention throughput per GPU (FLOP/s) and links per GPU (bytes/s, one way, seconds).
-REAL = {
-    # BurstAttention's testbed: A100s on PCIe without peer-to-peer (through host memory), 200 Gb/s RoCE
-    "a100-pcie-roce": dict(flops=300e12, intra=12e9, inter=25e9, intra_lat=10e-6, inter_lat=5e-6),
-    # a DGX-H100-like node: NVLink 4 (450 GB/s per direction per GPU), 400 Gb/s InfiniBand per GPU
-    "h100-nvlink-ib": dict(flops=700e12, intra=450e9, inter=50e9, intra_lat=2e-6, inter_lat=5e-6),
-}
+# Real clusters: attention throughput per GPU (FLOP/s) and links per GPU (bytes/s, one way, seconds);
+# one definition with the simulator's presets (burstattn.sim.hardware, sources beside every figure)
+REAL = MappingProxyType({name: emulation_figures(name) for name in ("a100-pcie-roce", "h100-nvlink-ib")})
 
 
 def calibrate(seconds: float = 1.0, threads: int = 1) -> float:
@@ -143,7 +142,11 @@ def preset(name: str, nodes: int, ranks_per_node: int, local_flops: float) -> Cl
 
 
 def resolve(text: str, nodes: int, ranks_per_node: int, local_flops: Optional[float] = None) -> ClusterSpec:
-    """A preset name, or ``"inter=BW[,LAT];intra=BW[,LAT]"``, as a :class:`ClusterSpec`."""
+    """A preset name, ``"inter=BW[,LAT];intra=BW[,LAT]"`` or a ``.json`` spec file from ``burstattn sim
+    calibrate`` (its links; ``nodes`` and ``ranks_per_node`` as given here), as a :class:`ClusterSpec`."""
+    if text.endswith(".json"):
+        spec = from_file(text)
+        return replace(spec, nodes=nodes, ranks_per_node=ranks_per_node)
     if text in REAL:
         return preset(text, nodes, ranks_per_node, local_flops if local_flops is not None else calibrate())
     fields = dict(part.split("=", 1) for part in text.split(";") if "=" in part)
@@ -167,3 +170,16 @@ def ring_schedule(spec: ClusterSpec) -> str:
     intra = float("inf") if spec.intra.bandwidth is None else spec.intra.bandwidth
     inter = float("inf") if spec.inter.bandwidth is None else spec.inter.bandwidth
     return "double" if intra > inter else "ring"
+
+
+def from_file(path: str, prefix: str = "bt") -> ClusterSpec:
+    """The emulated cluster of a spec file written by ``burstattn sim calibrate`` (its
+    ``"cluster"`` object: nodes, ranks_per_node, inter and intra as ``BANDWIDTH[,LATENCY]``)."""
+    import json
+
+    try:
+        c = json.loads(open(path).read())["cluster"]
+        return ClusterSpec(int(c["nodes"]), int(c["ranks_per_node"]), parse_link(c["inter"]), parse_link(c["intra"]),
+                           name=c.get("name", "calibrated"), prefix=prefix)
+    except (OSError, KeyError, TypeError, json.JSONDecodeError) as e:
+        raise ValueError(f"--cluster-spec {path}: not a cluster spec from `burstattn sim calibrate` ({e})") from None

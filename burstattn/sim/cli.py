@@ -1,0 +1,177 @@
+"""Argument handling of ``burstattn sim``, ``burstattn sim calibrate`` and ``burstattn plan``
+(parsers and handlers; :mod:`burstattn.cli` registers them)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .names import CHECKPOINTING, MODES, SCHEDULES, STRATEGIES
+
+_OWN_DIM = {"tp-v1": "tp", "tp-v3": "tp"}
+
+
+def _common(p: argparse.ArgumentParser, with_strategy: bool) -> None:
+    p.add_argument("--model", default="llama-7b", help="a burstattn.models preset (llama-7b, llama3-8b, ...)")
+    p.add_argument("--seq-len", type=int, default=None, help="global sequence length (decode: the cache length)")
+    p.add_argument("--gpus", type=int, default=8)
+    p.add_argument("--cluster", default="a100-nvlink-ib", help="a preset or a spec .json from `sim calibrate`")
+    p.add_argument("--mode", default="train", choices=MODES if with_strategy else ("train", "prefill"))
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    for flag, text in (("--inter-gbps", "inter-node Gbit/s"), ("--intra-gbps", "intra-node Gbit/s"),
+                       ("--gpu-tflops", "peak TFLOP/s per device"), ("--gpu-mem-gib", "memory per device, GiB")):
+        p.add_argument(flag, type=float, default=None, help=f"override the cluster's {text}")
+
+
+def add_sim_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", nargs="?", choices=["calibrate"], help="calibrate: measure this machine")
+    _common(p, True)
+    p.add_argument("--strategy", default="burst", choices=STRATEGIES)
+    p.add_argument("--layout", default=None)
+    p.add_argument("--schedule", default="ring", choices=SCHEDULES)
+    p.add_argument("--cp", type=int, default=None)
+    p.add_argument("--tp", type=int, default=None)
+    p.add_argument("--dp", type=int, default=None)
+    p.add_argument("--ulysses-degree", type=int, default=None, help="usp: the all-to-all degree")
+    p.add_argument("--checkpointing", default="full", choices=CHECKPOINTING)
+    p.add_argument("--fsdp", action="store_true")
+    p.add_argument("--non-causal", action="store_true", help="bidirectional attention (default causal)")
+    p.add_argument("--window", type=int, default=None, help="burst: a causal sliding window of this many keys")
+    p.add_argument("--timeline", default=None, metavar="OUT.png", help="write one layer's Gantt chart")
+    p.add_argument("--out", default="cluster-spec.json", help="calibrate: where to write the spec")
+    p.add_argument("--seconds", type=float, default=1.0, help="calibrate: seconds per kernel measurement")
+
+
+def add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    _common(p, False)
+    p.add_argument("--max-seq-len", action="store_true", help="per strategy, the longest sequence that fits")
+    p.add_argument("--top", type=int, default=15, help="rows of the table (all of them with --json)")
+
+
+def _hw(ns):
+    from .hardware import load
+
+    return load(ns.cluster).with_overrides(inter_gbps=ns.inter_gbps, intra_gbps=ns.intra_gbps,
+                                           gpu_tflops=ns.gpu_tflops, gpu_mem_gib=ns.gpu_mem_gib)
+
+
+def degrees(strategy: str, gpus: int, cp, tp, dp) -> tuple[int, int, int]:
+    """``(cp, tp, dp)``: missing degrees get 1, except the strategy's own dimension (cp, or tp for
+    tp-v1 / tp-v3), which takes what is left of ``gpus``. Raises ``ValueError`` when they do not
+    multiply to ``gpus``."""
+    own = _OWN_DIM.get(strategy, "cp")
+    given = {"cp": cp, "tp": tp, "dp": dp}
+    rest = [k for k, v in given.items() if v is None]
+    fixed = 1
+    for v in given.values():
+        fixed *= v if v is not None else 1
+    if rest:
+        fill = own if own in rest else "dp" if "dp" in rest else rest[0]
+        if gpus % fixed:
+            raise ValueError(f"degrees --cp {cp} --tp {tp} --dp {dp}: their product ({fixed}) does not divide --gpus "
+                             f"{gpus}; the degrees must multiply to the GPU count")
+        for k in rest:
+            given[k] = gpus // fixed if k == fill else 1
+    if given["cp"] * given["tp"] * given["dp"] != gpus:
+        raise ValueError(f"degrees cp={given['cp']} x tp={given['tp']} x dp={given['dp']} = "
+                         f"{given['cp'] * given['tp'] * given['dp']}: the degrees must multiply to the GPU count "
+                         f"(--gpus {gpus})")
+    return given["cp"], given["tp"], given["dp"]
+
+
+def run_sim(ns) -> int:
+    from ..models.config import preset as model_preset
+    from .step import SimConfig, simulate
+
+    try:
+        if ns.action == "calibrate":
+            return _calibrate(ns)
+        if ns.seq_len is None:
+            raise ValueError("--seq-len is required")
+        hw = _hw(ns)
+        cp, tp, dp = degrees(ns.strategy, ns.gpus, ns.cp, ns.tp, ns.dp)
+        cfg = SimConfig(model_preset(ns.model), ns.seq_len, hw, ns.strategy, ns.mode, cp=cp, tp=tp, dp=dp,
+                        batch=ns.batch, layout=ns.layout, schedule=ns.schedule, checkpointing=ns.checkpointing,
+                        fsdp=ns.fsdp, causal=not ns.non_causal, ulysses_degree=ns.ulysses_degree,
+                        window=ns.window)
+        res = simulate(cfg)
+    except ValueError as e:
+        print(f"burstattn sim: {e}", file=sys.stderr)
+        return 2
+    out = {"model": ns.model, "seq_len": ns.seq_len, "gpus": ns.gpus, "cluster": hw.name, "strategy": ns.strategy,
+           "mode": ns.mode, "degrees": {"dp": dp, "cp": cp, "tp": tp}, **res.to_dict()}
+    if ns.timeline:
+        from .timeline import plot_timeline
+
+        plot_timeline(res.layer_events, ns.timeline,
+                      f"{ns.model}, one layer: {ns.strategy} cp={cp} tp={tp}, N={ns.seq_len}, {hw.name}")
+        out["timeline"] = ns.timeline
+    if ns.json:
+        print(json.dumps(out))
+        return 0
+    gib = 2**30
+    print(f"{ns.model} {ns.mode}, N={ns.seq_len}, {ns.gpus} x {hw.name}: {ns.strategy} dp={dp} cp={cp} tp={tp}"
+          + (f", checkpointing {ns.checkpointing}{', FSDP' if ns.fsdp else ''}" if ns.mode == "train" else ""))
+    print(f"  time {res.time_s:.4g} s = compute {res.compute_s:.4g} + exposed comm {res.exposed_comm_s:.4g} "
+          f"+ idle {res.idle_s:.4g}")
+    print(f"  peak memory {res.peak_memory_bytes / gib:.2f} GiB of {hw.mem_bytes / gib:.1f} GiB: "
+          f"{'fits' if res.fits else 'DOES NOT FIT'} ({', '.join(f'{k} {v / gib:.2f}' for k, v in res.memory.to_dict().items())})")
+    if ns.timeline:
+        print(f"  wrote {ns.timeline}")
+    return 0
+
+
+def _calibrate(ns) -> int:
+    from .calibrate import calibrate, cluster_section
+    from .hardware import save
+
+    cal = calibrate(seconds=ns.seconds)
+    save(cal.hw, ns.out, {"cluster": cluster_section(cal), "rates": cal.rates, "link": cal.link})
+    r, link = cal.rates, cal.link
+    print(f"attention fwd {r['attn_fwd'] / 1e9:.1f} GFLOP/s, bwd {r['attn_bwd'] / 1e9:.1f}, matmul "
+          f"{r['matmul'] / 1e9:.1f}, memory {r['mem_bw'] / 1e9:.2f} GB/s; gloo p2p {link['bandwidth'] / 1e9:.2f} GB/s, "
+          f"{link['latency_s'] * 1e6:.0f} us -> wrote {ns.out} (--cluster {ns.out}; "
+          f"burstattn cluster up --cluster-spec {ns.out})")
+    return 0
+
+
+def run_plan(ns) -> int:
+    from ..models.config import preset as model_preset
+    from .planner import max_seq_len, plan
+
+    try:
+        hw, model = _hw(ns), model_preset(ns.model)
+        if ns.max_seq_len:
+            res = max_seq_len(model, ns.gpus, hw, ns.mode, ns.batch)
+            if ns.json:
+                print(json.dumps({"max_seq_len": {k: v["tokens"] for k, v in res.items()},
+                                  "degrees": {k: v["degrees"] for k, v in res.items()}}))
+                return 0
+            print(f"longest sequence that fits, {ns.model} {ns.mode} on {ns.gpus} x {hw.name} "
+                  f"({'full checkpointing, FSDP' if ns.mode == 'train' else 'weights + KV cache'}):")
+            for k, v in sorted(res.items(), key=lambda kv: -kv[1]["tokens"]):
+                d = v["degrees"]
+                print(f"  {k:20s} {v['tokens']:>12,} tokens  (dp={d['dp']} cp={d['cp']} tp={d['tp']})")
+            return 0
+        if ns.seq_len is None:
+            raise ValueError("--seq-len is required (or --max-seq-len)")
+        rows = plan(model, ns.seq_len, ns.gpus, hw, ns.mode, ns.batch, model_name=ns.model)
+    except ValueError as e:
+        print(f"burstattn plan: {e}", file=sys.stderr)
+        return 2
+    if ns.json:
+        print(json.dumps({"ranking": rows}))
+        return 0
+    print(f"{ns.model} {ns.mode}, N={ns.seq_len}, {ns.gpus} x {hw.name}: {len(rows)} configurations")
+    print(f"{'#':>3} {'strategy':18s} {'dp':>4} {'cp':>4} {'tp':>3} {'ckpt':5s} {'fsdp':4s} {'time':>9s} {'memory':>9s}  why")
+    for i, r in enumerate(rows[:ns.top]):
+        d = r["degrees"]
+        print(f"{i + 1:>3} {r['strategy']:18s} {d['dp']:>4} {d['cp']:>4} {d['tp']:>3} {r['checkpointing']:5s} "
+              f"{'yes' if r['fsdp'] else 'no':4s} {r['time_s']:>8.3f}s {r['peak_memory_bytes'] / 2**30:>7.1f}G  {r['why']}")
+    if rows and rows[0]["fits"]:
+        cfg = rows[0]["config"]
+        print(f"\nrun the winner with:\n  {cfg['train']}\n  {cfg['attention']}" + (f"\n  ({cfg['note']})" if "note" in cfg else ""))
+    else:
+        print("\nnothing fits: add devices, shorten the sequence, or use a larger-memory cluster")
+    return 0

@@ -1,0 +1,124 @@
+"""Per-device memory: parameters, gradients and optimizer state (with or without ZeRO-3 / FSDP),
+activations per checkpointing mode, the attention call's buffers and the KV cache (pure).
+
+Training keeps mixed-precision Adam state: 16-bit weights and gradients (2 + 2 bytes per
+parameter), float32 master weights and two float32 moments (12 bytes): 16 bytes per parameter
+(the ZeRO paper's count). FSDP / ZeRO-3 shards all of it over the data-parallel ranks (``dp * cp``:
+context-parallel ranks hold the same weights) and gathers two layers at a time (the one computing
+and the one prefetched). Tensor parallelism divides the weights by ``tp``.
+
+Activations saved per layer and token (elements; ``h`` hidden, ``kvd = Hkv*head_dim``, ``f`` MLP):
+inside the tensor-parallel region (divided by ``tp``) q, k, v (``h + 2 kvd``), the attention output
+(``h``) and the MLP's ``w1``/``w3`` outputs, SiLU and product (``4 f``), plus the float32 LSE; outside
+it (divided by ``tp`` only with sequence parallelism, Megatron-V3) the two norms' inputs and
+outputs (``4 h``). Checkpointing ``full`` keeps only each layer's input and rebuilds one layer at a
+time in the backward; ``remat`` (DistFlashAttn's rematerialization-aware checkpointing) also keeps
+the attention output and LSE, so the backward never reruns the attention forward. The logits
+(16-bit, plus float32 for the loss) of the local tokens are counted once.
+
+The attention call's own buffers are the library's measured allocations: :data:`CALL_UNITS`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..models.config import LlamaConfig
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes per device, by part, and whether the sum fits."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    attention: float
+    kv_cache: float
+    capacity: float
+
+    @property
+    def peak(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.attention + self.kv_cache
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.capacity
+
+    def to_dict(self) -> dict:
+        return {k: int(getattr(self, k)) for k in ("params", "grads", "optimizer", "activations", "attention",
+                                                  "kv_cache")}
+
+
+# Peak of one attention fwd+bwd beyond its inputs (q, k, v, dO), per strategy: ``(c_q, c_kv, c_gqa)`` in
+# units of one local query shard (``n*Hq*d`` elements): ``c_q + c_kv * Hkv/Hq + c_gqa * [Hkv < Hq]``
+# (the output, LSE, internal [B, H, n, D] copies, travelling double buffers, float32 accumulators,
+# kernel temporaries, the gradients; ``c_gqa``: what grouped K/V heads add or save, e.g. expansions to
+# the query heads, or the smaller all-to-all of repeated kv heads). Read off the library's
+# allocations (``bench.memory.measure_peak``, float32, world 2, n = 1024 per rank, heads 8/8, 8/4, 8/2,
+# d = 32, the larger rank of two runs; ulysses' and tp's vary by up to 30% between ranks and runs, with
+# the order in which their all-to-all buffers are freed: the top of that range, since the planner
+# must not call a configuration feasible that is not); ``tests/dist/
+# test_sim_library.py`` checks them at other shapes. Ring Self-Attention adds its two n x N float32 score matrices.
+CALL_UNITS = {
+    "burst": (7.2, 14.0, 0.9), "ring": (8.1, 14.0, 0.0), "distflash": (14.3, 12.0, 0.0),
+    "ulysses": (14.0, 0.0, -6.0), "allgather": (7.0, 14.0, -2.0), "usp": (11.1, 8.0, 0.0),
+    "tp": (16.0, 4.0, -7.0), "tp-v1": (16.0, 4.0, -7.0), "tp-v3": (16.0, 4.0, -7.0), "rsa": (3.0, 10.0, 0.0),
+}
+FORWARD_SHARE = 0.55  # forward-only peak over fwd+bwd peak (inference: no gradients, no backward ring)
+
+
+def attention_buffers(strategy: str, *, batch: int, local_seq: int, world: int, q_heads: int, kv_heads: int,
+                      head_dim: int, e: int, backward: bool, schedule: str = "ring", bwd_mode: str = "burst",
+                      ulysses: int = 1) -> float:
+    """Peak bytes one attention call allocates on one device beyond q, k, v and dO (:data:`CALL_UNITS`;
+    16-bit inputs with float32 accumulators count ``(e + 4) / 2`` bytes per element). ``q_heads`` /
+    ``kv_heads`` are this tp rank's; for ``tp-v1`` / ``tp-v3`` (no sequence split) ``local_seq`` is
+    the whole sequence. Raises ``ValueError`` for an unknown strategy."""
+    key = "distflash" if (strategy == "burst" and schedule == "distflash") else strategy
+    if key not in CALL_UNITS:
+        raise ValueError(f"no memory model for strategy {strategy!r}; known: {sorted(CALL_UNITS)}")
+    cq, ckv, cg = CALL_UNITS[key]
+    per_elem = (e + 4) / 2
+    units = cq + ckv * kv_heads / q_heads + (cg if kv_heads < q_heads else 0.0)
+    total = units * q_heads * batch * local_seq * head_dim * per_elem
+    if strategy == "rsa":
+        total += 2 * batch * q_heads * local_seq * world * local_seq * 4
+    return total if backward else FORWARD_SHARE * total
+
+
+def activation_bytes(model: LlamaConfig, *, tokens: int, tp: int, sp: bool, checkpointing: str, e: int) -> float:
+    """Saved activations of all layers on one device (``tokens`` local tokens)."""
+    h, f = model.dim, model.ffn_dim
+    kvd = model.n_kv_heads * model.head_dim
+    inside = (h + 2 * kvd) + h + 4 * f
+    outside = 4 * h
+    lse = model.n_heads * 4 / tp  # float32, bytes
+    per_layer = tokens * ((inside / tp + outside / (tp if sp else 1)) * e + lse)
+    layer_input = tokens * h * e / (tp if sp else 1)
+    logits = tokens * model.vocab_size / tp * (e + 4)
+    if checkpointing == "none":
+        return model.n_layers * per_layer + logits
+    if checkpointing == "full":
+        return model.n_layers * layer_input + per_layer + logits
+    if checkpointing == "remat":
+        kept = layer_input + tokens * (h / tp * e + lse)
+        return model.n_layers * kept + per_layer + logits
+    raise ValueError(f"checkpointing must be none, full or remat, got {checkpointing!r}")
+
+
+def state_bytes(model: LlamaConfig, *, tp: int, shards: int, fsdp: bool, train: bool, e: int) -> tuple[float, float, float]:
+    """``(params, grads, optimizer)`` bytes on one device (``shards`` = dp * cp ranks)."""
+    n = model.num_params() / tp
+    if not train:
+        return n * e, 0.0, 0.0
+    if not fsdp:
+        return n * e, n * e, n * 12
+    layer = n / model.n_layers
+    return n * e / shards + 2 * layer * e, n * e / shards + 2 * layer * e, n * 12 / shards
+
+
+def kv_cache_bytes(model: LlamaConfig, *, batch: int, tokens: int, tp: int, e: int) -> float:
+    """K and V of ``tokens`` local cached tokens, every layer (kv heads split by tp, at least one)."""
+    kv_heads = max(1, model.n_kv_heads // tp)
+    return 2 * model.n_layers * batch * tokens * kv_heads * model.head_dim * e

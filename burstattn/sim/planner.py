@@ -1,0 +1,196 @@
+"""The planner: every feasible strategy and degree choice, ranked by simulated time (pure).
+
+:func:`plan` enumerates ``tp`` (a divisor of the GPU count that divides the heads and fits in a
+node), ``cp`` (a divisor of what is left; ``dp`` takes the rest), every strategy that can run at
+those degrees (burst with each schedule, ring, rsa, ulysses, allgather, usp, and Megatron ``tp-v1`` /
+``tp-v3`` at ``cp = 1``), checkpointing ``none | full | remat`` and FSDP on or off (training).
+Configurations over the memory limit are kept in the ranking, after every one that fits, with the
+reason; a configuration that does not fit is never first. :func:`max_seq_len` bisects, per strategy,
+the longest sequence that fits with the most memory-frugal options (full checkpointing, FSDP).
+
+Speed: one layer's attention timeline is simulated once per (strategy, degrees, shape) and reused
+by every checkpointing / FSDP / dp variant; the memory model alone is used while bisecting.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from ..models.config import LlamaConfig
+from .hardware import ClusterHW
+from .step import SimConfig, SimResult, simulate
+
+
+@dataclass(frozen=True)
+class Candidate:
+    cfg: SimConfig
+    result: SimResult
+    label: str
+
+    def degrees(self) -> dict:
+        return {"dp": self.cfg.dp, "cp": self.cfg.cp, "tp": self.cfg.tp}
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _options(model: LlamaConfig, gpus: int, hw: ClusterHW, seq_len: int, mode: str):
+    """Every (strategy, options, cp, tp) that can run."""
+    for tp in _divisors(gpus):
+        if tp > hw.devices_per_node or model.n_heads % tp:
+            continue
+        heads = model.n_heads // tp
+        for cp in _divisors(gpus // tp):
+            if cp > 1 and seq_len % (2 * cp):
+                continue
+            if cp == 1:
+                if tp > 1:
+                    yield "tp-v1", {}, cp, tp
+                    yield "tp-v3", {}, cp, tp
+                else:
+                    yield "burst", {}, cp, tp  # data parallel only: local attention
+                continue
+            yield "burst", {"schedule": "ring", "layout": "zigzag"}, cp, tp
+            yield "burst", {"schedule": "distflash", "layout": "contiguous"}, cp, tp
+            if cp > max(1, hw.devices_per_node // tp):
+                yield "burst", {"schedule": "double", "layout": "zigzag"}, cp, tp
+            yield "ring", {}, cp, tp
+            yield "allgather", {}, cp, tp
+            if heads % cp == 0:
+                yield "ulysses", {}, cp, tp
+            if cp * tp <= 64 and seq_len // cp <= 32768:
+                yield "rsa", {}, cp, tp  # keeps n x N scores: only ever a candidate at small sizes
+            u = math.gcd(cp, heads, max(1, hw.devices_per_node // tp))
+            if 1 < u < cp:
+                yield "usp", {"ulysses_degree": u}, cp, tp
+
+
+def _label(strategy: str, opts: dict) -> str:
+    if strategy == "burst" and opts.get("schedule", "ring") != "ring":
+        return f"burst({opts['schedule']})"
+    if strategy == "usp":
+        return f"usp(ulysses={opts['ulysses_degree']})"
+    return strategy
+
+
+def candidates(model: LlamaConfig, seq_len: int, gpus: int, hw: ClusterHW, mode: str = "train",
+               batch: int = 1) -> list[Candidate]:
+    """Every configuration, simulated (unsorted)."""
+    if gpus < 1:
+        raise ValueError(f"--gpus must be a positive int, got {gpus!r}")
+    out = []
+    ckpts = ("none", "full", "remat") if mode == "train" else ("none",)
+    fsdps = (False, True) if mode == "train" else (False,)
+    for strategy, opts, cp, tp in _options(model, gpus, hw, seq_len, mode):
+        for ck in ckpts:
+            for fsdp in fsdps:
+                cfg = SimConfig(model, seq_len, hw, strategy, mode, cp=cp, tp=tp, dp=gpus // (cp * tp), batch=batch,
+                                checkpointing=ck, fsdp=fsdp, **opts)
+                out.append(Candidate(cfg, simulate(cfg), _label(strategy, opts)))
+    return out
+
+
+def _why(c: Candidate, best: Candidate) -> str:
+    r = c.result
+    if not r.fits:
+        return (f"out of memory: {r.peak_memory_bytes / 2**30:.1f} GiB > "
+                f"{c.cfg.hw.mem_bytes / 2**30:.1f} GiB per device")
+    if c is best:
+        return "fastest configuration that fits"
+    slower = r.time_s / best.result.time_s - 1
+    if slower < 0.01:
+        return f"a tie with the best ({slower:+.1%})"
+    if r.exposed_comm_s > max(r.idle_s, 0.25 * r.time_s):
+        return f"communication-bound: {r.exposed_comm_s / r.time_s:.0%} of the step is exposed communication " \
+               f"({slower:+.0%} vs best)"
+    if r.idle_s > 0.05 * r.time_s:
+        return f"imbalanced: {r.idle_s / r.time_s:.0%} of the step idle ({slower:+.0%} vs best)"
+    return f"more compute: {r.compute_s:.3g} s vs {best.result.compute_s:.3g} s ({slower:+.0%} vs best)"
+
+
+def plan(model: LlamaConfig, seq_len: int, gpus: int, hw: ClusterHW, mode: str = "train",
+         batch: int = 1, model_name: Optional[str] = None) -> list[dict]:
+    """The ranking: ``[{"strategy", "degrees", "time_s", "peak_memory_bytes", "fits", "why", ...}]``,
+    best first (configurations that fit before those that do not). Per strategy label and degrees
+    only the best checkpointing / FSDP choice is listed."""
+    cands = candidates(model, seq_len, gpus, hw, mode, batch)
+    cands.sort(key=lambda c: (not c.result.fits, c.result.time_s if c.result.fits else c.result.peak_memory_bytes))
+    seen, rows = set(), []
+    best = cands[0] if cands and cands[0].result.fits else None
+    for c in cands:
+        key = (c.label, c.cfg.dp, c.cfg.cp, c.cfg.tp)
+        if key in seen:
+            continue
+        seen.add(key)
+        r = c.result
+        rows.append({"strategy": c.label, "degrees": c.degrees(), "time_s": r.time_s,
+                     "peak_memory_bytes": r.peak_memory_bytes, "fits": r.fits,
+                     "why": _why(c, best) if best is not None else _why(c, c),
+                     "checkpointing": c.cfg.checkpointing, "fsdp": c.cfg.fsdp, "compute_s": r.compute_s,
+                     "exposed_comm_s": r.exposed_comm_s, "idle_s": r.idle_s, "config": configuration(c.cfg, model_name)})
+    return rows
+
+
+def configuration(cfg: SimConfig, model_name: Optional[str] = None) -> dict:
+    """How to run ``cfg`` with this library: ``burstattn.attention(...)`` keywords and the
+    ``burstattn train`` flags (the training command's flags as the training issue names them)."""
+    strategy = {"tp-v1": "tp", "tp-v3": "tp"}.get(cfg.strategy, cfg.strategy)
+    kwargs = {"strategy": strategy, "causal": cfg.causal}
+    if cfg.layout:
+        kwargs["layout"] = cfg.layout
+    if cfg.strategy == "burst" and cfg.schedule != "ring":
+        kwargs["schedule"] = cfg.schedule
+    if cfg.strategy == "usp" and cfg.ulysses_degree:
+        kwargs["ulysses_degree"] = cfg.ulysses_degree
+        kwargs["ring_degree"] = cfg.cp // cfg.ulysses_degree
+    flags = [f"--model {model_name}" if model_name else "", f"--seq-len {cfg.seq_len}", f"--batch {cfg.batch}",
+             f"--strategy {cfg.strategy}", f"--dp {cfg.dp}", f"--cp {cfg.cp}", f"--tp {cfg.tp}",
+             f"--checkpointing {cfg.checkpointing}", "--dtype bfloat16"] + (["--fsdp"] if cfg.fsdp else [])
+    if cfg.layout:
+        flags.append(f"--layout {cfg.layout}")
+    if cfg.strategy == "usp" and cfg.ulysses_degree:
+        flags.append(f"--ulysses-degree {cfg.ulysses_degree}")
+    out = {"attention": f"burstattn.attention(q, k, v, group=cp_group, {', '.join(f'{k}={v!r}' for k, v in kwargs.items())})",
+           "train": "burstattn train " + " ".join(f for f in flags if f), "attention_kwargs": kwargs}
+    if "schedule" in kwargs:
+        out["note"] = (f"schedule={cfg.schedule!r} is an option of burstattn.attention; `burstattn train` has no "
+                       "flag for it (its --strategy burst runs the ring schedule)")
+    return out
+
+
+def max_seq_len(model: LlamaConfig, gpus: int, hw: ClusterHW, mode: str = "train", batch: int = 1,
+                granularity: int = 1024, limit: int = 1 << 27) -> dict[str, dict]:
+    """Per strategy label: the longest sequence (a multiple of ``granularity``) that fits on some
+    degree choice, with full checkpointing and FSDP when training: ``{label: {"tokens", "degrees"}}``."""
+    best: dict[str, dict] = {}
+    seen = set()
+    for strategy, opts, cp, tp in _options(model, gpus, hw, 2 * granularity * gpus, mode):
+        label = _label(strategy, opts)
+        if (label, cp, tp) in seen:
+            continue
+        seen.add((label, cp, tp))
+        step = granularity * (2 * cp // _gcd(2 * cp, granularity) if cp > 1 else 1)
+
+        def fits(n: int) -> bool:
+            cfg = SimConfig(model, n, hw, strategy, mode, cp=cp, tp=tp, dp=gpus // (cp * tp), batch=batch,
+                            checkpointing="full" if mode == "train" else "none", fsdp=mode == "train", **opts)
+            return simulate(cfg, memory_only=True).fits
+
+        lo, hi = 0, step
+        while hi <= limit and fits(hi):
+            lo, hi = hi, hi * 2
+        hi = min(hi, limit + step)
+        while hi - lo > step:
+            mid = (lo + hi) // 2 // step * step
+            if mid <= lo:
+                break
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        if lo > best.get(label, {}).get("tokens", -1):
+            best[label] = {"tokens": lo, "degrees": {"dp": gpus // (cp * tp), "cp": cp, "tp": tp}}
+    return best
+
+
+def _gcd(a: int, b: int) -> int:
+    return math.gcd(a, b)

@@ -1,0 +1,253 @@
+"""The simulator's entry point: one training step, prefill or decode step of a whole model.
+
+:func:`simulate` takes a :class:`SimConfig` (model, sequence, strategy and degrees, cluster) and
+returns a :class:`SimResult`: time split into compute / exposed communication / idle, peak memory
+per device and whether it fits, and the events of a timeline.
+
+Per layer and device (``tokens = batch * seq_len / cp`` local tokens, weights divided by ``tp``):
+
+* projections and MLP: ``2 * tokens * (h*(h + 2 kvd) + h*h + 3*h*f) / tp`` FLOPs forward, twice
+  that backward, at the cluster's matmul rate; norms, rotary and residuals at memory bandwidth;
+* attention: :func:`.attention.attention_timeline` over the cp group (its members ``tp`` apart),
+  with this tp rank's heads; one layer's timeline is simulated once and reused for every layer;
+* tensor parallelism (Megatron): ``tp-v1`` two all-reduces of the layer's activations forward and
+  two backward; ``tp-v3`` (sequence parallel, also used under cp x tp) an all-gather and a
+  reduce-scatter in their place; not overlapped;
+* checkpointing: ``full`` reruns the layer's forward in the backward, ``remat`` all of it but the
+  attention;
+* data parallelism over the ``dp * cp`` ranks that share weights: a gradient all-reduce that
+  overlaps the backward (what is left sticks out), or, with FSDP, per layer an all-gather of the
+  weights forward and backward and a reduce-scatter of the gradients, prefetched under the layer's
+  compute.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Optional
+
+import torch
+
+from ..models.config import LlamaConfig
+from . import memory as mem
+from . import net, plans
+from .attention import AttnShape, Pass, attention_timeline
+from .hardware import ClusterHW
+
+from .names import CHECKPOINTING, MODES, STRATEGIES
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """What to simulate. Degrees: ``dp * cp * tp`` devices, tp innermost (inside nodes), then cp."""
+
+    model: LlamaConfig
+    seq_len: int
+    hw: ClusterHW
+    strategy: str = "burst"
+    mode: str = "train"
+    cp: int = 1
+    tp: int = 1
+    dp: int = 1
+    batch: int = 1
+    layout: Optional[str] = None
+    schedule: str = "ring"
+    checkpointing: str = "full"
+    fsdp: bool = False
+    dtype: torch.dtype = torch.bfloat16
+    causal: bool = True
+    ulysses_degree: Optional[int] = None
+    window: Optional[int] = None
+    """A causal sliding window of this many keys (burst only; the masked direct schedule)."""
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.cp * self.tp
+
+
+@dataclass
+class SimResult:
+    time_s: float
+    compute_s: float
+    exposed_comm_s: float
+    idle_s: float
+    memory: mem.Memory
+    breakdown: dict = field(default_factory=dict)
+    passes: tuple = ()  # (forward Pass, backward Pass or None) of one layer's attention
+
+    @property
+    def layer_events(self) -> list:
+        """``(phase, rank, kind, start_s, stop_s)`` of one layer's attention (backward after forward)."""
+        if not self.passes:
+            return []
+        fwd, bwd = self.passes
+        events = [("fwd",) + ev for ev in fwd.events]
+        if bwd is not None:
+            events += [("bwd", r, k, a + fwd.time, b + fwd.time) for r, k, a, b in bwd.events]
+        return events
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return int(self.memory.peak)
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.fits
+
+    def to_dict(self) -> dict:
+        return {"time_s": self.time_s, "compute_s": self.compute_s, "exposed_comm_s": self.exposed_comm_s,
+                "idle_s": self.idle_s, "peak_memory_bytes": self.peak_memory_bytes, "fits": self.fits,
+                "capacity_bytes": int(self.memory.capacity), "memory": self.memory.to_dict(),
+                "breakdown": {k: float(v) for k, v in self.breakdown.items()}}
+
+
+def check(cfg: SimConfig) -> None:
+    """``ValueError`` naming the argument when the configuration cannot run."""
+    if cfg.strategy not in STRATEGIES:
+        raise ValueError(f"--strategy must be one of {list(STRATEGIES)}, got {cfg.strategy!r}")
+    if cfg.mode not in MODES:
+        raise ValueError(f"--mode must be one of {list(MODES)}, got {cfg.mode!r}")
+    if cfg.checkpointing not in CHECKPOINTING:
+        raise ValueError(f"--checkpointing must be one of {list(CHECKPOINTING)}, got {cfg.checkpointing!r}")
+    for name in ("cp", "tp", "dp", "batch", "seq_len"):
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive int, got {v!r}")
+    if cfg.model.n_heads % cfg.tp:
+        raise ValueError(f"--tp ({cfg.tp}) must divide the model's heads ({cfg.model.n_heads})")
+    if cfg.strategy in ("tp-v1", "tp-v3") and cfg.cp > 1:
+        raise ValueError(f"strategy {cfg.strategy!r} is tensor parallelism only: give --tp/--dp, not --cp {cfg.cp}")
+    if cfg.cp > 1 and cfg.seq_len % (2 * cfg.cp):
+        raise ValueError(f"--seq-len ({cfg.seq_len}) must be divisible by 2 * cp ({2 * cfg.cp})")
+
+
+@lru_cache(maxsize=4096)
+def _attention(strategy: str, shape: AttnShape, hw: ClusterHW, cp: int, stride: int, layout, schedule: str,
+               ulysses, window) -> tuple[Pass, Pass, str]:
+    if strategy in ("tp-v1", "tp-v3") or cp == 1:
+        name = "burst"  # one rank: the local kernel over the whole sequence
+        t = attention_timeline(name, shape, hw, 1)
+    else:
+        t = attention_timeline(strategy, shape, hw, cp, stride, layout=layout, schedule=schedule,
+                               ulysses_degree=ulysses, window=window)
+    return t.forward, t.backward, t.backward_mode
+
+
+def simulate(cfg: SimConfig, memory_only: bool = False) -> SimResult:
+    """Simulate ``cfg`` (see the module docstring); ``memory_only``: skip the timeline (times 0).
+    Raises ``ValueError`` for bad configurations."""
+    check(cfg)
+    if memory_only:
+        return SimResult(0.0, 0.0, 0.0, 0.0, memory_model(cfg))
+    m, hw = cfg.model, cfg.hw
+    e = torch.empty((), dtype=cfg.dtype).element_size()
+    tp, cp = cfg.tp, cfg.cp
+    h, f, kvd = m.dim, m.ffn_dim, m.n_kv_heads * m.head_dim
+    train = cfg.mode == "train"
+    sp = cfg.strategy != "tp-v1"
+    tp_pl = net.placement(hw, tp, 1)
+    shard_pl = net.placement(hw, cfg.dp * cp, tp)
+    kv_heads = max(1, m.n_kv_heads // tp)
+    layer_w = (h * (h + 2 * kvd) + h * h + 3 * h * f) / tp  # weights of one layer on this device
+    if cfg.mode == "decode":
+        return _decode(cfg, e, layer_w, kv_heads)
+    if cfg.strategy == "usp" and cfg.ulysses_degree is None:
+        import math
+        cfg = dataclasses.replace(cfg, ulysses_degree=math.gcd(cp, m.n_heads // tp, max(1, hw.devices_per_node // tp)))
+    tokens = cfg.batch * cfg.seq_len // cp
+    shape = AttnShape(cfg.batch, cfg.seq_len, m.n_heads // tp, kv_heads, m.head_dim, cfg.dtype, cfg.causal)
+    fwd, bwd, bmode = _attention(cfg.strategy, shape, hw, cp, tp, cfg.layout, cfg.schedule, cfg.ulysses_degree,
+                                 cfg.window)
+    mm_f = 2 * tokens * layer_w / hw.matmul_rate
+    elem_f = tokens * 24 * h * e / (tp if sp else 1) / hw.mem_bw
+    act = tokens * h * e
+    if tp == 1:
+        tp_f = 0.0
+    elif cfg.strategy == "tp-v1":
+        tp_f = 2 * net.all_reduce_time(tp_pl, act)
+    else:
+        tp_f = 2 * (net.all_gather_time(tp_pl, act / tp) + net.reduce_scatter_time(tp_pl, act / tp))
+    layer = {"matmul": mm_f, "elementwise": elem_f, "attention": fwd.compute, "attn_comm": fwd.exposed_comm,
+             "attn_idle": fwd.idle, "tp_comm": tp_f}
+    if train:
+        recompute = {"none": 0.0, "full": 1.0, "remat": 1.0}[cfg.checkpointing]
+        attn_again = cfg.checkpointing == "full"
+        comp = mm_f * (3 + recompute) + elem_f * (2 + recompute) + fwd.compute * (1 + attn_again) + bwd.compute
+        comm = fwd.exposed_comm * (1 + attn_again) + bwd.exposed_comm + tp_f * (2 + recompute)
+        idle = fwd.idle * (1 + attn_again) + bwd.idle
+    else:
+        comp, comm, idle = mm_f + elem_f + fwd.compute, fwd.exposed_comm + tp_f, fwd.idle
+    # data parallelism over the dp * cp ranks sharing weights
+    dp_comm = 0.0
+    if train and shard_pl.size > 1:
+        if cfg.fsdp:
+            shard = layer_w * e / shard_pl.size
+            per_layer = 2 * net.all_gather_time(shard_pl, shard) + net.reduce_scatter_time(shard_pl, shard)
+            dp_comm = m.n_layers * max(0.0, per_layer - (comp + comm))
+        else:
+            ar = net.all_reduce_time(shard_pl, layer_w * e * m.n_layers)
+            dp_comm = max(ar / m.n_layers, ar - m.n_layers * (mm_f * 2 + bwd.compute))
+    head_f = 2 * tokens * h * m.vocab_size / tp / hw.matmul_rate
+    head = head_f * 3 if train else (2 * cfg.batch * h * m.vocab_size / tp / hw.matmul_rate)
+    optimizer = (16 * 2 * m.num_params() / tp / (shard_pl.size if cfg.fsdp else 1) / hw.mem_bw) if train else 0.0
+    compute = m.n_layers * comp + head + optimizer
+    exposed = m.n_layers * comm + dp_comm
+    idle_s = m.n_layers * idle
+    memory = memory_model(cfg, bmode)
+    breakdown = {**{f"layer_fwd_{k}_s": v for k, v in layer.items()}, "layer_bwd_attention_s": bwd.compute,
+                 "layer_bwd_attn_comm_s": bwd.exposed_comm, "dp_comm_s": dp_comm, "head_s": head,
+                 "optimizer_s": optimizer}
+    return SimResult(compute + exposed + idle_s, compute, exposed, idle_s, memory, breakdown,
+                     (fwd, bwd if train else None))
+
+
+def memory_model(cfg: SimConfig, bwd_mode: Optional[str] = None) -> mem.Memory:
+    """Peak bytes per device of ``cfg`` (:mod:`.memory`)."""
+    m, hw, tp, cp = cfg.model, cfg.hw, cfg.tp, cfg.cp
+    e = torch.empty((), dtype=cfg.dtype).element_size()
+    h, f, kvd = m.dim, m.ffn_dim, m.n_kv_heads * m.head_dim
+    train, sp = cfg.mode == "train", cfg.strategy != "tp-v1"
+    kv_heads = max(1, m.n_kv_heads // tp)
+    tokens = cfg.batch * cfg.seq_len // cp
+    if bwd_mode is None:
+        bwd_mode = "kv" if cfg.strategy in ("ring", "rsa") else plans.choose_backward(
+            batch=cfg.batch, local_seq=cfg.seq_len // cp, world_size=cp, q_heads=m.n_heads // tp, kv_heads=kv_heads,
+            head_dim=m.head_dim, dtype=cfg.dtype)
+    params, grads, opt = mem.state_bytes(m, tp=tp, shards=cfg.dp * cp, fsdp=cfg.fsdp, train=train, e=e)
+    if cfg.mode == "decode":
+        cache = mem.kv_cache_bytes(m, batch=cfg.batch, tokens=tokens, tp=tp, e=e)
+        return mem.Memory(params, 0.0, 0.0, cfg.batch * h * 16 * e, 0.0, cache, hw.mem_bytes)
+    if train:
+        acts = mem.activation_bytes(m, tokens=tokens, tp=tp, sp=sp, checkpointing=cfg.checkpointing, e=e)
+        cache = 0.0
+    else:
+        acts = tokens * (4 * h + 2 * (h + 2 * kvd) / tp + 3 * f / tp) * e  # one layer's transient activations
+        cache = mem.kv_cache_bytes(m, batch=cfg.batch, tokens=tokens, tp=tp, e=e)
+    attn_mem = mem.attention_buffers(
+        cfg.strategy, batch=cfg.batch, local_seq=cfg.seq_len // cp, world=cp, q_heads=m.n_heads // tp,
+        kv_heads=kv_heads, head_dim=m.head_dim, e=e, backward=train, schedule=cfg.schedule, bwd_mode=bwd_mode)
+    return mem.Memory(params, grads, opt, acts, attn_mem, cache, hw.mem_bytes)
+
+
+def _decode(cfg: SimConfig, e: int, layer_w: float, kv_heads: int) -> SimResult:
+    """One decoding step over a cache of ``seq_len`` tokens split over cp: every layer reads its
+    weights and its cache shard at memory bandwidth; cp ranks merge partial (out, LSE) with an
+    all-gather, tp ranks all-reduce the activations twice."""
+    m, hw, tp, cp = cfg.model, cfg.hw, cfg.tp, cfg.cp
+    cache_tokens = cfg.seq_len // cp
+    kv_bytes = 2 * cfg.batch * cache_tokens * kv_heads * m.head_dim * e
+    read = (layer_w * e + kv_bytes) / hw.mem_bw + 2 * hw.kernel_overhead_s * 6
+    flops = 2 * cfg.batch * layer_w + 4 * cfg.batch * cache_tokens * m.n_heads / tp * m.head_dim
+    comp = max(read, flops / hw.matmul_rate)
+    comm = 0.0
+    if cp > 1:
+        comm += net.all_gather_time(net.placement(hw, cp, tp), cfg.batch * m.n_heads / tp * (m.head_dim + 1) * 4)
+    if tp > 1:
+        comm += 2 * net.all_reduce_time(net.placement(hw, tp, 1), cfg.batch * m.dim * e)
+    head = m.vocab_size * m.dim / tp * e / hw.mem_bw
+    memory = memory_model(cfg)
+    compute = m.n_layers * comp + head
+    exposed = m.n_layers * comm
+    return SimResult(compute + exposed, compute, exposed, 0.0, memory,
+                     {"layer_s": comp, "layer_comm_s": comm, "head_s": head})
