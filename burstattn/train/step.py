@@ -1,0 +1,65 @@
+"""One optimizer step of a :class:`~burstattn.train.job.Job`: forward, global loss, backward,
+gradient sums over replicas, clipping, AdamW, LR schedule."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..parallel import IGNORE, sharded_loss, sum_grads
+from .job import Job, local_batch
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """The global figures of one step (the same on every rank)."""
+
+    loss: float
+    """Mean next-token cross-entropy over every target token of the global batch."""
+    answer_correct: int
+    """Answer targets (passkey digits) predicted exactly by the argmax."""
+    answer_total: int
+    grad_norm: float
+    lr: float
+    tokens: int
+    """Tokens of the global batch."""
+
+
+def grad_norm(parameters) -> torch.Tensor:
+    """The global L2 norm of the gradients: DTensor gradients (FSDP / TP shards) reduce their own
+    norms over their meshes; plain tensors are replicated (float32 scalar)."""
+    squares = []
+    for p in parameters:
+        if p.grad is None:
+            continue
+        n = p.grad.norm(dtype=torch.float32)
+        squares.append((n.full_tensor() if hasattr(n, "full_tensor") else n) ** 2)
+    return torch.stack(squares).sum().sqrt() if squares else torch.zeros(())
+
+
+def train_step(job: Job, step: int) -> StepResult:
+    """Run step ``step`` (0-based; it selects the data) and return its global figures."""
+    model, cfg = job.model, job.cfg
+    tokens, labels, answer, total = local_batch(job, step)
+    logits = model(tokens, job.positions)  # [B/dp, N/cp, V], replicated over tp
+    loss = sharded_loss(logits, labels, total)
+    loss.backward()
+    if not cfg.fsdp:
+        sum_grads(model, job.replicas)
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = grad_norm(params)
+    if cfg.grad_clip > 0:
+        coef = min(1.0, cfg.grad_clip / (float(norm) + 1e-6))
+        for p in params:
+            p.grad.mul_(coef)
+    lr = job.scheduler.get_last_lr()[0]
+    job.optimizer.step()
+    job.scheduler.step()
+    job.optimizer.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        hits = ((logits.argmax(-1) == labels) & answer & (labels != IGNORE)).sum()
+        stats = torch.stack([loss.detach().double(), hits.double(), answer.sum().double()]).to(job.device)
+    dist.all_reduce(stats, group=job.replicas)
+    return StepResult(float(stats[0]), int(stats[1]), int(stats[2]), float(norm), lr,
+                      cfg.batch * cfg.seq_len)
