@@ -8,6 +8,7 @@
     burstattn bench --cluster PRESET|SPEC [flags]   # the strategies on an emulated cluster (root)
     burstattn cluster up --nodes N --ranks-per-node R --inter BW[,LAT] --intra BW[,LAT] | --preset NAME
     burstattn cluster down | status | run -- ARGS   # tear down / describe / torchrun ARGS on every node
+    burstattn train [--config configs/train/X.toml] [flags]  # train a LLaMA model (local ranks or torchrun)
 
 Subcommands import their modules (and ``rich``) only when they run, so ``burstattn --help`` and
 ``import burstattn`` stay light. Later subcommands (``train``, ``generate``, ``sim``, ``plan``) are
@@ -180,6 +181,12 @@ def _run_bench_masks(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    from .cli_train import add_train
+
+    add_train(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``burstattn`` command."""
     parser = argparse.ArgumentParser(
@@ -188,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     _add_bench(sub)
     _add_cluster(sub)
+    _add_train(sub)
     return parser
 
 
