@@ -5,6 +5,7 @@
     burstattn bench grid --config bench/configs/targets.toml [--plots docs/img]   # strategies + peers
     burstattn bench maxlen --mem-budget MiB [flags]  # longest sequence under a per-rank memory budget
     burstattn bench masks [--quick] [--docs docs/benchmarks.md]  # windows, documents, load balance
+    burstattn bench train [--seq-lens ...] [--plots docs/img]  # training steps: strategies, FSDP, checkpointing
     burstattn bench --cluster PRESET|SPEC [flags]   # the strategies on an emulated cluster (root)
     burstattn cluster up --nodes N --ranks-per-node R --inter BW[,LAT] --intra BW[,LAT] | --preset NAME
     burstattn cluster down | status | run -- ARGS   # tear down / describe / torchrun ARGS on every node
@@ -73,6 +74,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     k = suites.add_parser("masks", help="sliding window, packed documents and DistFlashAttn balance vs dense causal")
     masks.add_arguments(k)
     k.set_defaults(handler=_run_bench_masks)
+    from .bench import train as train_bench
+
+    t = suites.add_parser("train", help="training steps: cp strategies vs tp-v1/tp-v3, FSDP, checkpointing modes")
+    train_bench.add_arguments(t)
+    t.set_defaults(handler=_run_bench_train)
 
 
 def _run_bench_cluster(ns: argparse.Namespace) -> int:
@@ -178,6 +184,13 @@ def _run_bench_masks(ns: argparse.Namespace) -> int:
     from .bench import masks
 
     masks.run_masks(masks.config_from_args(ns))
+    return 0
+
+
+def _run_bench_train(ns: argparse.Namespace) -> int:
+    from .bench import train as train_bench
+
+    train_bench.run_train_bench(train_bench.config_from_args(ns))
     return 0
 
 
