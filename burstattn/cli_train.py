@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import signal
 import sys
 
 # flag -> (type, help); every one overrides the TrainConfig field of the same name
@@ -73,6 +74,7 @@ def run_train(ns: argparse.Namespace) -> int:
     from .launch import LocalGroupError
     from .train.launcher import run_training
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the local ranks are stopped too
     try:
         cfg = config_of(ns)
         records = run_training(cfg, ns.world_size, threads_per_rank=ns.threads, progress=not ns.no_progress)

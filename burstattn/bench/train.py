@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -114,12 +115,18 @@ def combine(cfg: TrainBenchConfig, per_rank: list[list[dict]]) -> list[dict]:
 def run_train_bench(cfg: TrainBenchConfig) -> dict:
     """Run every point in one local group; write ``out/train.json`` and ``out/train.md`` (and the plots)."""
     from ..launch import run_local
+    from ..train.launcher import torchrun_env
     from .timing import code_version, cpu_snapshot, machine_info, other_load
     from .train_report import markdown, plot_curve, plot_sweep
 
     pts = points(cfg)
     before, t0 = cpu_snapshot(), time.perf_counter()
-    per_rank = run_local(bench_rank, cfg.world_size, cfg, pts, threads_per_rank=cfg.threads, timeout_s=4 * 3600.0)
+    if torchrun_env(os.environ):  # e.g. `burstattn cluster run -- -m burstattn.cli bench train ...`
+        per_rank, cfg = _under_torchrun(cfg, pts)
+        if per_rank is None:
+            return {}
+    else:
+        per_rank = run_local(bench_rank, cfg.world_size, cfg, pts, threads_per_rank=cfg.threads, timeout_s=4 * 3600.0)
     doc = dict(config=asdict(cfg), machine=machine_info(), code=code_version(), wall_s=time.perf_counter() - t0,
                other_load=other_load(before, cpu_snapshot()), records=combine(cfg, per_rank))
     out = Path(cfg.out)
@@ -132,6 +139,26 @@ def run_train_bench(cfg: TrainBenchConfig) -> dict:
             print(f"wrote {path}")
     print(f"wrote {out / 'train.json'}, {out / 'train.md'}")
     return doc
+
+
+def _under_torchrun(cfg: TrainBenchConfig, pts: list[dict]):
+    """Run the points in the torchrun job's group; rank 0 gets every rank's records (others: None)."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+    try:
+        world = dist.get_world_size()
+        torch.set_num_threads(cfg.threads)
+        cfg = replace(cfg, world_size=world)
+        mine = bench_rank(dist.get_rank(), world, cfg, pts)
+        gathered = [None] * world
+        dist.all_gather_object(gathered, mine)
+        return (gathered if dist.get_rank() == 0 else None), cfg
+    finally:
+        dist.destroy_process_group()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

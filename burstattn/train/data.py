@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ")
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
 KEY_DIGITS = 4
 
 
@@ -43,31 +43,34 @@ def _generator(seed: int, step: int, row: int = 0) -> torch.Generator:
 
 
 class PasskeyData:
-    """Passkey retrieval (Mohtashami & Jaggi 2023): filler text, ``pass key: NNNN.`` at a random
-    depth, and ``pass key? NNNN`` ending the sequence. Only attending back to the key predicts
-    the final digits, so their accuracy measures long-context retrieval.
+    """Passkey retrieval (Mohtashami & Jaggi 2023): filler, `` The pass key is #NNNN. `` at a random
+    depth, and the question `` What is the pass key? The pass key is #NNNN`` ending the sequence.
+    Only attending back to the key predicts the final digits, so their accuracy measures
+    long-context retrieval. The filler is a random phrase (per sequence) repeated: predicting it
+    also takes looking back, which teaches the small model to copy (induction) quickly.
 
     Raises:
-        ValueError: ``seq_len`` too short for the needle and the question (48 tokens at least).
+        ValueError: ``seq_len`` too short for the needle and the question (96 tokens at least).
     """
 
-    MIN_LEN = 48
+    MIN_LEN = 96
 
     def __init__(self, seed: int, batch: int, seq_len: int) -> None:
         if seq_len < self.MIN_LEN:
             raise ValueError(f"the passkey task needs seq_len >= {self.MIN_LEN}, got {seq_len}")
         self.seed, self.batch_size, self.seq_len = seed, batch, seq_len
-        self.filler = encode(FILLER * (seq_len // len(FILLER) + 2))
 
     def row(self, step: int, row: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One sequence ``[N]`` and its answer mask ``[N]``."""
+        """One sequence ``[N]`` and its answer mask ``[N]`` (True at the labels that are key digits)."""
         gen = _generator(self.seed, step, row)
         key = "".join(str(int(d)) for d in torch.randint(0, 10, (KEY_DIGITS,), generator=gen))
-        needle, question = encode(f" pass key: {key}. "), encode(f" pass key? {key}")
+        words = torch.randint(0, len(LETTERS), (int(torch.randint(8, 17, (1,), generator=gen)),), generator=gen)
+        phrase = "".join(LETTERS[int(i)] for i in words) + ". "
+        needle = encode(f" The pass key is #{key}. ")  # '#' and digits appear nowhere else
+        question = encode(f" What is the pass key? The pass key is #{key}")
         room = self.seq_len - len(question) - len(needle)
+        filler = encode(phrase * (room // len(phrase) + 1))[:room]
         depth = int(torch.randint(0, room + 1, (1,), generator=gen))
-        start = int(torch.randint(0, len(FILLER), (1,), generator=gen))
-        filler = self.filler[start:start + room]
         tokens = torch.cat([filler[:depth], needle, filler[depth:], question])
         answer = torch.zeros(self.seq_len, dtype=torch.bool)
         answer[self.seq_len - 1 - KEY_DIGITS:self.seq_len - 1] = True  # labels whose targets are the digits

@@ -127,3 +127,10 @@ def save_at(rank: int, world: int, cfg: TrainConfig) -> dict:
     params = full_params(job.model)
     losses = [train_step(job, s).loss for s in range(cfg.steps, cfg.steps + 2)]
     return dict(params=params if rank == 0 else None, losses=losses)
+
+
+def soak(rank: int, world: int, cfg: TrainConfig) -> list[dict]:
+    """``cfg.steps`` steps through the loop; every step's metrics record (resident memory per rank)."""
+    from burstattn.train.loop import train
+
+    return train(cfg, progress=False)
