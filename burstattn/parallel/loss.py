@@ -25,9 +25,10 @@ def shift_labels(tokens: torch.Tensor) -> torch.Tensor:
 
 def sharded_loss(logits: torch.Tensor, labels: torch.Tensor, total_targets: int) -> torch.Tensor:
     """This rank's share of the global mean cross-entropy: ``logits [B, n, V]`` (any float dtype,
-    computed in float32), ``labels [B, n]`` (``IGNORE`` where there is no target) -> scalar
+    computed in at least float32), ``labels [B, n]`` (``IGNORE`` where there is no target) -> scalar
     ``sum(CE over targets) / total_targets``."""
-    ce = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE, reduction="sum")
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # at least float32
+    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE, reduction="sum")
     return ce / total_targets
 
 
