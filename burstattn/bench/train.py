@@ -168,7 +168,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategies", nargs="+", default=list(d.strategies))
     p.add_argument("--no-fsdp-sweep", action="store_true", help="only without FSDP")
     p.add_argument("--mode-seq-len", type=int, default=0)
-    p.add_argument("--mode-strategies", nargs="+", default=list(d.mode_strategies))
+    p.add_argument("--mode-strategies", nargs="*", default=list(d.mode_strategies))
     p.add_argument("--batch", type=int, default=d.batch)
     p.add_argument("--world-size", type=int, default=d.world_size)
     p.add_argument("--threads", type=int, default=d.threads)

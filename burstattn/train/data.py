@@ -47,7 +47,7 @@ class PasskeyData:
     depth, and the question `` What is the pass key? The pass key is #NNNN`` ending the sequence.
     Only attending back to the key predicts the final digits, so their accuracy measures
     long-context retrieval. The filler is a random phrase (per sequence) repeated: predicting it
-    also takes looking back, which teaches the small model to copy (induction) quickly.
+    also takes looking back, which teaches the small model to copy (induction heads) early.
 
     Raises:
         ValueError: ``seq_len`` too short for the needle and the question (96 tokens at least).
@@ -64,11 +64,14 @@ class PasskeyData:
         """One sequence ``[N]`` and its answer mask ``[N]`` (True at the labels that are key digits)."""
         gen = _generator(self.seed, step, row)
         key = "".join(str(int(d)) for d in torch.randint(0, 10, (KEY_DIGITS,), generator=gen))
-        words = torch.randint(0, len(LETTERS), (int(torch.randint(8, 17, (1,), generator=gen)),), generator=gen)
-        phrase = "".join(LETTERS[int(i)] for i in words) + ". "
         needle = encode(f" The pass key is #{key}. ")  # '#' and digits appear nowhere else
         question = encode(f" What is the pass key? The pass key is #{key}")
         room = self.seq_len - len(question) - len(needle)
+        # phrases of 8 to N/3 letters: copies from near and far, like the key's (RoPE must not learn
+        # copying at one distance only)
+        length = int(torch.randint(8, max(9, self.seq_len // 3), (1,), generator=gen))
+        words = torch.randint(0, len(LETTERS), (length,), generator=gen)
+        phrase = "".join(LETTERS[int(i)] for i in words) + ". "
         filler = encode(phrase * (room // len(phrase) + 1))[:room]
         depth = int(torch.randint(0, room + 1, (1,), generator=gen))
         tokens = torch.cat([filler[:depth], needle, filler[depth:], question])

@@ -16,7 +16,7 @@ from burstattn.train import TrainConfig
 from burstattn.train.checkpoint import latest_checkpoint, step_dirs
 from tests.dist import train_cases as tc
 
-BASE = TrainConfig(model="tiny", seq_len=96, batch=2, steps=6, lr=1e-3, warmup=1, seed=5)
+BASE = TrainConfig(model="tiny", seq_len=120, batch=2, steps=6, lr=1e-3, warmup=1, seed=5)
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -102,7 +102,7 @@ def test_burstattn_train_cli(tmp_path):
     metrics = tmp_path / "m.jsonl"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     cmd = [sys.executable, "-m", "burstattn.cli", "train", "--config", str(REPO / "configs/train/passkey-tiny.toml"),
-           "--world-size", "2", "--steps", "3", "--seq-len", "96", "--batch", "2", "--metrics", str(metrics),
+           "--world-size", "2", "--steps", "3", "--seq-len", "120", "--batch", "2", "--metrics", str(metrics),
            "--ckpt-dir", str(tmp_path / "ck"), "--no-progress"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr

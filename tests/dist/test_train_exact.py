@@ -10,7 +10,7 @@ from burstattn.launch import LocalGroupError
 from burstattn.train import TrainConfig
 from tests.dist.train_cases import run_training
 
-BASE = TrainConfig(model="tiny", seq_len=96, batch=2, steps=3, lr=1e-3, warmup=1, seed=3)
+BASE = TrainConfig(model="tiny", seq_len=120, batch=2, steps=3, lr=1e-3, warmup=1, seed=3)
 LOSS_TOL = PARAM_TOL = 1e-5
 
 CASES = {
@@ -60,7 +60,7 @@ def test_world_one_strategies_agree(pools, reference):
 
 
 @pytest.mark.parametrize("case,match", [(dict(dp=2, batch=3), "batch"), (dict(strategy="ring", layout="zigzag"), "layout"),
-                                        (dict(strategy="tp-v3", tp=2, seq_len=97), "divisible"),
+                                        (dict(strategy="tp-v3", tp=2, seq_len=121), "divisible"),
                                         (dict(dp=3), "divisible")])
 def test_bad_layouts_raise_on_every_rank(pools, case, match):
     with pytest.raises(LocalGroupError) as info:
