@@ -122,6 +122,9 @@ def plot_curve(metrics: str | Path, out_dir: str | Path, smooth: int = 20) -> li
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     ax.plot(steps, [r["loss"] for r in rows], color="tab:blue", alpha=0.3)
     ax.plot(steps, avg([r["loss"] for r in rows]), color="tab:blue", label="loss")
+    if rows and rows[0].get("answer_loss") is not None:
+        ax.plot(steps, avg([r["answer_loss"] for r in rows]), color="tab:green", label="loss on the key digits")
+        ax.axhline(2.302585, color="tab:green", linestyle=":", linewidth=1, label="ln 10 (guessing a digit)")
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("next-token loss (nats)")

@@ -64,7 +64,8 @@ def record(job: Job, result: StepResult, step: int, seconds: float, peak: int, m
     peaks, rss = _per_rank(job, peak), _per_rank(job, rss_bytes())
     acc = result.answer_correct / result.answer_total if result.answer_total else None
     return dict(step=step, loss=result.loss, tokens_per_s=result.tokens / seconds, peak_mem_bytes=max(peaks),
-                lr=result.lr, accuracy=acc, grad_norm=result.grad_norm, step_time_s=seconds,
+                lr=result.lr, accuracy=acc, answer_loss=result.answer_loss if result.answer_total else None,
+                grad_norm=result.grad_norm, step_time_s=seconds,
                 peak_mem_bytes_per_rank=peaks, peak_mem_method=method, rss_bytes_per_rank=rss,
                 world_size=job.dims.world, dp=job.dims.dp, cp=job.dims.cp, tp=job.dims.tp,
                 strategy=job.cfg.strategy, layout=job.layout, fsdp=job.cfg.fsdp, checkpointing=job.cfg.checkpointing)

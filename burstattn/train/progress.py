@@ -11,7 +11,7 @@ def _mib(x: int) -> str:
 
 
 def describe(rec: dict) -> str:
-    acc = "" if rec.get("accuracy") is None else f" acc {rec['accuracy']:.2f}"
+    acc = "" if rec.get("accuracy") is None else f" key acc {rec['accuracy']:.2f} key loss {rec['answer_loss']:.2f}"
     peaks = "/".join(_mib(p) for p in rec["peak_mem_bytes_per_rank"])
     return (f"loss {rec['loss']:.4f}{acc} lr {rec['lr']:.2e} {rec['tokens_per_s']:.0f} tok/s "
             f"peak MiB/rank {peaks}")

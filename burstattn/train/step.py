@@ -20,6 +20,9 @@ class StepResult:
     answer_correct: int
     """Answer targets (passkey digits) predicted exactly by the argmax."""
     answer_total: int
+    answer_loss: float
+    """Mean cross-entropy of the answer targets (``nan`` without any): below ln(10) = 2.30 once the
+    model retrieves the key better than chance."""
     grad_norm: float
     lr: float
     tokens: int
@@ -58,8 +61,12 @@ def train_step(job: Job, step: int) -> StepResult:
     job.scheduler.step()
     job.optimizer.zero_grad(set_to_none=True)
     with torch.no_grad():
-        hits = ((logits.argmax(-1) == labels) & answer & (labels != IGNORE)).sum()
-        stats = torch.stack([loss.detach().double(), hits.double(), answer.sum().double()]).to(job.device)
+        answer = answer & (labels != IGNORE)
+        hits = ((logits.argmax(-1) == labels) & answer).sum()
+        answer_ce = sharded_loss(logits[answer][None], labels[answer][None], 1) if answer.any() else loss.new_zeros(())
+        stats = torch.stack([loss.detach().double(), hits.double(), answer.sum().double(),
+                             answer_ce.double()]).to(job.device)
     dist.all_reduce(stats, group=job.replicas)
-    return StepResult(float(stats[0]), int(stats[1]), int(stats[2]), float(norm), lr,
-                      cfg.batch * cfg.seq_len)
+    answers = int(stats[2])
+    return StepResult(float(stats[0]), int(stats[1]), answers, float(stats[3]) / answers if answers else float("nan"),
+                      float(norm), lr, cfg.batch * cfg.seq_len)
