@@ -5,8 +5,9 @@ Contenders: the context-parallel strategies (``burst``, ``ring``, ``ulysses``, `
 sequence lengths with ``checkpointing="none"``; then the three checkpointing modes for ``burst``
 and ``tp-v3`` at the longest length. Every point runs in one local group (``world_size`` ranks x
 ``threads`` threads): one warm-up step, ``repeats`` timed steps (median; steps end in a global
-all-reduce, so rank 0's clock is the step's), and one step under the allocator-event meter for the
-peak memory per rank (:func:`burstattn.bench.memory.measure_peak`).
+all-reduce, so rank 0's clock is the step's) with the contenders of one length alternating step by
+step, and one step under the allocator-event meter for the peak memory per rank
+(:func:`burstattn.bench.memory.measure_peak`).
 
 Hold the machine-wide lock around it: ``flock /tmp/burstattn-bench.lock burstattn bench train``.
 """
@@ -66,36 +67,47 @@ def points(cfg: TrainBenchConfig) -> list[dict]:
 
 
 def bench_rank(rank: int, world: int, cfg: TrainBenchConfig, pts: list[dict]) -> list[dict]:
-    """Rank side: every point's step times (rank 0), peak bytes (this rank) or error."""
+    """Rank side: every point's step times (rank 0's clock), peak bytes (this rank) or error.
+
+    Points of one (suite, length) group are timed side by side: all their jobs are built, then
+    their steps alternate (A B C A B C ...), so every contender meets the same machine load."""
     import gc
 
     import torch.distributed as dist
 
     from ..train import TrainConfig, build_job, train_step
     from .memory import measure_peak
+    from .timing import time_interleaved
 
-    records = []
-    for p in pts:
-        over = {k: v for k, v in p.items() if k != "suite"}
-        try:
-            job = build_job(TrainConfig(model=cfg.model, batch=cfg.batch, steps=1000, lr=1e-4, warmup=0, **over))
-        except ValueError as exc:  # raised on every rank alike (it reads only the config)
-            records.append(dict(point=p, error=str(exc)))
-            continue
-        for s in range(cfg.warmup):
-            train_step(job, s)
-        times, losses = [], []
-        for s in range(cfg.repeats):
-            dist.barrier()
-            t0 = time.perf_counter()
-            losses.append(train_step(job, cfg.warmup + s).loss)
-            times.append(time.perf_counter() - t0)
-        _, peak = measure_peak(lambda: train_step(job, cfg.warmup + cfg.repeats))
-        records.append(dict(point=p, times_s=times, loss=losses[-1], peak_bytes=peak.peak_bytes,
-                            dims=asdict(job.dims)))
-        del job
+    records: dict[int, dict] = {}
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(pts):
+        groups.setdefault((p["suite"], p["seq_len"]), []).append(i)
+    for members in groups.values():
+        jobs, steps = {}, {}
+        for i in members:
+            over = {k: v for k, v in pts[i].items() if k != "suite"}
+            try:
+                jobs[i] = build_job(TrainConfig(model=cfg.model, batch=cfg.batch, steps=1000, lr=1e-4, warmup=0,
+                                                **over))
+            except ValueError as exc:  # raised on every rank alike (it reads only the config)
+                records[i] = dict(point=pts[i], error=str(exc))
+        for i, job in jobs.items():
+            steps[i] = 0
+
+            def one(i=i, job=job):
+                steps[i] += 1
+                return train_step(job, steps[i])
+            jobs[i] = (job, one)
+        timings = time_interleaved({str(i): one for i, (_, one) in jobs.items()}, repeats=cfg.repeats,
+                                   warmup=cfg.warmup, barrier=dist.barrier)
+        for i, (job, one) in jobs.items():
+            result, peak = measure_peak(one)
+            records[i] = dict(point=pts[i], times_s=list(timings[str(i)].samples), loss=result.loss,
+                              peak_bytes=peak.peak_bytes, dims=asdict(job.dims))
+        del jobs
         gc.collect()
-    return records
+    return [records[i] for i in range(len(pts))]
 
 
 def combine(cfg: TrainBenchConfig, per_rank: list[list[dict]]) -> list[dict]:
