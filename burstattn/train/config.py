@@ -30,6 +30,8 @@ class TrainConfig:
     """Final learning rate as a fraction of ``lr``."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
+    adam_eps: float = 1e-8
+    """AdamW's epsilon."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0: no clipping)."""
     seed: int = 0

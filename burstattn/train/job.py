@@ -122,7 +122,7 @@ def build_job(cfg: TrainConfig) -> Job:
         apply_fsdp(model, replica_mesh, zero=cfg.zero, mp_policy=mixed_precision(dtype))
     elif dtype != torch.float32:
         model.to(dtype)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), eps=cfg.adam_eps,
                                   weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     b = cfg.batch // dims.dp
