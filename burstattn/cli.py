@@ -5,12 +5,14 @@
     burstattn bench grid --config bench/configs/targets.toml [--plots docs/img]   # strategies + peers
     burstattn bench maxlen --mem-budget MiB [flags]  # longest sequence under a per-rank memory budget
     burstattn bench masks [--quick] [--docs docs/benchmarks.md]  # windows, documents, load balance
+    burstattn bench train [--seq-lens ...] [--plots docs/img]  # training steps: strategies, FSDP, checkpointing
     burstattn bench --cluster PRESET|SPEC [flags]   # the strategies on an emulated cluster (root)
     burstattn cluster up --nodes N --ranks-per-node R --inter BW[,LAT] --intra BW[,LAT] | --preset NAME
     burstattn cluster down | status | run -- ARGS   # tear down / describe / torchrun ARGS on every node
     burstattn sim --model M --seq-len N --gpus G --cluster PRESET --strategy S --mode train|prefill|decode
     burstattn sim calibrate [--out cluster-spec.json]  # this machine as a cluster spec
     burstattn plan --model M --seq-len N --gpus G --cluster PRESET --mode train|prefill [--max-seq-len]
+    burstattn train [--config configs/train/X.toml] [flags]  # train a LLaMA model (local ranks or torchrun)
 
 Subcommands import their modules (and ``rich``) only when they run, and ``burstattn --help`` is
 answered from :data:`COMMANDS` without importing torch. Later subcommands (``train``, ``generate``, ``sim``, ``plan``) are
@@ -75,6 +77,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     k = suites.add_parser("masks", help="sliding window, packed documents and DistFlashAttn balance vs dense causal")
     masks.add_arguments(k)
     k.set_defaults(handler=_run_bench_masks)
+    from .bench import train as train_bench
+
+    t = suites.add_parser("train", help="training steps: cp strategies vs tp-v1/tp-v3, FSDP, checkpointing modes")
+    train_bench.add_arguments(t)
+    t.set_defaults(handler=_run_bench_train)
 
 
 def _run_bench_cluster(ns: argparse.Namespace) -> int:
@@ -201,6 +208,19 @@ def _add_sim(sub: argparse._SubParsersAction) -> None:
     q.set_defaults(handler=lambda ns: sim_cli.run_plan(ns))
 
 
+def _run_bench_train(ns: argparse.Namespace) -> int:
+    from .bench import train as train_bench
+
+    train_bench.run_train_bench(train_bench.config_from_args(ns))
+    return 0
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    from .cli_train import add_train
+
+    add_train(sub)
+
+
 DESCRIPTION = "Exact distributed attention over long sequences (BurstAttention)."
 # name -> one line, for ``burstattn --help`` (answered without importing torch or any subcommand);
 # a new subcommand adds its line here as well as its ``_add_<name>`` (tests check both agree)
@@ -210,6 +230,7 @@ COMMANDS = {
     "cluster": "emulated multi-node cluster on this machine (network namespaces, tc)",
     "sim": "simulate a strategy on a cluster (time, memory, timeline); `sim calibrate`",
     "plan": "rank every strategy and degree choice on a cluster; --max-seq-len",
+    "train": "train a LLaMA-style model with sequence / tensor parallelism",
 }
 
 
@@ -230,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_cluster(sub)
     _add_sim(sub)
+    _add_train(sub)
     return parser
 
 

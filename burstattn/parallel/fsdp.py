@@ -1,0 +1,49 @@
+"""ZeRO with FSDP2 (``fully_shard``) over the flattened ``dp x cp`` mesh.
+
+* ZeRO-3: parameters, gradients and optimizer state sharded; each block's parameters are
+  all-gathered for its forward and again for its backward (``reshard_after_forward=True``).
+* ZeRO-2-like: ``reshard_after_forward=False`` keeps the gathered parameters from the forward
+  to the backward (one all-gather per block per step, more memory), gradients and optimizer state
+  still sharded.
+
+Context-parallel ranks hold the same weights, so they shard them like data-parallel ranks. The
+loss of each rank is its share of the global mean (see :mod:`.loss`), so gradients must be SUMMED
+over ``dp x cp``: the divide factor is set to 1.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+def mixed_precision(param_dtype: torch.dtype) -> Optional[MixedPrecisionPolicy]:
+    """bf16/fp16 compute with float32 gradient reduction and float32 master weights (``None`` for
+    float32: no policy)."""
+    if param_dtype == torch.float32:
+        return None
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+
+
+def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, zero: int = 3,
+               mp_policy: Optional[MixedPrecisionPolicy] = None) -> nn.Module:
+    """Shard ``model`` (a :class:`~burstattn.models.Llama`, possibly tensor-parallel already) over
+    the 1-D ``mesh``: one FSDP unit per block plus the root (embedding, final norm, head).
+
+    Raises:
+        ValueError: ``zero`` is not 2 or 3.
+    """
+    if zero not in (2, 3):
+        raise ValueError(f"zero must be 2 or 3, got {zero!r}")
+    kwargs = dict(mesh=mesh, reshard_after_forward=zero == 3)
+    if mp_policy is not None:
+        kwargs["mp_policy"] = mp_policy
+    for unit in [*model.layers, model]:  # blocks first, the root (embedding, norm, head) last
+        fully_shard(unit, **kwargs)
+    for unit in [*model.layers, model]:
+        unit.set_gradient_divide_factor(1.0)  # a sum, not a mean
+        unit.set_force_sum_reduction_for_comms(True)  # plain SUM collectives (gloo has no PREMUL_SUM)
+    return model

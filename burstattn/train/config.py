@@ -1,0 +1,124 @@
+"""``TrainConfig``: everything one training run needs (a TOML file with ``--config``, flags override)."""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+DTYPES = ("float32", "bfloat16", "float16")
+DATA_FORMATS = ("auto", "uint16", "uint32", "text")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run. Degrees left ``None`` are resolved by :func:`burstattn.parallel.resolve_dims`."""
+
+    model: str = "tiny"
+    """Model preset name (``burstattn.models.PRESETS``)."""
+    seq_len: int = 256
+    """Tokens per global sequence (split over the ``cp`` ranks)."""
+    batch: int = 2
+    """Sequences per global batch (split over the ``dp`` ranks)."""
+    steps: int = 100
+    """Optimizer steps of the run (a resumed run stops at the same total)."""
+    lr: float = 3e-3
+    """Peak learning rate of AdamW."""
+    warmup: int = 10
+    """Linear warm-up steps; then cosine decay to ``lr * min_lr_ratio`` at ``steps``."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate as a fraction of ``lr``."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_eps: float = 1e-8
+    """AdamW's epsilon."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0: no clipping)."""
+    seed: int = 0
+    """Seeds the initial weights and the data: the same whatever the parallel layout."""
+    strategy: str = "burst"
+    """Any strategy of ``burstattn.attention`` (context parallel over ``cp``), or ``tp-v1``/``tp-v3``."""
+    layout: Optional[str] = None
+    """Sequence layout over ``cp`` (``None``: the strategy's default)."""
+    backend: str = "auto"
+    """Local attention kernel (``burstattn.attention``'s ``backend``)."""
+    ulysses_degree: int = 0
+    """``usp`` only: Ulysses ranks inside each ring group (0: the largest that divides cp and the heads)."""
+    dp: Optional[int] = None
+    """Data-parallel degree (default 1)."""
+    cp: Optional[int] = None
+    """Context-parallel degree (default: the rest of the world for a sequence strategy)."""
+    tp: Optional[int] = None
+    """Tensor-parallel degree (default: the rest of the world for ``tp-v1``/``tp-v3``, else 1)."""
+    tp_variant: str = "v3"
+    """TP style inside a sequence strategy with ``tp > 1``: ``v1`` or ``v3``."""
+    fsdp: bool = False
+    """Shard parameters, gradients and optimizer state with FSDP2 over ``dp x cp``."""
+    zero: int = 3
+    """With ``fsdp``: 3 (reshard after forward) or 2 (keep gathered parameters until the backward)."""
+    checkpointing: str = "none"
+    """Activation checkpointing: ``none``, ``full`` (per layer) or ``remat`` (keep attention outputs)."""
+    dtype: str = "float32"
+    """Compute dtype (with ``fsdp``: FSDP's param dtype; master weights and reductions stay float32)."""
+    data: Optional[str] = None
+    """A local token file (uint16/uint32, nanoGPT's ``.bin``) or UTF-8 text; ``None``: synthetic passkey."""
+    data_format: str = "auto"
+    """``auto`` (``.txt``/``.md`` -> text, ``.u32`` -> uint32, else uint16), ``uint16``, ``uint32``, ``text``."""
+    ckpt_dir: Optional[str] = None
+    """Directory of ``step-N`` checkpoints (``None``: no checkpoints)."""
+    ckpt_every: int = 0
+    """Save every this many steps (0: only at the end, when ``ckpt_dir`` is set)."""
+    keep: int = 3
+    """Keep the newest this many checkpoints."""
+    resume: bool = False
+    """Continue from the newest complete checkpoint in ``ckpt_dir``."""
+    metrics: Optional[str] = None
+    """JSON-lines file: one object per step (``step, loss, tokens_per_s, peak_mem_bytes, lr`` ...)."""
+    log_every: int = 1
+    """Progress (and accuracy evaluation) every this many steps."""
+    pg_timeout_s: float = 600.0
+    """Collective timeout: a dead peer makes the others raise after this long."""
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "batch", "steps", "keep", "log_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        for name in ("warmup", "ckpt_every", "ulysses_degree"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {getattr(self, name)!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.data_format not in DATA_FORMATS:
+            raise ValueError(f"data_format must be one of {DATA_FORMATS}, got {self.data_format!r}")
+        if self.zero not in (2, 3):
+            raise ValueError(f"zero must be 2 or 3, got {self.zero!r}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be positive, got {self.lr!r}")
+        if self.resume and not self.ckpt_dir:
+            raise ValueError("resume needs ckpt_dir")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def with_overrides(self, **overrides: Any) -> "TrainConfig":
+        return replace(self, **overrides)
+
+
+def config_from_mapping(values: Mapping[str, Any], base: Optional[TrainConfig] = None) -> TrainConfig:
+    """``base`` (default ``TrainConfig()``) with the fields in ``values`` replaced; unknown keys raise
+    ``ValueError`` naming them (TOML keys may use ``-`` or ``_``)."""
+    known = {f.name for f in fields(TrainConfig)}
+    clean = {k.replace("-", "_"): v for k, v in values.items()}
+    unknown = sorted(set(clean) - known)
+    if unknown:
+        raise ValueError(f"train config: unknown field(s) {unknown}; known: {sorted(known)}")
+    return replace(base or TrainConfig(), **clean)
+
+
+def load_config(path: str | Path, **overrides: Any) -> TrainConfig:
+    """A TOML file (flat keys, or under a ``[train]`` table) with ``overrides`` on top."""
+    with open(path, "rb") as f:
+        values = tomllib.load(f)
+    values = values.get("train", values)
+    return config_from_mapping({**values, **overrides})

@@ -1,0 +1,149 @@
+"""Building a training job inside an initialised process group: mesh, model, plans, optimizer.
+
+Order (torchtitan's): the full model is built on every rank from ``seed`` (the same initial
+weights whatever the layout), then tensor-parallelized over ``tp``, then FSDP-sharded over
+``dp x cp``. Context parallelism needs no wrapping: the model's attention callable runs the
+strategy over the ``cp`` group, and the data is cut with :func:`burstattn.parallel.shard_positions`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from ..models import AttnCall, Llama, preset
+from ..parallel import (TP_STRATEGIES, ParallelDims, apply_fsdp, apply_tp, build_mesh, cp_attention,
+                        default_layout, flat_mesh, mixed_precision, resolve_dims, shard_positions, shift_labels,
+                        tp_problem, usp_mesh)
+from ..strategies import STRATEGIES
+from .config import TrainConfig
+from .data import make_data
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Job:
+    """Everything a step needs. ``positions [N / cp]``: the global positions this rank holds;
+    ``rows``: its data-parallel slice of the global batch; ``replicas``: the ``dp x cp`` group over
+    which losses (and, without FSDP, gradients) are summed."""
+
+    cfg: TrainConfig
+    dims: ParallelDims
+    mesh: DeviceMesh
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    attn: AttnCall
+    positions: torch.Tensor
+    rows: slice
+    replicas: dist.ProcessGroup
+    data: object
+    device: torch.device
+    attn_strategy: str
+    tp_variant: str
+    layout: str
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank()
+
+
+def lr_lambda(cfg: TrainConfig):
+    """Linear warm-up over ``cfg.warmup`` steps, then cosine to ``cfg.min_lr_ratio`` at ``cfg.steps``."""
+    def factor(step: int) -> float:
+        if step < cfg.warmup:
+            return (step + 1) / cfg.warmup
+        progress = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return factor
+
+
+def choose_ulysses(cp: int, heads: int, given: int) -> int:
+    """USP's Ulysses degree: ``given``, or the largest divisor of ``cp`` that divides ``heads``."""
+    if given:
+        return given
+    return max(u for u in range(1, cp + 1) if cp % u == 0 and heads % u == 0)
+
+
+def check_job(cfg: TrainConfig, dims: ParallelDims, strategy: str, layout: str, variant: str) -> None:
+    """Raise ``ValueError`` (the same on every rank: it reads only the config) for bad combinations."""
+    spec = STRATEGIES[strategy]
+    if layout not in spec.layouts:
+        raise ValueError(f"strategy {strategy!r} supports layout(s) {list(spec.layouts)}, got {layout!r}")
+    if cfg.batch % dims.dp:
+        raise ValueError(f"batch ({cfg.batch}) must be divisible by dp ({dims.dp})")
+    mcfg = preset(cfg.model)
+    if dims.tp > 1:
+        problem = tp_problem(mcfg, dims.tp, cfg.seq_len // dims.cp, variant)
+        if problem:
+            raise ValueError(problem)
+    if cfg.dtype == "float16" and _device_type() == "cpu":
+        raise ValueError("dtype float16 needs a GPU (use bfloat16 on CPU)")
+
+
+def _device_type() -> str:
+    return "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
+
+
+def build_job(cfg: TrainConfig) -> Job:
+    """The job of ``cfg`` on this rank (every rank of the default group must call it).
+
+    Raises:
+        ValueError: on every rank, for degrees, layouts, batch or model shapes that do not fit.
+    """
+    if not dist.is_initialized():
+        raise ValueError("build_job: torch.distributed is not initialized (use burstattn.launch or torchrun)")
+    dims = resolve_dims(dist.get_world_size(), cfg.strategy, cfg.dp, cfg.cp, cfg.tp)
+    attn_strategy = "burst" if cfg.strategy in TP_STRATEGIES else cfg.strategy
+    variant = cfg.strategy[3:] if cfg.strategy in TP_STRATEGIES else cfg.tp_variant
+    layout = cfg.layout or default_layout(attn_strategy)
+    check_job(cfg, dims, attn_strategy, layout, variant)
+    device_type = _device_type()
+    device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+    mesh = build_mesh(dims, device_type)
+    mcfg = preset(cfg.model)
+    d, c, _ = dims.coords(dist.get_rank())
+    ulysses = choose_ulysses(dims.cp, mcfg.n_heads // dims.tp, cfg.ulysses_degree) if attn_strategy == "usp" else 1
+    grid = usp_mesh(dims, ulysses, device_type)["ring", "ulysses"] if attn_strategy == "usp" else None
+    attn = cp_attention(attn_strategy, mesh.get_group("cp"), layout, backend=cfg.backend, usp_mesh=grid)
+    positions = shard_positions(cfg.seq_len, strategy=attn_strategy, layout=layout, cp_rank=c, cp_size=dims.cp,
+                                ulysses_degree=ulysses)
+    torch.manual_seed(cfg.seed)
+    model = Llama(mcfg, attn=attn, checkpointing=cfg.checkpointing).to(device)
+    if dims.tp > 1:
+        apply_tp(model, mesh["tp"], variant)
+    dtype = TORCH_DTYPES[cfg.dtype]
+    replica_mesh = flat_mesh(mesh, ("dp", "cp"))
+    if cfg.fsdp:
+        apply_fsdp(model, replica_mesh, zero=cfg.zero, mp_policy=mixed_precision(dtype))
+    elif dtype != torch.float32:
+        model.to(dtype)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), eps=cfg.adam_eps,
+                                  weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    b = cfg.batch // dims.dp
+    data = make_data(cfg.data, cfg.data_format, cfg.seed, cfg.batch, cfg.seq_len)
+    if cfg.data and data.max_id() >= mcfg.vocab_size:
+        raise ValueError(f"--data holds token id {data.max_id()} but model {cfg.model!r} has vocab_size "
+                         f"{mcfg.vocab_size}")
+    return Job(cfg, dims, mesh, model, optimizer, scheduler, attn, positions.to(device), slice(d * b, (d + 1) * b),
+               replica_mesh.get_group(), data, device, attn_strategy, variant, layout)
+
+
+def local_batch(job: Job, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """This rank's ``tokens [B/dp, N/cp]``, ``labels`` (shifted on the global sequence), ``answer``
+    mask, and the number of targets of the global batch."""
+    batch = job.data.batch(step)
+    labels = shift_labels(batch.tokens)
+    pos = job.positions.cpu()
+    rows = job.rows
+
+    def cut(x: torch.Tensor) -> torch.Tensor:
+        return x[rows].index_select(1, pos).to(job.device)
+
+    total = batch.tokens.shape[0] * (batch.tokens.shape[1] - 1)
+    return cut(batch.tokens), cut(labels), cut(batch.answer), total

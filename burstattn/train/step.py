@@ -1,0 +1,72 @@
+"""One optimizer step of a :class:`~burstattn.train.job.Job`: forward, global loss, backward,
+gradient sums over replicas, clipping, AdamW, LR schedule."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..parallel import IGNORE, sharded_loss, sum_grads
+from .job import Job, local_batch
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """The global figures of one step (the same on every rank)."""
+
+    loss: float
+    """Mean next-token cross-entropy over every target token of the global batch."""
+    answer_correct: int
+    """Answer targets (passkey digits) predicted exactly by the argmax."""
+    answer_total: int
+    answer_loss: float
+    """Mean cross-entropy of the answer targets (``nan`` without any): below ln(10) = 2.30 once the
+    model retrieves the key better than chance."""
+    grad_norm: float
+    lr: float
+    tokens: int
+    """Tokens of the global batch."""
+
+
+def grad_norm(parameters) -> torch.Tensor:
+    """The global L2 norm of the gradients: DTensor gradients (FSDP / TP shards) reduce their own
+    norms over their meshes; plain tensors are replicated (float32 scalar)."""
+    squares = []
+    for p in parameters:
+        if p.grad is None:
+            continue
+        n = p.grad.norm(dtype=torch.float32)
+        squares.append((n.full_tensor() if hasattr(n, "full_tensor") else n) ** 2)
+    return torch.stack(squares).sum().sqrt() if squares else torch.zeros(())
+
+
+def train_step(job: Job, step: int) -> StepResult:
+    """Run step ``step`` (0-based; it selects the data) and return its global figures."""
+    model, cfg = job.model, job.cfg
+    tokens, labels, answer, total = local_batch(job, step)
+    logits = model(tokens, job.positions)  # [B/dp, N/cp, V], replicated over tp
+    loss = sharded_loss(logits, labels, total)
+    loss.backward()
+    if not cfg.fsdp:
+        sum_grads(model, job.replicas)
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = grad_norm(params)
+    if cfg.grad_clip > 0:
+        coef = min(1.0, cfg.grad_clip / (float(norm) + 1e-6))
+        for p in params:
+            p.grad.mul_(coef)
+    lr = job.scheduler.get_last_lr()[0]
+    job.optimizer.step()
+    job.scheduler.step()
+    job.optimizer.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        answer = answer & (labels != IGNORE)
+        hits = ((logits.argmax(-1) == labels) & answer).sum()
+        answer_ce = sharded_loss(logits[answer][None], labels[answer][None], 1) if answer.any() else loss.new_zeros(())
+        stats = torch.stack([loss.detach().double(), hits.double(), answer.sum().double(),
+                             answer_ce.double()]).to(job.device)
+    dist.all_reduce(stats, group=job.replicas)
+    answers = int(stats[2])
+    return StepResult(float(stats[0]), int(stats[1]), answers, float(stats[3]) / answers if answers else float("nan"),
+                      float(norm), lr, cfg.batch * cfg.seq_len)

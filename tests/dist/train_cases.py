@@ -1,0 +1,136 @@
+"""Rank-side functions of the training tests (module-level so they pickle by reference)."""
+from __future__ import annotations
+
+import torch
+
+from burstattn.train import TrainConfig, build_job, train_step
+
+
+def full_params(model) -> dict[str, torch.Tensor]:
+    """Every parameter as a full (unsharded) float64 CPU tensor, by name."""
+    out = {}
+    for name, p in model.named_parameters():
+        t = p.full_tensor() if hasattr(p, "full_tensor") else p
+        out[name] = t.detach().double().cpu()
+    return out
+
+
+def run_training(rank: int, world: int, cfg: TrainConfig, with_params: bool = True) -> dict:
+    """``cfg.steps`` steps; the global losses of every step and (rank 0) the final parameters."""
+    job = build_job(cfg)
+    results = [train_step(job, s) for s in range(cfg.steps)]
+    params = full_params(job.model) if with_params else None
+    return dict(losses=[r.loss for r in results], norms=[r.grad_norm for r in results],
+                params=params if rank == 0 else None)
+
+
+# ---- checkpointing modes ------------------------------------------------------------------------
+class CountingAttn:
+    """Wraps the model's attention callable and counts its forward calls (instance state)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.calls = inner, 0
+
+    def __call__(self, q, k, v):
+        self.calls += 1
+        return self.inner(q, k, v)
+
+
+def checkpointing_modes(rank: int, world: int, cfg: TrainConfig) -> dict:
+    """Per mode: attention forward calls of one step, full gradients, peak bytes of one step."""
+    from burstattn.bench.memory import measure_peak
+    from burstattn.parallel import sharded_loss
+    from burstattn.train import local_batch
+
+    out = {}
+    for mode in ("none", "full", "remat"):
+        job = build_job(cfg.with_overrides(checkpointing=mode))
+        counter = CountingAttn(job.attn)
+        job.model.attn = counter
+        tokens, labels, _, total = local_batch(job, 0)
+
+        def step():
+            sharded_loss(job.model(tokens, job.positions), labels, total).backward()
+
+        step()
+        calls = counter.calls
+        grads = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).double().clone()
+                 for n, p in job.model.named_parameters()}
+        job.model.zero_grad(set_to_none=True)
+        _, peak = measure_peak(step)
+        out[mode] = dict(calls=calls, grads=grads if rank == 0 else None, peak=peak.peak_bytes,
+                         layers=len(job.model.layers))
+    return out
+
+
+# ---- checkpoints, resume, faults ----------------------------------------------------------------
+class Interrupt(Exception):
+    """Raised by a hook to stop a run between steps (as a crash would, but catchable)."""
+
+
+def loop_run(rank: int, world: int, cfg: TrainConfig, stop_before: int = 0, kill: str = "",
+             kill_step: int = 0) -> dict:
+    """``burstattn.train.loop.train`` with optional faults: ``stop_before`` (raise Interrupt before
+    that 0-based step), ``kill="save"`` (rank 1 SIGKILLs itself after writing its data of the save
+    at ``kill_step``) or ``kill="step"`` (rank 1 SIGKILLs itself before step ``kill_step``)."""
+    import os
+    import signal
+
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    from burstattn.train.loop import Hooks, train
+
+    class KillingWriter(FileSystemWriter):
+        def write_data(self, plan, planner):
+            fut = super().write_data(plan, planner)
+            fut.wait()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def before(job, step):
+        if stop_before and step == stop_before:
+            raise Interrupt(step)
+        if kill == "step" and step == kill_step and rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def writer(step):
+        if kill == "save" and step == kill_step and rank == 1:
+            return KillingWriter(os.path.join(cfg.ckpt_dir, f"step-{step}"))
+        return None
+
+    try:
+        return dict(records=train(cfg, hooks=Hooks(storage_writer=writer, before_step=before), progress=False))
+    except Interrupt:
+        return dict(records=None)
+
+
+def load_and_continue(rank: int, world: int, cfg: TrainConfig, extra_steps: int) -> dict:
+    """Resume ``cfg`` from its newest checkpoint, return the loaded step, the full parameters as
+    loaded and the losses of ``extra_steps`` more steps."""
+    from burstattn.train.checkpoint import resume
+
+    job = build_job(cfg)
+    start = resume(job, cfg.ckpt_dir)
+    params = full_params(job.model)
+    losses = [train_step(job, s).loss for s in range(start, start + extra_steps)]
+    return dict(start=start, params=params if rank == 0 else None, losses=losses)
+
+
+def save_at(rank: int, world: int, cfg: TrainConfig) -> dict:
+    """Train ``cfg.steps`` steps, save ``step-<steps>``, return the full parameters and the losses
+    of two more steps."""
+    from burstattn.train.checkpoint import save_checkpoint
+
+    job = build_job(cfg)
+    for s in range(cfg.steps):
+        train_step(job, s)
+    save_checkpoint(job, cfg.steps, cfg.ckpt_dir, keep=cfg.keep)
+    params = full_params(job.model)
+    losses = [train_step(job, s).loss for s in range(cfg.steps, cfg.steps + 2)]
+    return dict(params=params if rank == 0 else None, losses=losses)
+
+
+def soak(rank: int, world: int, cfg: TrainConfig) -> list[dict]:
+    """``cfg.steps`` steps through the loop; every step's metrics record (resident memory per rank)."""
+    from burstattn.train.loop import train
+
+    return train(cfg, progress=False)
