@@ -151,7 +151,9 @@ def make_attention_function(opts: BurstOptions):
                                        "ulysses or allgather")
         layout = opts.layout if opts.layout is not None else spec.default_layout
         if problem is not None:  # the same first collective as every strategy: raises on every rank
-            start(opts.strategy, q, k, v, group=opts.group, causal=True, softmax_scale=scale, layout=layout,
+            # (q stands in for k and v, contiguous for the layout, so that the shared check reports
+            # this problem and not the shapes)
+            start(opts.strategy, q, q, q, group=opts.group, causal=True, softmax_scale=scale, layout="contiguous",
                   extra=problem)
             raise problem[0](problem[1])
         out = attention(q, k, v, strategy=opts.strategy, group=opts.group, causal=True, softmax_scale=scale,
