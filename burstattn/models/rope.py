@@ -1,0 +1,40 @@
+"""Rotary position embeddings in the rotate-half (HF / GPT-NeoX) convention, from GLOBAL positions.
+
+A sequence shard passes the global positions it holds (``burstattn.sequence_positions``), so a
+sharded model rotates every token exactly as the unsharded model would.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def rotary_angles(positions: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
+    """``emb [n, head_dim]`` float32: ``cat(angles, angles)`` with
+    ``angles = positions[:, None] * theta ** (-arange(0, head_dim, 2) / head_dim)``."""
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None]  # [n, head_dim / 2]
+    return torch.cat([angles, angles], dim=-1)  # [n, head_dim]
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """``cat(-x2, x1)`` over the last dimension (``x = cat(x1, x2)``)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate ``x [B, n, H, head_dim]`` by the angles of ``positions [n]`` (int64, global token
+    positions): ``x * cos(emb) + rotate_half(x) * sin(emb)``, computed in (at least) float32, returned in x's
+    dtype and shape.
+
+    Raises:
+        ValueError: ``positions`` is not 1-D of length ``n``, or ``head_dim`` is odd.
+    """
+    if x.dim() != 4 or positions.dim() != 1 or positions.shape[0] != x.shape[1]:
+        raise ValueError(f"apply_rotary: x must be [B, n, H, head_dim] and positions [n]; got x {tuple(x.shape)}, "
+                         f"positions {tuple(positions.shape)}")
+    if x.shape[-1] % 2:
+        raise ValueError(f"apply_rotary: head_dim must be even, got {x.shape[-1]}")
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))  # at least float32 (float64 stays float64)
+    emb = rotary_angles(positions, x.shape[-1], theta).to(xf.dtype)[None, :, None, :]  # [1, n, 1, head_dim]
+    return (xf * emb.cos() + rotate_half(xf) * emb.sin()).to(x.dtype)
