@@ -75,12 +75,17 @@ class CachedAttention(LayerCalls):
             keys, values = c.append(layer, keep, v[:, :keep.shape[1]])
             return replicated_attention(q, self.q_positions_all(), keys, values, c.positions, group=self.group,
                                         scale=q.shape[-1] ** -0.5, backend=self.backend)
+        dummy = mine.numel() == 0  # a rank without new tokens ran one stand-in token: drop it here
+        if dummy:
+            q, k, v = q[:, :0], k[:, :0], v[:, :0]
         keys, values = c.append(layer, k, v)
         if self.mode == "q":
-            return pass_q_attention(q, self.q_positions, keys, values, c.positions, group=self.group,
+            out = pass_q_attention(q, self.q_positions, keys, values, c.positions, group=self.group,
+                                   scale=q.shape[-1] ** -0.5, backend=self.backend)
+        else:
+            out = pass_kv_attention(q, mine, keys, values, c.positions_of, group=self.group,
                                     scale=q.shape[-1] ** -0.5, backend=self.backend)
-        return pass_kv_attention(q, mine, keys, values, c.positions_of, group=self.group,
-                                 scale=q.shape[-1] ** -0.5, backend=self.backend)
+        return out.new_zeros(out.shape[0], 1, *out.shape[2:]) if dummy else out
 
     def q_positions_all(self) -> torch.Tensor:
         return torch.cat(self.q_positions)
@@ -159,7 +164,10 @@ def continue_prompt(model, tokens: torch.Tensor, cache: ShardedKVCache, *, group
     start = cache.total
     mine = cache.reserve(placed).to(tokens.device)
     attn = CachedAttention(cache, mode, placed, group, backend)
-    logits = model(tokens[:, mine - start], mine, attn=attn)  # [B, m_rank, V]
+    if mine.numel():
+        logits = model(tokens[:, mine - start], mine, attn=attn)  # [B, m_rank, V]
+    else:  # no new token placed here: run a stand-in token so that every layer meets its collectives
+        model(tokens[:, :1], torch.tensor([start], device=tokens.device), attn=attn)
     owner = max(r for r in range(world) if placed[r].numel())
     last = logits[:, -1] if rank == owner else None
     return _share_token(last, owner, b, group, tokens.device), mode
