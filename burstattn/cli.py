@@ -8,6 +8,8 @@
     burstattn bench --cluster PRESET|SPEC [flags]   # the strategies on an emulated cluster (root)
     burstattn cluster up --nodes N --ranks-per-node R --inter BW[,LAT] --intra BW[,LAT] | --preset NAME
     burstattn cluster down | status | run -- ARGS   # tear down / describe / torchrun ARGS on every node
+    burstattn generate --model NAME|DIR --world-size P --strategy S --prompt-len N | --prompt-file F
+                       --max-new-tokens K --seed X [--json]   # greedy generation over a sharded KV cache
 
 Subcommands import their modules (and ``rich``) only when they run, so ``burstattn --help`` and
 ``import burstattn`` stay light. Later subcommands (``train``, ``generate``, ``sim``, ``plan``) are
@@ -180,6 +182,63 @@ def _run_bench_masks(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="greedy generation over a sharded KV cache on local ranks",
+                       description="Prefill the prompt sharded over P local ranks (any strategy), decode over the "
+                                   "KV cache that stays sharded; print first-token latency, decode tokens/s, peak "
+                                   "memory per rank, bytes per token and the tokens.")
+    p.add_argument("--model", default="tiny", metavar="NAME|DIR",
+                   help="a model preset (tiny, small, ...: random weights from --seed) or a save_pretrained directory")
+    p.add_argument("--world-size", type=int, default=1, metavar="P")
+    p.add_argument("--strategy", default="burst", metavar="S", help="prefill strategy (burst, ring, ulysses, ...)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt-len", type=int, default=None, metavar="N", help="synthetic prompt of N tokens (--seed)")
+    src.add_argument("--prompt-file", default=None, metavar="F", help="prompt text file (bytes as tokens)")
+    p.add_argument("--max-new-tokens", type=int, default=16, metavar="K")
+    p.add_argument("--seed", type=int, default=0, metavar="X", help="weights and synthetic prompt (presets)")
+    p.add_argument("--backend", default="auto", help="local attention kernel")
+    p.add_argument("--kv-budget-mb", type=float, default=None, help="refuse if a rank's K/V shard would exceed this")
+    p.add_argument("--no-memory", action="store_true", help="skip the profiled peak-memory run")
+    p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run")
+    p.add_argument("--threads-per-rank", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_run_generate)
+
+
+def _run_generate(ns: argparse.Namespace) -> int:
+    import json
+
+    from .bench.generate_run import GenerateConfig, run_generate
+    from .launch import LocalGroupError
+
+    if ns.world_size < 1:
+        print(f"burstattn generate: --world-size must be >= 1, got {ns.world_size}", file=sys.stderr)
+        return 2
+    budget = None if ns.kv_budget_mb is None else int(ns.kv_budget_mb * 2**20)
+    cfg = GenerateConfig(model=ns.model, world_size=ns.world_size, strategy=ns.strategy,
+                         prompt_len=ns.prompt_len if ns.prompt_file is None and ns.prompt_len is not None else 64,
+                         prompt_file=ns.prompt_file, max_new_tokens=ns.max_new_tokens, seed=ns.seed,
+                         backend=ns.backend, kv_budget_bytes=budget, measure_memory=not ns.no_memory,
+                         warmup=not ns.no_warmup, threads_per_rank=ns.threads_per_rank)
+    try:
+        report = run_generate(cfg)
+    except LocalGroupError as e:
+        first = e.errors[min(e.errors)] if e.errors else None
+        print(f"burstattn generate: {first.message if first else e.summary}", file=sys.stderr)
+        return 2
+    if ns.json:
+        print(json.dumps(report))
+        return 0
+    mib = [None if b is None else round(b / 2**20, 2) for b in report["peak_mem_bytes"]]
+    print(f"model {report['model']}, P={report['world_size']}, strategy {report['strategy']}, "
+          f"prompt {report['prompt_len']} tokens")
+    print(f"first-token latency {report['first_token_latency_s']:.4f} s; decode {report['decode_tokens_per_s']:.1f} "
+          f"tokens/s; bytes sent per token per rank {report['bytes_per_token']}")
+    print(f"peak memory per rank (MiB) {mib}; K/V cache per rank (bytes) {report['kv_cache_bytes']}")
+    print(f"tokens {report['tokens']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``burstattn`` command."""
     parser = argparse.ArgumentParser(
@@ -188,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     _add_bench(sub)
     _add_cluster(sub)
+    _add_generate(sub)
     return parser
 
 
