@@ -6,6 +6,7 @@
     burstattn bench maxlen --mem-budget MiB [flags]  # longest sequence under a per-rank memory budget
     burstattn bench masks [--quick] [--docs docs/benchmarks.md]  # windows, documents, load balance
     burstattn bench --cluster PRESET|SPEC [flags]   # the strategies on an emulated cluster (root)
+    burstattn bench infer [--quick] [--plots DIR] [--docs FILE]   # first-token latency, decode, pass-KV/Q
     burstattn cluster up --nodes N --ranks-per-node R --inter BW[,LAT] --intra BW[,LAT] | --preset NAME
     burstattn cluster down | status | run -- ARGS   # tear down / describe / torchrun ARGS on every node
     burstattn generate --model NAME|DIR --world-size P --strategy S --prompt-len N | --prompt-file F
@@ -74,6 +75,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     k = suites.add_parser("masks", help="sliding window, packed documents and DistFlashAttn balance vs dense causal")
     masks.add_arguments(k)
     k.set_defaults(handler=_run_bench_masks)
+    from .bench import infer
+
+    i = suites.add_parser("infer", help="first-token latency per strategy, sharded decoding, pass-KV vs pass-Q")
+    infer.add_arguments(i)
+    i.set_defaults(handler=_run_bench_infer)
 
 
 def _run_bench_cluster(ns: argparse.Namespace) -> int:
@@ -236,6 +242,22 @@ def _run_generate(ns: argparse.Namespace) -> int:
           f"tokens/s; bytes sent per token per rank {report['bytes_per_token']}")
     print(f"peak memory per rank (MiB) {mib}; K/V cache per rank (bytes) {report['kv_cache_bytes']}")
     print(f"tokens {report['tokens']}")
+    return 0
+
+
+def _run_bench_infer(ns: argparse.Namespace) -> int:
+    from .bench import infer
+    from .bench.infer_report import infer_markdown, plot_infer
+    from .bench.report import update_document
+
+    doc = infer.run_infer(infer.config_from_args(ns))
+    md = infer_markdown(doc)
+    (infer.Path(ns.out) / "infer.md").write_text(md)
+    if ns.docs:
+        update_document(ns.docs, md)
+    for path in plot_infer(doc, ns.plots) if ns.plots else []:
+        print(f"wrote {path}")
+    print(md)
     return 0
 
 
