@@ -250,7 +250,22 @@ def _run_bench_infer(ns: argparse.Namespace) -> int:
     from .bench.infer_report import infer_markdown, plot_infer
     from .bench.report import update_document
 
-    doc = infer.run_infer(infer.config_from_args(ns))
+    cfg = infer.config_from_args(ns)
+    if ns.on_cluster:
+        import json
+
+        from .bench.infer_report import cluster_markdown
+        from .cluster.infer_bench import run_infer_cluster
+
+        res = run_infer_cluster(ns.on_cluster, nodes=ns.nodes, ranks_per_node=ns.ranks_per_node, model=cfg.model,
+                                strategies=cfg.strategies, prompt_lens=cfg.prompt_lens, repeats=cfg.repeats)
+        infer.Path(ns.out).mkdir(parents=True, exist_ok=True)
+        (infer.Path(ns.out) / "infer-cluster.json").write_text(json.dumps(res, indent=1, default=str))
+        md = cluster_markdown(res, cfg.model)
+        (infer.Path(ns.out) / "infer-cluster.md").write_text(md)
+        print(md)
+        return 0
+    doc = infer.run_infer(cfg)
     md = infer_markdown(doc)
     (infer.Path(ns.out) / "infer.md").write_text(md)
     if ns.docs:

@@ -200,6 +200,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=d.out)
     p.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots here")
     p.add_argument("--docs", default=None, metavar="FILE", help="also write the tables into this Markdown file")
+    p.add_argument("--on-cluster", default=None, metavar="PRESET|SPEC",
+                   help="instead: the prefill suite on an emulated cluster (root), e.g. a100-pcie-roce")
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--ranks-per-node", type=int, default=1)
 
 
 def config_from_args(ns: argparse.Namespace) -> InferBenchConfig:

@@ -66,6 +66,22 @@ def _crossover(doc: dict) -> list[str]:
         ["", f"The formula's choice matched the faster mode at {agree} of {len(rows)} sizes.", ""]
 
 
+def cluster_markdown(res: dict, model: str) -> str:
+    """The first-token latency table of an emulated-cluster run (:mod:`burstattn.cluster.infer_bench`)."""
+    recs = res["rows"]
+    names = list(dict.fromkeys(r["strategy"] for r in recs))
+    lens = sorted({r["prompt_len"] for r in recs})
+    at = {(r["strategy"], r["prompt_len"]): r for r in recs}
+    spec = res["spec"]
+    rows = [[str(n)] + [f"{at[(s, n)]['median_s']:.3f}" for s in names] for n in lens]
+    mib = [[str(n)] + [f"{at[(s, n)]['sent_bytes'] / 2**20:.1f}" for s in names] for n in lens]
+    return "\n".join([f"## First-token latency (s) on the emulated {spec.get('name') or 'custom'} cluster, "
+                      f"{model} model, {spec['nodes']} nodes x {spec['ranks_per_node']} ranks", "",
+                      f"Run on {res['date']} ({res['wall_s']:.0f} s); links: inter {spec['inter']}, intra "
+                      f"{spec['intra']}. Median, max over ranks.", ""] + _table(["prompt"] + names, rows)
+                     + ["", "MiB sent per rank for the prefill:", ""] + _table(["prompt"] + names, mib) + [""])
+
+
 def infer_markdown(doc: dict) -> str:
     m = doc["machine"]
     head = ["# Inference benchmarks: `burstattn bench infer`", "",

@@ -28,7 +28,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from ..infer.sharded import replicated_attention
+from ..infer.sharded import rank_world, replicated_attention
 from ..strategies import STRATEGIES, attention
 from ..strategies.base import start
 
@@ -68,9 +68,7 @@ class ShardedOffset(int):
 
 
 def _group_size(group: Optional[dist.ProcessGroup]) -> int:
-    if not dist.is_available() or not dist.is_initialized():
-        return 1
-    return dist.get_world_size(group if group is not None else dist.group.WORLD)
+    return rank_world(group)[2]
 
 
 def make_mask_function(opts: BurstOptions):

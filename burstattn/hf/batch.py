@@ -11,17 +11,10 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ..infer.sharded import rank_world
 from ..layout import gather_sequence, local_positions
 
 IGNORE_INDEX = -100  # transformers' ignore_index for the loss
-
-
-def _rank_world(group: Optional[dist.ProcessGroup]) -> tuple[int, int]:
-    if not dist.is_available() or not dist.is_initialized():
-        if group is not None:
-            raise ValueError("group was given but torch.distributed is not initialized")
-        return 0, 1
-    return dist.get_rank(group), dist.get_world_size(group)
 
 
 class _SumOverRanks(torch.autograd.Function):
@@ -95,7 +88,7 @@ def shard_batch(input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None, 
     ``layout`` must be the one given to :func:`burstattn.hf.register` (or that strategy's default).
     """
     _check_ids("input_ids", input_ids)
-    rank, world = _rank_world(group)
+    _, rank, world = rank_world(group)
     b, n = input_ids.shape
     unit = 2 * world if layout == "zigzag" else world
     padded = -(-n // unit) * unit
@@ -126,7 +119,7 @@ def sync_gradients(model: torch.nn.Module, group: Optional[dist.ProcessGroup] = 
 
     After ``model(**shard_batch(...)).loss.backward()`` on every rank, the gradients then equal the
     single-process gradients. A parameter without a gradient counts as zeros (and gets them)."""
-    _, world = _rank_world(group)
+    group, _, world = rank_world(group)
     params = [p for p in model.parameters() if p.requires_grad]
     if world == 1:
         return

@@ -22,14 +22,8 @@ import torch.distributed as dist
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..infer.placement import placement_counts
+from ..infer.sharded import rank_world
 from .attention import ShardedOffset
-
-
-def _rank_world(group: Optional[dist.ProcessGroup]) -> tuple[int, int]:
-    if not dist.is_available() or not dist.is_initialized():
-        return 0, 1
-    group = group if group is not None else dist.group.WORLD
-    return dist.get_rank(group), dist.get_world_size(group)
 
 
 class ShardedLayer(CacheLayerMixin):
@@ -119,7 +113,7 @@ class ShardedCache(Cache):
     def __init__(self, group: Optional[dist.ProcessGroup] = None) -> None:
         super().__init__(layers=[])
         self.group = group
-        self.rank, self.world_size = _rank_world(group)
+        _, self.rank, self.world_size = rank_world(group)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         while len(self.layers) <= layer_idx:

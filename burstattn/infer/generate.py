@@ -20,7 +20,8 @@ import torch.distributed as dist
 
 from ..strategies import STRATEGIES
 from .cache import ShardedKVCache, kv_bytes
-from .steps import rank_world, continue_prompt, decode_step, padded_length, prefill
+from .sharded import rank_world
+from .steps import continue_prompt, decode_step, padded_length, prefill
 
 
 @dataclass
@@ -108,14 +109,19 @@ def generate(model, prompt: torch.Tensor, max_new_tokens: int, *, strategy: str 
         return GenerationResult(prompt.new_zeros(prompt.shape[0], 0), 0.0, 0.0, cache)
     t0 = time.perf_counter()
     token = prefill(model, prompt, cache, strategy=strategy, group=group, layout=layout, backend=backend, **options)
-    t1 = time.perf_counter()
-    out = [token]
-    for _ in range(max_new_tokens - 1):
+    latency = time.perf_counter() - t0
+    tokens, rate = _decode(model, token, cache, max_new_tokens - 1, group, backend)
+    return GenerationResult(tokens, latency, rate, cache)
+
+
+def _decode(model, token: torch.Tensor, cache: ShardedKVCache, steps: int, group, backend: str):
+    """``token`` followed by ``steps`` decoded tokens ``[B, steps + 1]``, and the decode rate (tokens/s)."""
+    out, t0 = [token], time.perf_counter()
+    for _ in range(steps):
         token = decode_step(model, token, cache, group=group, backend=backend)
         out.append(token)
-    t2 = time.perf_counter()
-    rate = (max_new_tokens - 1) / (t2 - t1) if max_new_tokens > 1 else 0.0
-    return GenerationResult(torch.stack(out, dim=1), t1 - t0, rate, cache)
+    rate = steps / (time.perf_counter() - t0) if steps else 0.0
+    return torch.stack(out, dim=1), rate
 
 
 def continue_generation(model, result: GenerationResult, prompt: torch.Tensor, max_new_tokens: int, *,
@@ -136,14 +142,9 @@ def continue_generation(model, result: GenerationResult, prompt: torch.Tensor, m
     turn = torch.cat([result.tokens[:, -1:], prompt], dim=1)  # the last generated token was never fed
     t0 = time.perf_counter()
     token, mode = continue_prompt(model, turn, cache, group=group, continuation=continuation, backend=backend)
-    t1 = time.perf_counter()
-    out = [token]
-    for _ in range(max_new_tokens - 1):
-        token = decode_step(model, token, cache, group=group, backend=backend)
-        out.append(token)
-    t2 = time.perf_counter()
-    rate = (max_new_tokens - 1) / (t2 - t1) if max_new_tokens > 1 else 0.0
-    return GenerationResult(torch.stack(out, dim=1), t1 - t0, rate, cache, result.continuations + [mode])
+    latency = time.perf_counter() - t0
+    tokens, rate = _decode(model, token, cache, max_new_tokens - 1, group, backend)
+    return GenerationResult(tokens, latency, rate, cache, result.continuations + [mode])
 
 
 def _budget_problem(model, prompt, max_new_tokens: int, world: int, layout, budget: int) -> Optional[str]:

@@ -84,8 +84,12 @@ def _merge_parts(parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return out, lse
 
 
-def _world(group: Optional[dist.ProcessGroup]) -> tuple[Optional[dist.ProcessGroup], int, int]:
+def rank_world(group: Optional[dist.ProcessGroup]) -> tuple[Optional[dist.ProcessGroup], int, int]:
+    """``(group, rank, world_size)``: ``None`` means the default group, or a world of one without
+    ``torch.distributed`` (then a given ``group`` raises ``ValueError``)."""
     if not dist.is_available() or not dist.is_initialized():
+        if group is not None:
+            raise ValueError("group was given but torch.distributed is not initialized")
         return None, 0, 1
     group = group if group is not None else dist.group.WORLD
     return group, dist.get_rank(group), dist.get_world_size(group)
@@ -100,7 +104,7 @@ def replicated_attention(q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, 
     Returns ``[B, Sq, Hq, D]`` in q's dtype, identical on every rank. Sends
     ``(P-1) * B*Hq*Sq*(D+1) * 4`` bytes (op ``"decode"``).
     """
-    group, _, world = _world(group)
+    group, _, world = rank_world(group)
     out, lse = partial_attention(q, q_pos, k, v, k_pos, scale=scale, backend=backend, window=window)
     if world > 1:
         packed = torch.cat([out, lse.unsqueeze(-1)], dim=-1)  # [B, Hq, Sq, D+1]
@@ -132,7 +136,7 @@ def pass_q_attention(q: torch.Tensor, q_pos: Sequence[torch.Tensor], k: torch.Te
         ``[B, m_r, Hq, D]`` in q's dtype. Bytes sent: ``(P-1) * B*m_max*Hq*D * e`` (op ``"q"``) plus
         ``(P-1) * B*Hq*m_max*(D+1) * 4`` (op ``"partials"``), ``m_max = max_r m_r``.
     """
-    group, rank, world = _world(group)
+    group, rank, world = rank_world(group)
     if world == 1:
         return replicated_attention(q, q_pos[0], k, v, k_pos, scale=scale, backend=backend, window=window)
     b, m, hq, d = q.shape
@@ -166,7 +170,7 @@ def pass_kv_attention(q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: 
         ``[B, m_r, Hq, D]`` in q's dtype. Bytes sent: ``(P-1) * 2*B*S_max*Hkv*D * e`` (op ``"kv"``),
         ``S_max = max_r S_r``.
     """
-    group, rank, world = _world(group)
+    group, rank, world = rank_world(group)
     if world == 1:
         return replicated_attention(q, q_pos, k, v, k_pos[0], scale=scale, backend=backend, window=window)
     s_max = max(int(p.numel()) for p in k_pos)

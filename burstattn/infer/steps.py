@@ -29,7 +29,7 @@ from ..layout import local_positions
 from ..strategies import STRATEGIES, attention
 from .cache import ShardedKVCache
 from .formulas import choose_continuation
-from .sharded import pass_kv_attention, pass_q_attention, replicated_attention
+from .sharded import pass_kv_attention, pass_q_attention, rank_world, replicated_attention
 
 
 class LayerCalls:
@@ -89,13 +89,6 @@ class CachedAttention(LayerCalls):
 
     def q_positions_all(self) -> torch.Tensor:
         return torch.cat(self.q_positions)
-
-
-def rank_world(group: Optional[dist.ProcessGroup]) -> tuple[Optional[dist.ProcessGroup], int, int]:
-    if not dist.is_available() or not dist.is_initialized():
-        return None, 0, 1
-    group = group if group is not None else dist.group.WORLD
-    return group, dist.get_rank(group), dist.get_world_size(group)
 
 
 def _share_token(logits_last: Optional[torch.Tensor], owner: int, batch: int, group, device) -> torch.Tensor:
