@@ -254,14 +254,18 @@ def _run_bench_infer(ns: argparse.Namespace) -> int:
     if ns.on_cluster:
         import json
 
-        from .bench.infer_report import cluster_markdown
+        from .bench.infer_report import cluster_markdown, infer_markdown_crossover
         from .cluster.infer_bench import run_infer_cluster
 
         res = run_infer_cluster(ns.on_cluster, nodes=ns.nodes, ranks_per_node=ns.ranks_per_node, model=cfg.model,
-                                strategies=cfg.strategies, prompt_lens=cfg.prompt_lens, repeats=cfg.repeats)
+                                strategies=cfg.strategies, prompt_lens=cfg.prompt_lens, repeats=cfg.repeats,
+                                crossover_cache=cfg.crossover_cache,
+                                crossover_new=cfg.crossover_new if "crossover" in cfg.suites else ())
         infer.Path(ns.out).mkdir(parents=True, exist_ok=True)
         (infer.Path(ns.out) / "infer-cluster.json").write_text(json.dumps(res, indent=1, default=str))
         md = cluster_markdown(res, cfg.model)
+        if res["crossover"]:
+            md += "\n" + infer_markdown_crossover(res, cfg)
         (infer.Path(ns.out) / "infer-cluster.md").write_text(md)
         print(md)
         return 0

@@ -82,6 +82,14 @@ def cluster_markdown(res: dict, model: str) -> str:
                      + ["", "MiB sent per rank for the prefill:", ""] + _table(["prompt"] + names, mib) + [""])
 
 
+def infer_markdown_crossover(res: dict, cfg) -> str:
+    """The crossover table of an emulated-cluster run (``cfg``: the run's InferBenchConfig)."""
+    doc = {"crossover": res["crossover"],
+           "config": {"crossover_cache": cfg.crossover_cache, "model": cfg.model,
+                      "world_size": res["spec"]["nodes"] * res["spec"]["ranks_per_node"]}}
+    return "\n".join(_crossover(doc))
+
+
 def infer_markdown(doc: dict) -> str:
     m = doc["machine"]
     head = ["# Inference benchmarks: `burstattn bench infer`", "",

@@ -4,7 +4,8 @@ Like :mod:`.bench`: the parent brings the cluster up, runs ``python -m burstattn
 infer`` under one ``torchrun`` agent per node, collects every rank's JSON and tears the cluster
 down. Each rank runs the sharded prefill (:func:`burstattn.infer.steps.prefill`) of the preset
 model for every strategy and prompt length: one warm-up, then ``repeats`` timed calls from a
-barrier, one strategy after another, plus the bytes it sent.
+barrier, one strategy after another, plus the bytes it sent; then (with ``crossover_new``) the
+pass-KV / pass-Q continuation suite of :mod:`burstattn.bench.infer`.
 """
 from __future__ import annotations
 
@@ -19,18 +20,22 @@ def task_infer(cfg: dict) -> dict:
     """Rank side: ``{"rows": [{strategy, prompt_len, samples, median_s, sent_bytes}, ...]}``."""
     import torch.distributed as dist
 
-    from ..bench.infer import InferBenchConfig, prefill_rank
+    from ..bench.infer import InferBenchConfig, crossover_rank, prefill_rank
 
     bench = InferBenchConfig(model=cfg["model"], prompt_lens=tuple(cfg["prompt_lens"]), repeats=cfg["repeats"],
-                             seed=cfg.get("seed", 0))
-    return {"rows": prefill_rank(dist.get_rank(), dist.get_world_size(), bench, tuple(cfg["strategies"]))}
+                             seed=cfg.get("seed", 0), crossover_cache=cfg["crossover_cache"],
+                             crossover_new=tuple(cfg["crossover_new"]))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rows = prefill_rank(rank, world, bench, tuple(cfg["strategies"]))
+    return {"rows": rows, "crossover": crossover_rank(rank, world, bench) if bench.crossover_new else []}
 
 
 def run_infer_cluster(cluster: str, *, nodes: int = 2, ranks_per_node: int = 1, model: str = "small",
                       strategies=("burst", "ulysses", "tp", "allgather", "rsa"), prompt_lens=(2048, 4096, 8192),
-                      repeats: int = 3, timeout_s: float = 7200.0, say=print) -> dict:
+                      repeats: int = 3, crossover_cache: int = 2048, crossover_new=(), timeout_s: float = 7200.0,
+                      say=print) -> dict:
     """Calibrate, bring ``cluster`` (a preset or spec) up, run :func:`task_infer`, tear it down.
-    Returns ``{"spec", "rows" (max over ranks), "wall_s"}``."""
+    Returns ``{"spec", "rows", "crossover" (max over ranks), "wall_s", ...}``."""
     from dataclasses import asdict
 
     from . import netns
@@ -42,7 +47,7 @@ def run_infer_cluster(cluster: str, *, nodes: int = 2, ranks_per_node: int = 1, 
     spec = resolve(cluster, nodes, ranks_per_node, local_flops=local)
     say(f"bench infer --on-cluster: {spec.describe()}")
     cfg = dict(model=model, strategies=list(strategies), prompt_lens=list(prompt_lens), repeats=repeats,
-               pg_timeout_s=1800, threads=1)
+               crossover_cache=crossover_cache, crossover_new=list(crossover_new), pg_timeout_s=1800, threads=1)
     t0 = time.perf_counter()
     applied = netns.up(spec, allow_no_latency=True)
     try:
@@ -67,5 +72,7 @@ def run_infer_cluster(cluster: str, *, nodes: int = 2, ranks_per_node: int = 1, 
         row["median_s"] = max(x["median_s"] for x in per_rank)
         row["sent_bytes"] = max(x["sent_bytes"] for x in per_rank)
         rows.append(row)
-    return dict(spec=asdict(applied), requested=asdict(spec), local_flops=local, rows=rows,
+    crossover = [dict(r, median_s={k: max(x["median_s"][k] for x in per) for k in ("kv", "q")})
+                 for r, per in zip(ranks[0]["crossover"], zip(*(r["crossover"] for r in ranks)))]
+    return dict(spec=asdict(applied), requested=asdict(spec), local_flops=local, rows=rows, crossover=crossover,
                 wall_s=time.perf_counter() - t0, date=time.strftime("%Y-%m-%dT%H:%M:%S%z"))

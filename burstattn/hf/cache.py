@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from ..infer.cache import append_rows
 from ..infer.placement import placement_counts
 from ..infer.sharded import rank_world
 from .attention import ShardedOffset
@@ -44,6 +45,7 @@ class ShardedLayer(CacheLayerMixin):
         self.total = 0
         self.positions = torch.zeros(0, dtype=torch.long)
         self.last_positions = torch.zeros(0, dtype=torch.long)
+        self._kbuf = self._vbuf = None  # buffers with spare room behind keys / values
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -61,8 +63,9 @@ class ShardedLayer(CacheLayerMixin):
         counts = placement_counts(self.lengths, s)
         lo = sum(counts[:self.rank])
         mine = slice(lo, lo + counts[self.rank])
-        self.keys = torch.cat([self.keys, key_states[:, :, mine]], dim=-2)
-        self.values = torch.cat([self.values, value_states[:, :, mine]], dim=-2)
+        used = self.keys.shape[-2]
+        self._kbuf, self.keys = append_rows(self._kbuf, used, key_states[:, :, mine], 2)
+        self._vbuf, self.values = append_rows(self._vbuf, used, value_states[:, :, mine], 2)
         new = torch.arange(self.total, self.total + s, dtype=torch.long)
         self.positions = torch.cat([self.positions, new[mine]])
         self.last_positions = new

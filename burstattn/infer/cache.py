@@ -34,6 +34,7 @@ class ShardedKVCache:
     values: list = field(default_factory=list)
     positions_of: list = field(default_factory=list)
     total: int = 0
+    _buffers: dict = field(default_factory=dict, repr=False)  # layer -> (keys, values) with spare capacity
 
     def __post_init__(self) -> None:
         self.keys = [None] * self.n_layers
@@ -63,17 +64,34 @@ class ShardedKVCache:
         return placement_positions(self.lengths, self.total, m)
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append this rank's new ``k, v [B, s, Hkv, D]`` to ``layer``; returns the layer's shard."""
-        if self.keys[layer] is None:
-            self.keys[layer], self.values[layer] = k.detach().clone(), v.detach().clone()
-        elif k.shape[1]:
-            self.keys[layer] = torch.cat([self.keys[layer], k.detach()], dim=1)
-            self.values[layer] = torch.cat([self.values[layer], v.detach()], dim=1)
+        """Append this rank's new ``k, v [B, s, Hkv, D]`` to ``layer``; returns the layer's shard
+        (views of buffers with spare room: see :func:`append_rows`)."""
+        used = 0 if self.keys[layer] is None else self.keys[layer].shape[1]
+        bufs = self._buffers.get(layer, (None, None))
+        (bk, self.keys[layer]), (bv, self.values[layer]) = (append_rows(b, used, x, 1) for b, x in zip(bufs, (k, v)))
+        self._buffers[layer] = (bk, bv)
         return self.keys[layer], self.values[layer]
 
     def local_bytes(self) -> int:
-        """Bytes of K/V this rank holds (all layers)."""
+        """Bytes of K/V this rank's tokens take (all layers; the buffers' spare capacity not counted)."""
         return sum(k.numel() * k.element_size() * 2 for k in self.keys if k is not None)
+
+
+def append_rows(buffer, used: int, x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write ``x`` after the first ``used`` rows (along ``dim``) of ``buffer``, growing it when full;
+    returns ``(buffer, view of the used rows)``. The buffer grows by an eighth (at least 256 rows), so
+    an appended token costs O(1) copies amortised (not a copy of the whole cache, as ``torch.cat``
+    would) and the spare room stays under 1/8 of the cache plus 256 rows."""
+    new = used + x.shape[dim]
+    if buffer is None or buffer.shape[dim] < new:
+        shape = list(x.shape)
+        shape[dim] = new + max(256, new // 8)
+        grown = x.new_empty(shape)
+        if used:
+            grown.narrow(dim, 0, used).copy_(buffer.narrow(dim, 0, used))
+        buffer = grown
+    buffer.narrow(dim, used, x.shape[dim]).copy_(x.detach())
+    return buffer, buffer.narrow(dim, 0, new)
 
 
 def kv_bytes(*, n_layers: int, batch: int, tokens: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
