@@ -90,7 +90,8 @@ def generate(model, prompt: torch.Tensor, max_new_tokens: int, *, strategy: str 
         strategy, layout, options: the prefill's :func:`burstattn.attention` strategy, layout (default:
             the strategy's) and its options; ``backend`` goes to the strategy and to the decode kernels.
         kv_budget_bytes: the most K/V bytes one rank may hold (prompt plus new tokens, all layers);
-            checked before any work, the same way on every rank.
+            checked before any work, the same way on every rank. (The buffers keep spare room of at
+            most an eighth of that plus 256 tokens: :func:`~burstattn.infer.cache.append_rows`.)
     Returns:
         :class:`GenerationResult`; with ``max_new_tokens == 0``, no tokens and nothing run.
     """
