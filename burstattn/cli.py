@@ -7,12 +7,15 @@
     burstattn bench masks [--quick] [--docs docs/benchmarks.md]  # windows, documents, load balance
     burstattn bench train [--seq-lens ...] [--plots docs/img]  # training steps: strategies, FSDP, checkpointing
     burstattn bench --cluster PRESET|SPEC [flags]   # the strategies on an emulated cluster (root)
+    burstattn bench infer [--quick] [--plots DIR] [--docs FILE]   # first-token latency, decode, pass-KV/Q
     burstattn cluster up --nodes N --ranks-per-node R --inter BW[,LAT] --intra BW[,LAT] | --preset NAME
     burstattn cluster down | status | run -- ARGS   # tear down / describe / torchrun ARGS on every node
     burstattn sim --model M --seq-len N --gpus G --cluster PRESET --strategy S --mode train|prefill|decode
     burstattn sim calibrate [--out cluster-spec.json]  # this machine as a cluster spec
     burstattn plan --model M --seq-len N --gpus G --cluster PRESET --mode train|prefill [--max-seq-len]
     burstattn train [--config configs/train/X.toml] [flags]  # train a LLaMA model (local ranks or torchrun)
+    burstattn generate --model NAME|DIR --world-size P --strategy S --prompt-len N | --prompt-file F
+                       --max-new-tokens K --seed X [--json]   # greedy generation over a sharded KV cache
 
 Subcommands import their modules (and ``rich``) only when they run, and ``burstattn --help`` is
 answered from :data:`COMMANDS` without importing torch. Later subcommands (``train``, ``generate``, ``sim``, ``plan``) are
@@ -82,6 +85,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     t = suites.add_parser("train", help="training steps: cp strategies vs tp-v1/tp-v3, FSDP, checkpointing modes")
     train_bench.add_arguments(t)
     t.set_defaults(handler=_run_bench_train)
+    from .bench import infer
+
+    i = suites.add_parser("infer", help="first-token latency per strategy, sharded decoding, pass-KV vs pass-Q")
+    infer.add_arguments(i)
+    i.set_defaults(handler=_run_bench_infer)
 
 
 def _run_bench_cluster(ns: argparse.Namespace) -> int:
@@ -221,6 +229,18 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     add_train(sub)
 
 
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    from .cli_generate import add_generate
+
+    add_generate(sub)
+
+
+def _run_bench_infer(ns: argparse.Namespace) -> int:
+    from .cli_generate import run_bench_infer
+
+    return run_bench_infer(ns)
+
+
 DESCRIPTION = "Exact distributed attention over long sequences (BurstAttention)."
 # name -> one line, for ``burstattn --help`` (answered without importing torch or any subcommand);
 # a new subcommand adds its line here as well as its ``_add_<name>`` (tests check both agree)
@@ -231,6 +251,7 @@ COMMANDS = {
     "sim": "simulate a strategy on a cluster (time, memory, timeline); `sim calibrate`",
     "plan": "rank every strategy and degree choice on a cluster; --max-seq-len",
     "train": "train a LLaMA-style model with sequence / tensor parallelism",
+    "generate": "greedy generation over a sharded KV cache on local ranks",
 }
 
 
@@ -252,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster(sub)
     _add_sim(sub)
     _add_train(sub)
+    _add_generate(sub)
     return parser
 
 

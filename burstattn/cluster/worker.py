@@ -10,6 +10,8 @@ Tasks:
   ``seconds`` pass; records the error type, message and when it came.
 * ``grid``: for each strategy, a correctness check and timed forward / forward + backward calls,
   with bytes per phase and the interface counters (:mod:`burstattn.cluster.bench`).
+* ``infer``: first-token latency of the sharded prefill per strategy and prompt length
+  (:mod:`burstattn.cluster.infer_bench`).
 """
 from __future__ import annotations
 
@@ -80,7 +82,7 @@ def task_hold(cfg: dict) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m burstattn.cluster.worker")
-    p.add_argument("task", choices=["check", "hold", "grid"])
+    p.add_argument("task", choices=["check", "hold", "grid", "infer"])
     p.add_argument("--out", required=True)
     p.add_argument("--config", default="{}")
     ns = p.parse_args(argv)
@@ -95,6 +97,9 @@ def main(argv=None) -> int:
         if ns.task == "grid":
             from .bench import task_grid
             result = task_grid(cfg)
+        elif ns.task == "infer":
+            from .infer_bench import task_infer
+            result = task_infer(cfg)
         else:
             result = {"check": task_check, "hold": task_hold}[ns.task](cfg)
         result.update(rank=rank, world_size=dist.get_world_size(), ok=True)

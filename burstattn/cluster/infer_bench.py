@@ -1,0 +1,78 @@
+"""``burstattn bench infer --on-cluster PRESET``: first-token latency per strategy on an emulated cluster.
+
+Like :mod:`.bench`: the parent brings the cluster up, runs ``python -m burstattn.cluster.worker
+infer`` under one ``torchrun`` agent per node, collects every rank's JSON and tears the cluster
+down. Each rank runs the sharded prefill (:func:`burstattn.infer.steps.prefill`) of the preset
+model for every strategy and prompt length: one warm-up, then ``repeats`` timed calls from a
+barrier, one strategy after another, plus the bytes it sent; then (with ``crossover_new``) the
+pass-KV / pass-Q continuation suite of :mod:`burstattn.bench.infer`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+
+def task_infer(cfg: dict) -> dict:
+    """Rank side: ``{"rows": [{strategy, prompt_len, samples, median_s, sent_bytes}, ...]}``."""
+    import torch.distributed as dist
+
+    from ..bench.infer import InferBenchConfig, crossover_rank, prefill_rank
+
+    bench = InferBenchConfig(model=cfg["model"], prompt_lens=tuple(cfg["prompt_lens"]), repeats=cfg["repeats"],
+                             seed=cfg.get("seed", 0), crossover_cache=cfg["crossover_cache"],
+                             crossover_new=tuple(cfg["crossover_new"]))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rows = prefill_rank(rank, world, bench, tuple(cfg["strategies"]))
+    return {"rows": rows, "crossover": crossover_rank(rank, world, bench) if bench.crossover_new else []}
+
+
+def run_infer_cluster(cluster: str, *, nodes: int = 2, ranks_per_node: int = 1, model: str = "small",
+                      strategies=("burst", "ulysses", "tp", "allgather", "rsa"), prompt_lens=(2048, 4096, 8192),
+                      repeats: int = 3, crossover_cache: int = 2048, crossover_new=(), timeout_s: float = 7200.0,
+                      say=print) -> dict:
+    """Calibrate, bring ``cluster`` (a preset or spec) up, run :func:`task_infer`, tear it down.
+    Returns ``{"spec", "rows", "crossover" (max over ranks), "wall_s", ...}``."""
+    from dataclasses import asdict
+
+    from . import netns
+    from .launch import run_job
+    from .spec import calibrate, resolve
+
+    world = nodes * ranks_per_node
+    local = calibrate() * min(1.0, (os.cpu_count() or 1) / world)
+    spec = resolve(cluster, nodes, ranks_per_node, local_flops=local)
+    say(f"bench infer --on-cluster: {spec.describe()}")
+    cfg = dict(model=model, strategies=list(strategies), prompt_lens=list(prompt_lens), repeats=repeats,
+               crossover_cache=crossover_cache, crossover_new=list(crossover_new), pg_timeout_s=1800, threads=1)
+    t0 = time.perf_counter()
+    applied = netns.up(spec, allow_no_latency=True)
+    try:
+        with tempfile.TemporaryDirectory(prefix="burstattn-infer-") as out:
+            results = run_job(applied, ["-m", "burstattn.cluster.worker", "infer", "--out", out,
+                                        "--config", json.dumps(cfg)], timeout_s=timeout_s)
+            ranks = []
+            for r in range(applied.world_size):
+                path = Path(out) / f"rank{r}.json"
+                if not path.exists():
+                    raise RuntimeError(f"rank {r} wrote no result; agents' output:\n"
+                                       + "\n".join(res.output[-3000:] for res in results))
+                ranks.append(json.loads(path.read_text()))
+    finally:
+        netns.down(spec.prefix)
+    bad = [r for r in ranks if not r.get("ok")]
+    if bad:
+        raise RuntimeError(f"rank {bad[0]['rank']} failed: {bad[0].get('traceback')}")
+    rows = []
+    for per_rank in zip(*(r["rows"] for r in ranks)):
+        row = dict(per_rank[0])
+        row["median_s"] = max(x["median_s"] for x in per_rank)
+        row["sent_bytes"] = max(x["sent_bytes"] for x in per_rank)
+        rows.append(row)
+    crossover = [dict(r, median_s={k: max(x["median_s"][k] for x in per) for k in ("kv", "q")})
+                 for r, per in zip(ranks[0]["crossover"], zip(*(r["crossover"] for r in ranks)))]
+    return dict(spec=asdict(applied), requested=asdict(spec), local_flops=local, rows=rows, crossover=crossover,
+                wall_s=time.perf_counter() - t0, date=time.strftime("%Y-%m-%dT%H:%M:%S%z"))

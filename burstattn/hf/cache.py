@@ -1,0 +1,134 @@
+"""``ShardedCache``: a transformers ``Cache`` in which every rank keeps only its shard of the K/V.
+
+Under ``model.generate(input_ids, past_key_values=ShardedCache(), ...)`` with
+``attn_implementation="burst"`` every rank runs the same tokens (the same prompt, then the same
+greedy tokens). Each layer's ``update`` receives the new K/V of all those tokens and keeps only
+this rank's share, placed by :mod:`burstattn.infer.placement` (contiguous chunks, water-filled so
+the shards stay balanced; a decoded token goes to the shortest shard). The attention function then
+attends the (replicated) queries to every shard and merges the partials exactly, so no rank ever
+holds the whole cache: per rank and layer the cache is ``ceil(T / P)`` tokens of
+``[B, Hkv, ., D]`` keys and values.
+
+``get_seq_length`` is the GLOBAL number of cached tokens (what ``generate`` uses for positions).
+Beam search, cropping (assisted decoding) and batch re-indexing would need the shards moved
+between ranks and raise ``NotImplementedError``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from ..infer.cache import append_rows
+from ..infer.placement import placement_counts
+from ..infer.sharded import rank_world
+from .attention import ShardedOffset
+
+
+class ShardedLayer(CacheLayerMixin):
+    """One layer's shard: ``keys, values [B, Hkv, S_rank, D]`` at global ``positions [S_rank]``.
+
+    ``lengths`` holds every rank's shard length (the same on every rank); ``last_positions`` are
+    the global positions of the tokens of the latest ``update`` (the queries of this forward).
+    """
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.rank, self.world_size = rank, world_size
+        self.lengths = [0] * world_size
+        self.total = 0
+        self.positions = torch.zeros(0, dtype=torch.long)
+        self.last_positions = torch.zeros(0, dtype=torch.long)
+        self._kbuf = self._vbuf = None  # buffers with spare room behind keys / values
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        b, h, _, d = key_states.shape
+        self.keys = key_states.new_zeros(b, h, 0, d)
+        self.values = value_states.new_zeros(b, h, 0, d)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Keep this rank's share of the new ``[B, Hkv, S, D]`` K/V (the same on every rank); returns
+        this rank's whole shard ``(keys, values)``."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        s = key_states.shape[-2]
+        counts = placement_counts(self.lengths, s)
+        lo = sum(counts[:self.rank])
+        mine = slice(lo, lo + counts[self.rank])
+        used = self.keys.shape[-2]
+        self._kbuf, self.keys = append_rows(self._kbuf, used, key_states[:, :, mine], 2)
+        self._vbuf, self.values = append_rows(self._vbuf, used, value_states[:, :, mine], 2)
+        new = torch.arange(self.total, self.total + s, dtype=torch.long)
+        self.positions = torch.cat([self.positions, new[mine]])
+        self.last_positions = new
+        self.lengths = [n + c for n, c in zip(self.lengths, counts)]
+        self.total += s
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.total + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.total
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.__init__(self.rank, self.world_size)
+
+    def _refuse(self, what: str):
+        raise NotImplementedError(f"ShardedCache does not support {what} (it would move shards between ranks); "
+                                  "use greedy or sampling generation with num_beams=1")
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._refuse("beam search")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self._refuse("cropping (assisted decoding)")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if repeats != 1:
+            self._refuse("repeating the batch (num_return_sequences > 1)")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._refuse("selecting batch entries")
+
+
+class ShardedCache(Cache):
+    """A transformers ``Cache`` keeping this rank's shard of every layer's K/V.
+
+    Args:
+        group: the process group the model's ``attn_implementation="burst"`` was registered with
+            (``None``: the default group, or one process).
+
+    Use a fresh cache per ``generate`` call (every rank must build it and run the same tokens).
+    """
+
+    def __init__(self, group: Optional[dist.ProcessGroup] = None) -> None:
+        super().__init__(layers=[])
+        self.group = group
+        _, self.rank, self.world_size = rank_world(group)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        while len(self.layers) <= layer_idx:
+            self.layers.append(ShardedLayer(self.rank, self.world_size))
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+        """``(kv_length, kv_offset)`` for transformers' mask creation; the offset (0) also carries
+        this cache to burstattn's mask function."""
+        kv_length = query_length if layer_idx >= len(self.layers) else self.layers[layer_idx].total + query_length
+        return kv_length, ShardedOffset(0, self)
+
+    def local_bytes(self) -> int:
+        """Bytes of K/V this rank holds (all layers)."""
+        return sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in self.layers if layer.is_initialized)

@@ -1,0 +1,1 @@
+"""Inference over a sharded KV cache: sharded prefill, decoding, continuation, generation."""

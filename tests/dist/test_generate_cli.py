@@ -1,0 +1,48 @@
+"""``burstattn generate``: the issue's flags and JSON keys; the same tokens whatever the world size
+and strategy (--seed fixes weights and prompt); a save_pretrained directory as --model; bad input
+exits with a clear error."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from burstattn.cli import main
+
+KEYS = {"tokens", "first_token_latency_s", "decode_tokens_per_s", "peak_mem_bytes"}
+
+
+def _run(capsys, *args) -> dict:
+    assert main(["generate", *args, "--json", "--no-warmup"]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_same_tokens_any_world_and_strategy(capsys):
+    common = ["--model", "tiny", "--prompt-len", "29", "--max-new-tokens", "5", "--seed", "7"]
+    one = _run(capsys, *common, "--world-size", "1", "--strategy", "burst", "--no-memory")
+    three = _run(capsys, *common, "--world-size", "3", "--strategy", "ring")
+    assert KEYS <= set(one) and KEYS <= set(three)
+    assert len(one["tokens"]) == 5 and one["tokens"] == three["tokens"]
+    assert len(three["peak_mem_bytes"]) == 3 and all(b > 0 for b in three["peak_mem_bytes"])
+    assert three["bytes_per_token"] == 2 * 2 * 4 * 17 * 4  # layers x (P-1) x Hq x (D+1) x 4
+
+
+def test_save_pretrained_directory(capsys, tmp_path):
+    pytest.importorskip("transformers", minversion="5")
+    from tests.dist.hf_cases import build
+
+    build("llama", seed=3).save_pretrained(tmp_path / "m")
+    out = _run(capsys, "--model", str(tmp_path / "m"), "--world-size", "1", "--prompt-len", "19",
+               "--max-new-tokens", "4", "--no-memory")
+    model = build("llama", seed=3)
+    model.set_attn_implementation("eager")
+    import torch
+
+    prompt = torch.randint(0, model.config.vocab_size, (1, 19), generator=torch.Generator().manual_seed(1))
+    ref = model.generate(prompt, max_new_tokens=4, do_sample=False)[0, 19:].tolist()
+    assert out["tokens"] == ref
+
+
+def test_bad_input_exits_with_error(capsys):
+    assert main(["generate", "--model", "tiny", "--world-size", "1", "--prompt-len", "0", "--no-memory"]) == 2
+    assert "prompt is empty" in capsys.readouterr().err
