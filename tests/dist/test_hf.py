@@ -64,7 +64,7 @@ def test_register_rejects_bad_options():
     with pytest.raises(ValueError, match="strategy must be one of"):
         bhf.register(strategy="nope")
     with pytest.raises(ValueError, match="supports layout"):
-        bhf.register(strategy="ring", layout="zigzag")
+        bhf.register(strategy="ring", layout="diagonal")  # not a layout name
 
 
 def test_single_process_refusals():
