@@ -13,6 +13,8 @@ import torch
 
 from burstattn.infer.formulas import decode_bytes, pass_kv_bytes, pass_q_bytes
 from burstattn.infer.placement import placement_counts
+from burstattn.infer.steps import padded_length
+from burstattn.strategies import STRATEGIES
 from tests.dist import infer_cases as ic
 
 L, HQ, HKV, D = 2, 4, 2, 16  # the tiny preset
@@ -70,7 +72,8 @@ def test_generate_and_continue_exact_with_bytes(pools, case):
     total = case.prompt_len + case.new_tokens - 1 + case.more_len + case.more_tokens
     assert sum(lengths) == total, (lengths, total)
     prefill = results[0]["lengths_after_prefill"]
-    pads = -case.prompt_len % (2 * case.world if case.strategy == "burst" else case.world)
+    layout = STRATEGIES[case.strategy].default_layout  # zigzag for every strategy: pads up to a multiple of 2P
+    pads = padded_length(case.prompt_len, case.world, layout) - case.prompt_len
     assert sum(prefill) == case.prompt_len and max(prefill) - min(prefill) <= max(pads, 1), prefill
     assert max(lengths) - min(lengths) <= max(max(prefill) - min(prefill), 1), lengths
 

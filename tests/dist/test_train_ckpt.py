@@ -111,6 +111,6 @@ def test_burstattn_train_cli(tmp_path):
     for r in lines:
         assert {"step", "loss", "tokens_per_s", "peak_mem_bytes", "lr"} <= set(r) and r["cp"] == 2
     assert (tmp_path / "ck" / "step-3" / ".metadata").is_file()
-    bad = subprocess.run(cmd[:4] + ["--world-size", "2", "--strategy", "ring", "--layout", "zigzag", "--no-progress"],
+    bad = subprocess.run(cmd[:4] + ["--world-size", "2", "--strategy", "ring", "--layout", "diagonal", "--no-progress"],
                          env=env, capture_output=True, text=True, timeout=180)
     assert bad.returncode == 2 and "layout" in bad.stderr

@@ -62,7 +62,7 @@ def test_world_one_strategies_agree(pools, reference):
         assert out["losses"] == pytest.approx(reference["losses"], rel=1e-6)
 
 
-@pytest.mark.parametrize("case,match", [(dict(dp=2, batch=3), "batch"), (dict(strategy="ring", layout="zigzag"), "layout"),
+@pytest.mark.parametrize("case,match", [(dict(dp=2, batch=3), "batch"), (dict(strategy="ring", layout="diagonal"), "layout"),
                                         (dict(strategy="tp-v3", tp=2, seq_len=121), "divisible"),
                                         (dict(dp=3), "divisible")])
 def test_bad_layouts_raise_on_every_rank(pools, case, match):
