@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..models.config import LlamaConfig
+from .plans import head_groups
 
 
 @dataclass(frozen=True)
@@ -54,37 +55,52 @@ class Memory:
 # units of one local query shard (``n*Hq*d`` elements): ``c_q + c_kv * Hkv/Hq + c_gqa * [Hkv < Hq]``
 # (the output, LSE, internal [B, H, n, D] copies, travelling double buffers, float32 accumulators,
 # kernel temporaries, the gradients; ``c_gqa``: what grouped K/V heads add or save, e.g. expansions to
-# the query heads, or the smaller all-to-all of repeated kv heads). Read off the library's
-# allocations (``bench.memory.measure_peak``, float32, world 2, n = 1024 per rank, heads 8/8, 8/4, 8/2,
-# d = 32, the larger rank of two runs; ulysses' and tp's vary by up to 30% between ranks and runs, with
-# the order in which their all-to-all buffers are freed: the top of that range, since the planner
-# must not call a configuration feasible that is not); ``tests/dist/
-# test_sim_library.py`` checks them at other shapes. Ring Self-Attention adds its two n x N float32 score matrices.
+# the query heads, or the smaller all-to-all of repeated kv heads). For the strategies on the engine's
+# head groups (:data:`GROUP_UNITS`) this is the part held whole (the output, dQ, dK, dV), and
+# ``(g_q + g_kv * Hkv/Hq) / G`` is added for what each of the ``G`` head groups holds
+# (``engine.run.head_groups``, docs/algorithm.md section 13). Read off the library's allocations
+# (``bench.memory.measure_peak``, float32, world 2, causal zigzag, n = 1024 per rank, heads 8/8, 8/4,
+# 8/2, d = 32 (G = 1), and n = 4096, 8/8 heads, d = 32, 64, 128 (G = 2, 4, 8), 8/2 and 8/4 heads, d = 128
+# (G = 2, 4); the larger rank of two runs, fitted within 6%); allgather's and usp's re-measured at those
+# G = 1 shapes (usp at 4/4 heads d = 48 n = 768 and 8/2 d = 32 n = 1024); ulysses' and tp's are the previous
+# engine's (their own all-to-all code; unchanged by the head groups). Allgather's peak varies by up to 9%
+# between runs, ulysses', usp's and tp's by up to 30%, with the order in which their collective buffers are
+# freed: the top of that range, since the planner must not call a configuration feasible that is not); ``tests/dist/test_sim_library.py`` checks them at other shapes.
+# Ring Self-Attention adds its two n x N float32 score matrices.
 CALL_UNITS = {
-    "burst": (7.2, 14.0, 0.9), "ring": (8.1, 14.0, 0.0), "distflash": (14.3, 12.0, 0.0),
-    "ulysses": (14.0, 0.0, -6.0), "allgather": (7.0, 14.0, -2.0), "usp": (11.1, 8.0, 0.0),
+    "burst": (2.0, 2.2, 0.0), "ring": (2.0, 2.2, 0.0), "distflash": (2.0, 2.2, 0.0),
+    "ulysses": (14.0, 0.0, -6.0), "allgather": (2.1, 20.0, 0.0), "usp": (12.2, 16.0, 0.0),
     "tp": (16.0, 4.0, -7.0), "tp-v1": (16.0, 4.0, -7.0), "tp-v3": (16.0, 4.0, -7.0), "rsa": (3.0, 10.0, 0.0),
 }
-FORWARD_SHARE = 0.55  # forward-only peak over fwd+bwd peak (inference: no gradients, no backward ring)
+GROUP_UNITS = {"burst": (6.8, 10.0), "ring": (6.8, 10.0), "distflash": (7.45, 6.75)}  # ``(g_q, g_kv)`` per group
+GROUP_FORWARD = (1.0, 8.0)  # forward-only peak of the head-grouped strategies: ``1.0 + 8.0 / G`` (section 13)
+FORWARD_SHARE = 0.55  # forward-only peak over fwd+bwd peak of the others (no gradients, no backward ring)
 
 
 def attention_buffers(strategy: str, *, batch: int, local_seq: int, world: int, q_heads: int, kv_heads: int,
                       head_dim: int, e: int, backward: bool, schedule: str = "ring", bwd_mode: str = "burst",
                       ulysses: int = 1) -> float:
-    """Peak bytes one attention call allocates on one device beyond q, k, v and dO (:data:`CALL_UNITS`;
-    16-bit inputs with float32 accumulators count ``(e + 4) / 2`` bytes per element). ``q_heads`` /
-    ``kv_heads`` are this tp rank's; for ``tp-v1`` / ``tp-v3`` (no sequence split) ``local_seq`` is
-    the whole sequence. Raises ``ValueError`` for an unknown strategy."""
+    """Peak bytes one attention call allocates on one device beyond q, k, v and dO (:data:`CALL_UNITS`,
+    :data:`GROUP_UNITS` over the library's ``head_groups``; 16-bit inputs with float32 accumulators count
+    ``(e + 4) / 2`` bytes per element). ``q_heads`` / ``kv_heads`` are this tp rank's; for ``tp-v1`` /
+    ``tp-v3`` (no sequence split) ``local_seq`` is the whole sequence. Raises ``ValueError`` for an
+    unknown strategy."""
     key = "distflash" if (strategy == "burst" and schedule == "distflash") else strategy
     if key not in CALL_UNITS:
         raise ValueError(f"no memory model for strategy {strategy!r}; known: {sorted(CALL_UNITS)}")
     cq, ckv, cg = CALL_UNITS[key]
     per_elem = (e + 4) / 2
-    units = cq + ckv * kv_heads / q_heads + (cg if kv_heads < q_heads else 0.0)
+    ratio = kv_heads / q_heads
+    units = cq + ckv * ratio + (cg if kv_heads < q_heads else 0.0)
+    grouped = key in GROUP_UNITS
+    if grouped:
+        groups = head_groups(batch, local_seq, q_heads, kv_heads, head_dim)
+        gq, gkv = GROUP_UNITS[key]
+        units = units + (gq + gkv * ratio) / groups if backward else GROUP_FORWARD[0] + GROUP_FORWARD[1] / groups
     total = units * q_heads * batch * local_seq * head_dim * per_elem
     if strategy == "rsa":
         total += 2 * batch * q_heads * local_seq * world * local_seq * 4
-    return total if backward else FORWARD_SHARE * total
+    return total if (backward or grouped) else FORWARD_SHARE * total
 
 
 def activation_bytes(model: LlamaConfig, *, tokens: int, tp: int, sp: bool, checkpointing: str, e: int) -> float:

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ..engine.double import double_plan
+from ..engine.run import head_groups
 from ..engine.schedule import MaskKind, block_ops, distflash_plan, part_rows, ring_plan
 from ..masks.plan import mask_bytes, mask_plan
 from ..masks.spec import AttnMask
@@ -40,7 +41,7 @@ EXACT_P = 32
 
 __all__ = ["StepWork", "ring_work", "mask_work", "window_mask", "mask_bytes", "mask_plan", "distflash_work", "double_work", "bytes_formula", "choose_backward",
            "element_size", "accum_dtype", "meta_bytes", "kv_repeats", "ring_bytes", "distflash_bytes", "double_bytes",
-           "EXACT_P", "STRATEGY_LAYOUTS"]
+           "EXACT_P", "STRATEGY_LAYOUTS", "head_groups"]
 
 STRATEGY_LAYOUTS = {name: (spec.layouts, spec.default_layout) for name, spec in STRATEGIES.items()}
 

@@ -10,12 +10,13 @@ from burstattn.sim.memory import attention_buffers
 
 from .sim_cases import attention_peak
 
-MEMORY_CASES = [  # shapes other than the one the units were read off (n=1024, 8/8 and 8/2 heads, d=32)
+MEMORY_CASES = [  # shapes other than the ones the units were read off (burstattn/sim/memory.py)
     ("burst", {}, 768, 4, 4, 48, False), ("burst", {}, 512, 8, 4, 32, True),
     ("ring", {}, 768, 4, 4, 48, True), ("ulysses", {}, 768, 4, 4, 48, False),
     ("allgather", {}, 512, 8, 4, 32, False), ("usp", {"ulysses_degree": 2}, 768, 4, 4, 48, True),
     ("tp", {}, 768, 4, 4, 48, False), ("rsa", {}, 512, 8, 4, 32, True),
     ("burst", {"schedule": "distflash", "layout": "contiguous"}, 768, 4, 4, 48, True),
+    ("burst", {}, 4096, 8, 8, 32, True), ("ring", {}, 2048, 8, 4, 128, False),  # head groups G = 2 and 4
 ]
 
 
