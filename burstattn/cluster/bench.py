@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -87,28 +86,11 @@ def _combine(cfg: dict, ranks: list[dict], spec: ClusterSpec) -> list[dict]:
 def run_on_cluster(spec: ClusterSpec, cfg: dict, timeout_s: float = 3600) -> tuple[list[dict], ClusterSpec]:
     """Bring ``spec`` up, run the grid worker on it, tear it down; the combined records and the spec
     actually applied (latencies dropped where the kernel has no netem)."""
-    from . import netns
-    from .launch import run_job
+    from .launch import run_worker_task
 
-    applied = netns.up(spec, allow_no_latency=True)
-    try:
-        with tempfile.TemporaryDirectory(prefix="burstattn-cluster-") as out:
-            cfg = dict(cfg, ranks_per_node=spec.ranks_per_node)
-            results = run_job(applied, ["-m", "burstattn.cluster.worker", "grid", "--out", out,
-                                        "--config", json.dumps(cfg)], timeout_s=timeout_s)
-            ranks = []
-            for r in range(applied.world_size):
-                path = Path(out) / f"rank{r}.json"
-                if not path.exists():
-                    tail = "\n".join(res.output[-3000:] for res in results)
-                    raise RuntimeError(f"rank {r} wrote no result; agents' output:\n{tail}")
-                ranks.append(json.loads(path.read_text()))
-            bad = [r for r in ranks if not r.get("ok")]
-            if bad:
-                raise RuntimeError(f"rank {bad[0]['rank']} failed: {bad[0].get('traceback')}")
-            return _combine(cfg, ranks, applied), applied
-    finally:
-        netns.down(spec.prefix)
+    cfg = dict(cfg, ranks_per_node=spec.ranks_per_node)
+    ranks, applied = run_worker_task(spec, "grid", cfg, timeout_s)
+    return _combine(cfg, ranks, applied), applied
 
 
 def run_cluster_bench(cluster: str, *, nodes: int = 2, ranks_per_node: int = 2, seq_len: int = 8192,

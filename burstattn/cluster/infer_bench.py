@@ -9,11 +9,8 @@ pass-KV / pass-Q continuation suite of :mod:`burstattn.bench.infer`.
 """
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 import time
-from pathlib import Path
 
 
 def task_infer(cfg: dict) -> dict:
@@ -38,8 +35,7 @@ def run_infer_cluster(cluster: str, *, nodes: int = 2, ranks_per_node: int = 1, 
     Returns ``{"spec", "rows", "crossover" (max over ranks), "wall_s", ...}``."""
     from dataclasses import asdict
 
-    from . import netns
-    from .launch import run_job
+    from .launch import run_worker_task
     from .spec import calibrate, resolve
 
     world = nodes * ranks_per_node
@@ -49,23 +45,7 @@ def run_infer_cluster(cluster: str, *, nodes: int = 2, ranks_per_node: int = 1, 
     cfg = dict(model=model, strategies=list(strategies), prompt_lens=list(prompt_lens), repeats=repeats,
                crossover_cache=crossover_cache, crossover_new=list(crossover_new), pg_timeout_s=1800, threads=1)
     t0 = time.perf_counter()
-    applied = netns.up(spec, allow_no_latency=True)
-    try:
-        with tempfile.TemporaryDirectory(prefix="burstattn-infer-") as out:
-            results = run_job(applied, ["-m", "burstattn.cluster.worker", "infer", "--out", out,
-                                        "--config", json.dumps(cfg)], timeout_s=timeout_s)
-            ranks = []
-            for r in range(applied.world_size):
-                path = Path(out) / f"rank{r}.json"
-                if not path.exists():
-                    raise RuntimeError(f"rank {r} wrote no result; agents' output:\n"
-                                       + "\n".join(res.output[-3000:] for res in results))
-                ranks.append(json.loads(path.read_text()))
-    finally:
-        netns.down(spec.prefix)
-    bad = [r for r in ranks if not r.get("ok")]
-    if bad:
-        raise RuntimeError(f"rank {bad[0]['rank']} failed: {bad[0].get('traceback')}")
+    ranks, applied = run_worker_task(spec, "infer", cfg, timeout_s)
     rows = []
     for per_rank in zip(*(r["rows"] for r in ranks)):
         row = dict(per_rank[0])

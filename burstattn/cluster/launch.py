@@ -82,3 +82,34 @@ class ClusterJob:
 def run_job(spec: ClusterSpec, args: Sequence[str], timeout_s: float, env: Optional[dict] = None) -> list[NodeResult]:
     """Start a job and wait for it; see :class:`ClusterJob`."""
     return ClusterJob(spec, args, env=env).wait(timeout_s)
+
+
+def run_worker_task(spec: ClusterSpec, task: str, cfg: dict, timeout_s: float = 3600) -> tuple[list[dict], ClusterSpec]:
+    """Bring ``spec`` up, run ``python -m burstattn.cluster.worker TASK`` on every node with ``cfg``
+    (JSON), collect each rank's result file, tear the cluster down (always). Returns the per-rank
+    results (rank order) and the spec actually applied (latencies dropped where the kernel has no
+    netem). Raises ``RuntimeError`` naming the first rank that wrote nothing or failed."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from . import netns
+
+    applied = netns.up(spec, allow_no_latency=True)
+    try:
+        with tempfile.TemporaryDirectory(prefix=f"burstattn-{task}-") as out:
+            results = run_job(applied, ["-m", "burstattn.cluster.worker", task, "--out", out,
+                                        "--config", json.dumps(cfg)], timeout_s=timeout_s)
+            ranks = []
+            for r in range(applied.world_size):
+                path = Path(out) / f"rank{r}.json"
+                if not path.exists():
+                    tail = "\n".join(res.output[-3000:] for res in results)
+                    raise RuntimeError(f"rank {r} wrote no result; agents' output:\n{tail}")
+                ranks.append(json.loads(path.read_text()))
+    finally:
+        netns.down(spec.prefix)
+    bad = [r for r in ranks if not r.get("ok")]
+    if bad:
+        raise RuntimeError(f"rank {bad[0]['rank']} failed: {bad[0].get('traceback')}")
+    return ranks, applied
