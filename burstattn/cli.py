@@ -5,7 +5,7 @@
     burstattn bench grid --config bench/configs/targets.toml [--plots docs/img]   # strategies + peers
     burstattn bench maxlen --mem-budget MiB [flags]  # longest sequence under a per-rank memory budget
     burstattn bench masks [--quick] [--docs docs/benchmarks.md]  # windows, documents, load balance
-    burstattn bench train [--seq-lens ...] [--plots docs/img]  # training steps: strategies, FSDP, checkpointing
+    burstattn bench train [--seq-lens ...] [--plots docs/img] [--cluster PRESET]  # training steps: strategies, FSDP, checkpointing
     burstattn bench --cluster PRESET|SPEC [flags]   # the strategies on an emulated cluster (root)
     burstattn bench infer [--quick] [--plots DIR] [--docs FILE]   # first-token latency, decode, pass-KV/Q
     burstattn cluster up --nodes N --ranks-per-node R --inter BW[,LAT] --intra BW[,LAT] | --preset NAME
@@ -219,7 +219,15 @@ def _add_sim(sub: argparse._SubParsersAction) -> None:
 def _run_bench_train(ns: argparse.Namespace) -> int:
     from .bench import train as train_bench
 
-    train_bench.run_train_bench(train_bench.config_from_args(ns))
+    cfg = train_bench.config_from_args(ns)
+    if ns.cluster is None:
+        train_bench.run_train_bench(cfg)
+        return 0
+    from .cluster.train_bench import run_train_cluster
+
+    doc = run_train_cluster(cfg, ns.cluster, nodes=ns.nodes, ranks_per_node=ns.ranks_per_node)
+    train_bench.write_report(doc, dataclasses.replace(cfg, world_size=doc["config"]["world_size"], threads=1),
+                             name="train-cluster")
     return 0
 
 

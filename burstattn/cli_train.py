@@ -34,6 +34,7 @@ FLAGS = {
     "dtype": (str, "float32 | bfloat16 | float16"),
     "data": (str, "token file (uint16/uint32) or UTF-8 text; default: synthetic passkey task"),
     "data_format": (str, "auto | uint16 | uint32 | text"),
+    "targets": (str, "all (every next token) | answer (only the passkey digits are scored)"),
     "ckpt_dir": (str, "directory of step-N checkpoints"),
     "ckpt_every": (int, "save every M steps (and at the end)"),
     "keep": (int, "keep the newest K checkpoints"),

@@ -129,7 +129,6 @@ def run_train_bench(cfg: TrainBenchConfig) -> dict:
     from ..launch import run_local
     from ..train.launcher import torchrun_env
     from .timing import code_version, cpu_snapshot, machine_info, other_load
-    from .train_report import markdown, plot_curve, plot_sweep
 
     pts = points(cfg)
     before, t0 = cpu_snapshot(), time.perf_counter()
@@ -141,16 +140,24 @@ def run_train_bench(cfg: TrainBenchConfig) -> dict:
         per_rank = run_local(bench_rank, cfg.world_size, cfg, pts, threads_per_rank=cfg.threads, timeout_s=4 * 3600.0)
     doc = dict(config=asdict(cfg), machine=machine_info(), code=code_version(), wall_s=time.perf_counter() - t0,
                other_load=other_load(before, cpu_snapshot()), records=combine(cfg, per_rank))
+    write_report(doc, cfg)
+    return doc
+
+
+def write_report(doc: dict, cfg: TrainBenchConfig, name: str = "train") -> None:
+    """Write ``out/NAME.json`` and ``out/NAME.md`` (and the plots, prefixed ``NAME-``) of ``doc``."""
+    from .train_report import markdown, plot_curve, plot_sweep
+
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "train.json").write_text(json.dumps(doc, indent=1))
-    (out / "train.md").write_text(markdown(doc))
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=1))
+    (out / f"{name}.md").write_text(markdown(doc))
     print(markdown(doc))
     if cfg.plots:
-        for path in plot_sweep(doc["records"], cfg.plots) + (plot_curve(cfg.curve, cfg.plots) if cfg.curve else []):
+        for path in plot_sweep(doc["records"], cfg.plots, prefix=name) + (plot_curve(cfg.curve, cfg.plots)
+                                                                         if cfg.curve else []):
             print(f"wrote {path}")
-    print(f"wrote {out / 'train.json'}, {out / 'train.md'}")
-    return doc
+    print(f"wrote {out / (name + '.json')}, {out / (name + '.md')}")
 
 
 def _under_torchrun(cfg: TrainBenchConfig, pts: list[dict]):
@@ -189,6 +196,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=d.out)
     p.add_argument("--plots", default=None, help="directory of the PNG plots")
     p.add_argument("--curve", default=None, help="a `burstattn train --metrics` file to plot")
+    p.add_argument("--cluster", default=None, metavar="PRESET|SPEC",
+                   help="run on an emulated cluster (needs root): a preset (a100-pcie-roce, ...), "
+                        "'inter=BW[,LAT];intra=BW[,LAT]' or a spec file; writes train-cluster.json/.md")
+    p.add_argument("--nodes", type=int, default=2, help="emulated nodes (with --cluster)")
+    p.add_argument("--ranks-per-node", type=int, default=2, help="ranks per emulated node (with --cluster)")
 
 
 def config_from_args(ns: argparse.Namespace) -> TrainBenchConfig:

@@ -29,7 +29,16 @@ def markdown(doc: dict) -> str:
     lens = sorted({r["seq_len"] for r in sweep})
     names = list(dict.fromkeys(_name(r) for r in sweep))
     cfg = doc["config"]
-    lines = [f"Model `{cfg['model']}`, batch {cfg['batch']}, {cfg['world_size']} ranks x {cfg['threads']} thread(s), "
+    lines = []
+    if doc.get("spec"):
+        sp = doc["spec"]
+        def link(x: dict) -> str:
+            bw = "unshaped" if x["bandwidth"] is None else f"{x['bandwidth'] / 1e6:.3g} MB/s"
+            return bw + (f", {x['latency_ms']:g} ms" if x.get("latency_ms") else "")
+        lines += [f"Emulated cluster `{doc.get('cluster')}`: {sp['nodes']} nodes x {sp['ranks_per_node']} ranks, "
+                  f"inter-node link {link(sp['inter'])}, intra-node {link(sp['intra'])} (scaled to this machine's "
+                  f"{doc['local_flops'] / 1e9:.1f} GFLOP/s per rank).", ""]
+    lines += [f"Model `{cfg['model']}`, batch {cfg['batch']}, {cfg['world_size']} ranks x {cfg['threads']} thread(s), "
              f"median of {cfg['repeats']} steps after {cfg['warmup']} warm-up; peak = most bytes held by PyTorch's "
              "allocator during one step, max over ranks.", "",
              "| contender | " + " | ".join(f"N={n} tok/s | MiB" for n in lens) + " |",
@@ -78,8 +87,8 @@ def _plt():
     return plt
 
 
-def plot_sweep(records: list[dict], out_dir: str | Path) -> list[Path]:
-    """``train-tokens_per_s.png`` and ``train-memory.png`` against sequence length."""
+def plot_sweep(records: list[dict], out_dir: str | Path, prefix: str = "train") -> list[Path]:
+    """``PREFIX-tokens_per_s.png`` and ``PREFIX-memory.png`` against sequence length."""
     plt = _plt()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -102,7 +111,7 @@ def plot_sweep(records: list[dict], out_dir: str | Path) -> list[Path]:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
-        path = out_dir / f"train-{key}.png"
+        path = out_dir / f"{prefix}-{key}.png"
         fig.savefig(path, dpi=90)
         plt.close(fig)
         paths.append(path)

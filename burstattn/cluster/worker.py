@@ -12,6 +12,8 @@ Tasks:
   with bytes per phase and the interface counters (:mod:`burstattn.cluster.bench`).
 * ``infer``: first-token latency of the sharded prefill per strategy and prompt length
   (:mod:`burstattn.cluster.infer_bench`).
+* ``train``: training steps per strategy, tokens/s and peak memory per rank
+  (:mod:`burstattn.cluster.train_bench`).
 """
 from __future__ import annotations
 
@@ -82,7 +84,7 @@ def task_hold(cfg: dict) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m burstattn.cluster.worker")
-    p.add_argument("task", choices=["check", "hold", "grid", "infer"])
+    p.add_argument("task", choices=["check", "hold", "grid", "infer", "train"])
     p.add_argument("--out", required=True)
     p.add_argument("--config", default="{}")
     ns = p.parse_args(argv)
@@ -100,6 +102,9 @@ def main(argv=None) -> int:
         elif ns.task == "infer":
             from .infer_bench import task_infer
             result = task_infer(cfg)
+        elif ns.task == "train":
+            from .train_bench import task_train
+            result = task_train(cfg)
         else:
             result = {"check": task_check, "hold": task_hold}[ns.task](cfg)
         result.update(rank=rank, world_size=dist.get_world_size(), ok=True)

@@ -8,6 +8,7 @@ from typing import Any, Mapping, Optional
 
 DTYPES = ("float32", "bfloat16", "float16")
 DATA_FORMATS = ("auto", "uint16", "uint32", "text")
+TARGETS = ("all", "answer")
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,10 @@ class TrainConfig:
     """A local token file (uint16/uint32, nanoGPT's ``.bin``) or UTF-8 text; ``None``: synthetic passkey."""
     data_format: str = "auto"
     """``auto`` (``.txt``/``.md`` -> text, ``.u32`` -> uint32, else uint16), ``uint16``, ``uint32``, ``text``."""
+    targets: str = "all"
+    """Which labels the loss scores: ``all`` (every next token: language modelling) or ``answer``
+    (only the answer tokens, the passkey digits; the rest is context, as in supervised fine-tuning
+    with the prompt masked). Either way the loss is the mean over the targets of the global batch."""
     ckpt_dir: Optional[str] = None
     """Directory of ``step-N`` checkpoints (``None``: no checkpoints)."""
     ckpt_every: int = 0
@@ -91,6 +96,10 @@ class TrainConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.data_format not in DATA_FORMATS:
             raise ValueError(f"data_format must be one of {DATA_FORMATS}, got {self.data_format!r}")
+        if self.targets not in TARGETS:
+            raise ValueError(f"targets must be one of {TARGETS}, got {self.targets!r}")
+        if self.targets == "answer" and self.data:
+            raise ValueError("targets = 'answer' needs the synthetic passkey task (a --data file has no answers)")
         if self.zero not in (2, 3):
             raise ValueError(f"zero must be 2 or 3, got {self.zero!r}")
         if self.lr <= 0:

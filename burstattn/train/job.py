@@ -15,7 +15,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from ..models import AttnCall, Llama, preset
-from ..parallel import (TP_STRATEGIES, ParallelDims, apply_fsdp, apply_tp, build_mesh, cp_attention,
+from ..parallel import (IGNORE, TP_STRATEGIES, ParallelDims, apply_fsdp, apply_tp, build_mesh, cp_attention,
                         default_layout, flat_mesh, mixed_precision, resolve_dims, shard_positions, shift_labels,
                         tp_problem, usp_mesh)
 from ..strategies import STRATEGIES
@@ -135,15 +135,18 @@ def build_job(cfg: TrainConfig) -> Job:
 
 
 def local_batch(job: Job, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """This rank's ``tokens [B/dp, N/cp]``, ``labels`` (shifted on the global sequence), ``answer``
-    mask, and the number of targets of the global batch."""
+    """This rank's ``tokens [B/dp, N/cp]``, ``labels`` (shifted on the global sequence; ``IGNORE``
+    outside the answer with ``targets="answer"``), ``answer`` mask, and the number of targets of the
+    global batch."""
     batch = job.data.batch(step)
     labels = shift_labels(batch.tokens)
+    if job.cfg.targets == "answer":
+        labels = labels.masked_fill(~batch.answer, IGNORE)
     pos = job.positions.cpu()
     rows = job.rows
 
     def cut(x: torch.Tensor) -> torch.Tensor:
         return x[rows].index_select(1, pos).to(job.device)
 
-    total = batch.tokens.shape[0] * (batch.tokens.shape[1] - 1)
+    total = int((labels != IGNORE).sum())
     return cut(batch.tokens), cut(labels), cut(batch.answer), total

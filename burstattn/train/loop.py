@@ -68,7 +68,8 @@ def record(job: Job, result: StepResult, step: int, seconds: float, peak: int, m
                 grad_norm=result.grad_norm, step_time_s=seconds,
                 peak_mem_bytes_per_rank=peaks, peak_mem_method=method, rss_bytes_per_rank=rss,
                 world_size=job.dims.world, dp=job.dims.dp, cp=job.dims.cp, tp=job.dims.tp,
-                strategy=job.cfg.strategy, layout=job.layout, fsdp=job.cfg.fsdp, checkpointing=job.cfg.checkpointing)
+                strategy=job.cfg.strategy, layout=job.layout, fsdp=job.cfg.fsdp, checkpointing=job.cfg.checkpointing,
+                targets=job.cfg.targets)
 
 
 def _guarded_step(job: Job, step: int, hooks: Hooks) -> tuple[StepResult, Optional[int]]:

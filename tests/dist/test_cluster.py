@@ -104,3 +104,26 @@ def test_cli_up_status_down_and_clear_refusals(capsys):
         assert main(["cluster", "up", "--inter", "10mbit,5ms", "--intra", "1gbit", "--prefix", "btc"]) == 2
         assert "netem" in capsys.readouterr().err
     assert netns.existing("btc") == []
+
+
+def test_training_steps_across_two_nodes(cluster, tmp_path):
+    """``bench train --cluster``'s worker task: training steps of the tiny model over the
+    multi-node torchrun group (burst over cp = 2 nodes; FSDP too), one record per point on every rank."""
+    from dataclasses import asdict
+
+    from burstattn.bench.train import TrainBenchConfig, combine
+
+    bench = TrainBenchConfig(model="tiny", seq_lens=(128,), strategies=("burst",), fsdp=(False, True),
+                             mode_strategies=(), repeats=1, world_size=2)
+    cfg = dict(bench=asdict(bench), pg_timeout_s=60, threads=1)
+    results = run_job(cluster, ["-m", "burstattn.cluster.worker", "train", "--out", str(tmp_path),
+                                "--config", json.dumps(cfg)], timeout_s=300)
+    assert all(r.returncode == 0 for r in results), "\n".join(r.output[-2000:] for r in results)
+    ranks = _results(tmp_path, 2)
+    assert all(r["ok"] for r in ranks), ranks
+    records = combine(bench, [r["records"] for r in ranks])
+    assert [(r["strategy"], r["fsdp"]) for r in records] == [("burst", False), ("burst", True)]
+    for r in records:
+        assert "error" not in r and r["tokens_per_s"] > 0 and min(r["peak_bytes_per_rank"]) > 0, r
+        assert r["dims"]["cp"] == 2
+    assert records[0]["loss"] == pytest.approx(records[1]["loss"], rel=1e-5)  # FSDP: the same model

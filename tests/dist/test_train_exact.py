@@ -55,6 +55,32 @@ def test_training_matches_world_one(pools, reference, world, case):
     assert reference["losses"][2] < reference["losses"][0]  # it trains
 
 
+ANSWER = BASE.with_overrides(targets="answer", lr=3e-3)
+ANSWER_GRID = [(2, dict(strategy="burst")), (3, dict(strategy="ring")), (4, dict(strategy="burst", dp=2, fsdp=True)),
+               (2, dict(strategy="tp-v3"))]
+
+
+@pytest.fixture(scope="module")
+def answer_reference(pools):
+    return pools.get(1).run(run_training, ANSWER)[0]
+
+
+@pytest.mark.parametrize("world,case", ANSWER_GRID,
+                         ids=[f"w{w}-" + "-".join(f"{k}={v}" for k, v in c.items()) for w, c in ANSWER_GRID])
+def test_answer_targets_match_world_one(pools, answer_reference, world, case):
+    """``targets="answer"``: only the passkey digits are scored (they all sit on a few cp ranks);
+    the loss is still the mean over the global batch's targets, equal at every layout."""
+    want = answer_reference
+    assert want["answers"] == [ANSWER.batch * 4] * ANSWER.steps  # 4 digits per sequence
+    assert want["losses"] == pytest.approx(want["answer_losses"], rel=1e-6)  # the loss IS the answer loss
+    out = pools.get(world).run(run_training, ANSWER.with_overrides(**case))[0]
+    for step, (got, ref) in enumerate(zip(out["losses"], want["losses"])):
+        assert abs(got - ref) <= LOSS_TOL * abs(ref), (step, got, ref)
+    worst = max((_rel(out["params"][n], want["params"][n]), n) for n in want["params"]
+                if want["params"][n].norm() > 0)
+    assert worst[0] <= PARAM_TOL, worst
+
+
 def test_world_one_strategies_agree(pools, reference):
     """At world 1 every layout / plan is the same model: tp-v3 and fsdp+remat reproduce burst."""
     for case in (dict(strategy="tp-v3"), dict(strategy="allgather", fsdp=True, checkpointing="remat")):

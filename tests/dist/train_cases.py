@@ -21,6 +21,7 @@ def run_training(rank: int, world: int, cfg: TrainConfig, with_params: bool = Tr
     results = [train_step(job, s) for s in range(cfg.steps)]
     params = full_params(job.model) if with_params else None
     return dict(losses=[r.loss for r in results], norms=[r.grad_norm for r in results],
+                answer_losses=[r.answer_loss for r in results], answers=[r.answer_total for r in results],
                 params=params if rank == 0 else None)
 
 

@@ -84,5 +84,9 @@ def test_config_files(tmp_path):
         load_config(tmp_path / "bad.toml")
     with pytest.raises(ValueError, match="resume"):
         TrainConfig(resume=True)
+    with pytest.raises(ValueError, match="targets must be one of"):
+        TrainConfig(targets="digits")
+    with pytest.raises(ValueError, match="passkey"):
+        TrainConfig(targets="answer", data="corpus.bin")
     f = lr_lambda(TrainConfig(steps=100, warmup=10, min_lr_ratio=0.1))
     assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0) and f(100) == pytest.approx(0.1)
