@@ -184,7 +184,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = TrainBenchConfig()
     p.add_argument("--model", default=d.model)
     p.add_argument("--seq-lens", type=int, nargs="+", default=list(d.seq_lens))
-    p.add_argument("--strategies", nargs="+", default=list(d.strategies))
+    p.add_argument("--strategies", nargs="*", default=list(d.strategies),
+                   help="contenders of the sweep (none: only the checkpointing modes)")
     p.add_argument("--no-fsdp-sweep", action="store_true", help="only without FSDP")
     p.add_argument("--mode-seq-len", type=int, default=0)
     p.add_argument("--mode-strategies", nargs="*", default=list(d.mode_strategies))

@@ -145,7 +145,8 @@ def plot_curve(metrics: str | Path, out_dir: str | Path, smooth: int = 20) -> li
         ax2.legend(loc="center right", fontsize=8)
     ax.legend(loc="upper right", fontsize=8)
     r0 = rows[0] if rows else {}
-    ax.set_title(f"passkey task: {r0.get('strategy', '')}, world {r0.get('world_size', '?')}")
+    scored = {"answer": ", only the key digits scored", "all": ", every token scored"}.get(r0.get("targets"), "")
+    ax.set_title(f"passkey task: {r0.get('strategy', '')}, world {r0.get('world_size', '?')}{scored}")
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     out = Path(out_dir)
