@@ -40,9 +40,10 @@ def markdown(doc: dict) -> str:
                   f"{doc['local_flops'] / 1e9:.1f} GFLOP/s per rank).", ""]
     lines += [f"Model `{cfg['model']}`, batch {cfg['batch']}, {cfg['world_size']} ranks x {cfg['threads']} thread(s), "
              f"median of {cfg['repeats']} steps after {cfg['warmup']} warm-up; peak = most bytes held by PyTorch's "
-             "allocator during one step, max over ranks.", "",
-             "| contender | " + " | ".join(f"N={n} tok/s | MiB" for n in lens) + " |",
-             "|---|" + "---:|---:|" * len(lens)]
+             "allocator during one step, max over ranks."]
+    if lens:
+        lines += ["", "| contender | " + " | ".join(f"N={n} tok/s | MiB" for n in lens) + " |",
+                  "|---|" + "---:|---:|" * len(lens)]
     for name in names:
         cells = []
         for n in lens:

@@ -117,3 +117,24 @@ def test_burstattn_train_cli(tmp_path):
     bad = subprocess.run(cmd[:4] + ["--world-size", "2", "--strategy", "ring", "--layout", "diagonal", "--no-progress"],
                          env=env, capture_output=True, text=True, timeout=180)
     assert bad.returncode == 2 and "layout" in bad.stderr
+
+
+def test_burstattn_train_under_torchrun(tmp_path):
+    """The same `burstattn train` command under `torchrun` joins torchrun's group (its environment is
+    detected, no --world-size) and trains exactly as the local launcher does."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    args = ["-m", "burstattn.cli", "train", "--model", "tiny", "--steps", "3", "--seq-len", "120", "--batch", "2",
+            "--strategy", "burst", "--no-progress"]
+    local, under = tmp_path / "local.jsonl", tmp_path / "torchrun.jsonl"
+    done = subprocess.run([sys.executable] + args + ["--world-size", "2", "--metrics", str(local)], env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+                          + args + ["--metrics", str(under), "--ckpt-dir", str(tmp_path / "ck")], env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    want = [json.loads(x) for x in local.read_text().splitlines()]
+    got = [json.loads(x) for x in under.read_text().splitlines()]
+    assert [r["step"] for r in got] == [1, 2, 3] and all(r["world_size"] == 2 and r["cp"] == 2 for r in got)
+    assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in want], rel=1e-6)
+    assert (tmp_path / "ck" / "step-3" / ".metadata").is_file()
