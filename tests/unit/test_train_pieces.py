@@ -90,3 +90,32 @@ def test_config_files(tmp_path):
         TrainConfig(targets="answer", data="corpus.bin")
     f = lr_lambda(TrainConfig(steps=100, warmup=10, min_lr_ratio=0.1))
     assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0) and f(100) == pytest.approx(0.1)
+
+
+def test_train_bench_points_and_report():
+    """`bench train`'s plan of points (the sweep, then the modes; no sweep with no strategies) and its
+    Markdown: the tables, the issue's ratios, the emulated cluster's links."""
+    from burstattn.bench.train import TrainBenchConfig, points
+    from burstattn.bench.train_report import markdown
+
+    cfg = TrainBenchConfig(seq_lens=(1024, 2048), strategies=("burst", "tp-v3"), fsdp=(False, True))
+    pts = points(cfg)
+    assert len(pts) == 2 * 2 * 2 + 2 * 3 and {p["seq_len"] for p in pts if p["suite"] == "modes"} == {2048}
+    assert [p["suite"] for p in points(TrainBenchConfig(strategies=()))] == ["modes"] * 6
+
+    def rec(strategy, fsdp, n, seconds, peak, suite="sweep", mode="none"):
+        return dict(strategy=strategy, fsdp=fsdp, seq_len=n, suite=suite, checkpointing=mode, median_s=seconds,
+                    tokens_per_s=n / seconds, peak_bytes_per_rank=[peak, peak // 2])
+    mib = 2**20
+    doc = dict(config=dict(model="small", batch=1, world_size=4, threads=1, repeats=3, warmup=1),
+               spec=dict(nodes=2, ranks_per_node=2, inter=dict(bandwidth=4.58e6, latency_ms=27.3),
+                         intra=dict(bandwidth=2.2e6, latency_ms=0.0)), local_flops=55e9, cluster="a100-pcie-roce",
+               records=[rec("burst", False, 4096, 2.0, 100 * mib), rec("burst", True, 4096, 2.5, 110 * mib),
+                        rec("tp-v3", False, 4096, 4.0, 150 * mib),
+                        rec("burst", False, 4096, 3.0, 90 * mib, "modes", "full"),
+                        rec("burst", False, 4096, 2.0, 95 * mib, "modes", "remat")])
+    text = markdown(doc)
+    assert "inter-node link 4.58 MB/s, 27.3 ms, intra-node 2.2 MB/s" in text
+    assert "burst / tp-v3 tokens/s = 2.00x" in text and "peak memory per rank = 0.73x" in text
+    assert "| burst+fsdp | 1638 | 110 |" in text and "remat / full tokens/s = 1.50x" in text
+    assert "| contender |  |" not in markdown(dict(doc, records=doc["records"][3:]))  # modes only: no empty table
