@@ -119,8 +119,8 @@ def plot_sweep(records: list[dict], out_dir: str | Path, prefix: str = "train") 
     return paths
 
 
-def plot_curve(metrics: str | Path, out_dir: str | Path, smooth: int = 20) -> list[Path]:
-    """``train-curve.png``: loss and passkey accuracy (moving average of ``smooth`` steps) of a
+def plot_curve(metrics: str | Path, out_dir: str | Path, smooth: int = 20, name: str = "train-curve") -> list[Path]:
+    """``NAME.png``: loss and passkey accuracy (moving average of ``smooth`` steps) of a
     ``burstattn train --metrics`` file."""
     plt = _plt()
     rows = [json.loads(x) for x in Path(metrics).read_text().splitlines() if x.strip()]
@@ -152,7 +152,7 @@ def plot_curve(metrics: str | Path, out_dir: str | Path, smooth: int = 20) -> li
     fig.tight_layout()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "train-curve.png"
+    path = out / f"{name}.png"
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return [path]
