@@ -226,8 +226,7 @@ def _run_bench_train(ns: argparse.Namespace) -> int:
     from .cluster.train_bench import run_train_cluster
 
     doc = run_train_cluster(cfg, ns.cluster, nodes=ns.nodes, ranks_per_node=ns.ranks_per_node)
-    train_bench.write_report(doc, dataclasses.replace(cfg, world_size=doc["config"]["world_size"], threads=1),
-                             name="train-cluster")
+    train_bench.write_report(doc, cfg, name="train-cluster")
     return 0
 
 

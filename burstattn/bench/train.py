@@ -18,7 +18,7 @@ import json
 import os
 import statistics
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Optional
 
@@ -128,20 +128,35 @@ def run_train_bench(cfg: TrainBenchConfig) -> dict:
     """Run every point in one local group; write ``out/train.json`` and ``out/train.md`` (and the plots)."""
     from ..launch import run_local
     from ..train.launcher import torchrun_env
-    from .timing import code_version, cpu_snapshot, machine_info, other_load
+    from .timing import cpu_snapshot
 
     pts = points(cfg)
-    before, t0 = cpu_snapshot(), time.perf_counter()
+    started = cpu_snapshot(), time.perf_counter()
     if torchrun_env(os.environ):  # e.g. `burstattn cluster run -- -m burstattn.cli bench train ...`
         per_rank, cfg = _under_torchrun(cfg, pts)
         if per_rank is None:
             return {}
     else:
         per_rank = run_local(bench_rank, cfg.world_size, cfg, pts, threads_per_rank=cfg.threads, timeout_s=4 * 3600.0)
-    doc = dict(config=asdict(cfg), machine=machine_info(), code=code_version(), wall_s=time.perf_counter() - t0,
-               other_load=other_load(before, cpu_snapshot()), records=combine(cfg, per_rank))
+    doc = document(cfg, per_rank, started)
     write_report(doc, cfg)
     return doc
+
+
+def document(cfg: TrainBenchConfig, per_rank: list[list[dict]], started: tuple, **extra) -> dict:
+    """The benchmark document: ``config``, ``machine``, ``code``, ``wall_s``, ``other_load`` (since
+    ``started = (cpu_snapshot(), perf_counter())``), ``records`` (:func:`combine`) and ``extra``."""
+    from .timing import code_version, cpu_snapshot, machine_info, other_load
+
+    before, t0 = started
+    return dict(config=asdict(cfg), machine=machine_info(), code=code_version(), wall_s=time.perf_counter() - t0,
+                other_load=other_load(before, cpu_snapshot()), records=combine(cfg, per_rank), **extra)
+
+
+def config_from_dict(values: dict) -> TrainBenchConfig:
+    """Inverse of ``asdict(TrainBenchConfig)`` (JSON lists back to tuples)."""
+    tuples = {f.name for f in fields(TrainBenchConfig) if str(f.type).startswith("tuple")}
+    return TrainBenchConfig(**{k: tuple(v) if k in tuples else v for k, v in values.items()})
 
 
 def write_report(doc: dict, cfg: TrainBenchConfig, name: str = "train") -> None:

@@ -31,12 +31,9 @@ def markdown(doc: dict) -> str:
     cfg = doc["config"]
     lines = []
     if doc.get("spec"):
-        sp = doc["spec"]
-        def link(x: dict) -> str:
-            bw = "unshaped" if x["bandwidth"] is None else f"{x['bandwidth'] / 1e6:.3g} MB/s"
-            return bw + (f", {x['latency_ms']:g} ms" if x.get("latency_ms") else "")
+        sp, links = doc["spec"], doc["links"]
         lines += [f"Emulated cluster `{doc.get('cluster')}`: {sp['nodes']} nodes x {sp['ranks_per_node']} ranks, "
-                  f"inter-node link {link(sp['inter'])}, intra-node {link(sp['intra'])} (scaled to this machine's "
+                  f"inter-node link {links['inter']}, intra-node {links['intra']} (scaled to this machine's "
                   f"{doc['local_flops'] / 1e9:.1f} GFLOP/s per rank).", ""]
     lines += [f"Model `{cfg['model']}`, batch {cfg['batch']}, {cfg['world_size']} ranks x {cfg['threads']} thread(s), "
              f"median of {cfg['repeats']} steps after {cfg['warmup']} warm-up; peak = most bytes held by PyTorch's "

@@ -21,12 +21,9 @@ def task_train(cfg: dict) -> dict:
     """Rank side: ``{"records": bench_rank(...)}`` for the points of ``cfg["bench"]``."""
     import torch.distributed as dist
 
-    from ..bench.train import TrainBenchConfig, bench_rank, points
+    from ..bench.train import bench_rank, config_from_dict, points
 
-    values = dict(cfg["bench"])
-    for key in ("seq_lens", "strategies", "fsdp", "mode_strategies"):
-        values[key] = tuple(values[key])
-    bench = replace(TrainBenchConfig(**values), world_size=dist.get_world_size())
+    bench = replace(config_from_dict(cfg["bench"]), world_size=dist.get_world_size())
     return {"records": bench_rank(dist.get_rank(), dist.get_world_size(), bench, points(bench))}
 
 
@@ -38,10 +35,10 @@ def run_train_cluster(bench, cluster: str, *, nodes: int = 2, ranks_per_node: in
         bench: a :class:`burstattn.bench.train.TrainBenchConfig` (its ``world_size`` is replaced by
             ``nodes * ranks_per_node``).
 
-    Returns the benchmark document of :func:`burstattn.bench.train.run_train_bench` (``config``,
-    ``records``, ...) plus ``spec`` (the links applied), ``requested`` and ``local_flops``."""
-    from ..bench.timing import code_version, cpu_snapshot, machine_info, other_load
-    from ..bench.train import combine
+    Returns the document of :func:`burstattn.bench.train.document` plus ``spec`` (the links
+    applied), ``links`` (their descriptions), ``requested``, ``local_flops``, ``cluster``, ``date``."""
+    from ..bench.timing import cpu_snapshot
+    from ..bench.train import document
     from .launch import run_worker_task
     from .spec import calibrate, resolve
 
@@ -50,11 +47,8 @@ def run_train_cluster(bench, cluster: str, *, nodes: int = 2, ranks_per_node: in
     local = calibrate() * min(1.0, (os.cpu_count() or 1) / world)
     spec = resolve(cluster, nodes, ranks_per_node, local_flops=local)
     say(f"bench train --cluster: {spec.describe()}")
-    cfg = dict(bench=asdict(bench), pg_timeout_s=1800, threads=1)
-    before, t0 = cpu_snapshot(), time.perf_counter()
-    ranks, applied = run_worker_task(spec, "train", cfg, timeout_s)
-    per_rank = [r["records"] for r in ranks]
-    return dict(config=asdict(bench), machine=machine_info(), code=code_version(), wall_s=time.perf_counter() - t0,
-                other_load=other_load(before, cpu_snapshot()), records=combine(bench, per_rank),
-                spec=asdict(applied), requested=asdict(spec), local_flops=local, cluster=cluster,
-                date=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    started = cpu_snapshot(), time.perf_counter()
+    ranks, applied = run_worker_task(spec, "train", dict(bench=asdict(bench), pg_timeout_s=1800, threads=1), timeout_s)
+    return document(bench, [r["records"] for r in ranks], started, spec=asdict(applied),
+                    links=dict(inter=applied.inter.describe(), intra=applied.intra.describe()), requested=asdict(spec),
+                    local_flops=local, cluster=cluster, date=time.strftime("%Y-%m-%dT%H:%M:%S%z"))

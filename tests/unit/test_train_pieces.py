@@ -95,21 +95,27 @@ def test_config_files(tmp_path):
 def test_train_bench_points_and_report():
     """`bench train`'s plan of points (the sweep, then the modes; no sweep with no strategies) and its
     Markdown: the tables, the issue's ratios, the emulated cluster's links."""
-    from burstattn.bench.train import TrainBenchConfig, points
+    import json
+    from dataclasses import asdict
+
+    from burstattn.bench.train import TrainBenchConfig, config_from_dict, points
     from burstattn.bench.train_report import markdown
+    from burstattn.cluster.spec import Link
 
     cfg = TrainBenchConfig(seq_lens=(1024, 2048), strategies=("burst", "tp-v3"), fsdp=(False, True))
     pts = points(cfg)
     assert len(pts) == 2 * 2 * 2 + 2 * 3 and {p["seq_len"] for p in pts if p["suite"] == "modes"} == {2048}
     assert [p["suite"] for p in points(TrainBenchConfig(strategies=()))] == ["modes"] * 6
+    assert config_from_dict(json.loads(json.dumps(asdict(cfg)))) == cfg  # the cluster worker's round trip
 
     def rec(strategy, fsdp, n, seconds, peak, suite="sweep", mode="none"):
         return dict(strategy=strategy, fsdp=fsdp, seq_len=n, suite=suite, checkpointing=mode, median_s=seconds,
                     tokens_per_s=n / seconds, peak_bytes_per_rank=[peak, peak // 2])
     mib = 2**20
     doc = dict(config=dict(model="small", batch=1, world_size=4, threads=1, repeats=3, warmup=1),
-               spec=dict(nodes=2, ranks_per_node=2, inter=dict(bandwidth=4.58e6, latency_ms=27.3),
-                         intra=dict(bandwidth=2.2e6, latency_ms=0.0)), local_flops=55e9, cluster="a100-pcie-roce",
+               spec=dict(nodes=2, ranks_per_node=2), links=dict(inter=Link(4.58e6, 27.3).describe(),
+                                                                intra=Link(2.2e6).describe()),
+               local_flops=55e9, cluster="a100-pcie-roce",
                records=[rec("burst", False, 4096, 2.0, 100 * mib), rec("burst", True, 4096, 2.5, 110 * mib),
                         rec("tp-v3", False, 4096, 4.0, 150 * mib),
                         rec("burst", False, 4096, 3.0, 90 * mib, "modes", "full"),
