@@ -20,7 +20,6 @@ world sizes 3 and 4 only count bytes, where oversubscription does not matter).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
@@ -272,7 +271,7 @@ def run_core(cfg: CoreConfig, console=None) -> int:
     """Run every point, write ``core.json`` and ``core.md`` under ``cfg.out``; return 0."""
     from rich.console import Console
 
-    from ..launch import run_local
+    from ..testing.launch import run_local
     from .report import publish, update_document, write_markdown
 
     console = console or Console()
@@ -307,21 +306,3 @@ def run_core(cfg: CoreConfig, console=None) -> int:
            "config": asdict(eff), "records": records}
     publish(out_dir, "core", doc, write_markdown(doc), eff.docs, update_document, console)
     return 0
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags of ``burstattn bench core``."""
-    d = CoreConfig()
-    p.add_argument("--out", default=d.out, help="output directory (default: %(default)s)")
-    p.add_argument("--quick", action="store_true", help="small sizes and fewer repeats (smoke run)")
-    p.add_argument("--docs", default=None, metavar="FILE",
-                   help="also write the tables into FILE (e.g. docs/benchmarks.md), keeping its reading")
-    p.add_argument("--seq-len", type=int, default=d.seq_len, help="sequence length of overhead/speedup points")
-    p.add_argument("--repeats", type=int, default=d.repeats)
-    p.add_argument("--warmup", type=int, default=d.warmup)
-
-
-def config_from_args(ns: argparse.Namespace) -> CoreConfig:
-    """A :class:`CoreConfig` from parsed flags."""
-    return CoreConfig(out=ns.out, docs=ns.docs, quick=ns.quick, seq_len=ns.seq_len, repeats=ns.repeats,
-                      warmup=ns.warmup)

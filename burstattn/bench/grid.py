@@ -1,14 +1,14 @@
 """``burstattn bench grid``: every strategy and peer over a grid of shapes, in real processes.
 
 A config file (TOML, :class:`GridConfig`; flags override it) names contenders x sequence lengths x
-world sizes x causal x dtypes. One :class:`~burstattn.launch.LocalPool` per world size (threads set
+world sizes x causal x dtypes. One :class:`~burstattn.testing.launch.LocalPool` per world size (threads set
 with ``torch.set_num_threads(threads_per_rank)`` in every rank; ranks x threads must not exceed the
 cores); every point is one ``pool.run``, so a point that fails costs only itself. Per point, in
 every rank:
 
 1. correctness first: the same contender on a small instance of the same config (``check_seq_len``
    tokens, same heads/dtype/causal/layout), output and dQ/dK/dV against the float64
-   :mod:`burstattn.reference` on the global tensors, as ``max|x - ref| / max|ref|`` over every rank's rows;
+   :mod:`burstattn.testing.reference` on the global tensors, as ``max|x - ref| / max|ref|`` over every rank's rows;
 2. bytes per rank: one forward and one forward+backward under :func:`.distmeter.dist_meter` (which wraps
    ``torch.distributed`` and so counts the peers too) and, for burstattn's strategies,
    :func:`burstattn.comm_stats` (the two must agree), next to the contender's formula;
@@ -21,7 +21,6 @@ point once when that exceeded ``busy_cores``.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -175,7 +174,7 @@ def _global(p: GridPoint, seq_len: int, seed: int):
 
 def _check(c, p: GridPoint, rank: int, world: int) -> dict:
     """Relative errors of out, dq, dk, dv on this rank's rows vs the float64 reference."""
-    from ..reference import reference_attention
+    from ..testing.reference import reference_attention
 
     q, k, v, do = _global(p, p.check_seq_len, 1234)
     ref = [x.clone().requires_grad_() for x in (q, k, v)]
@@ -299,7 +298,7 @@ def run_grid(cfg: GridConfig, *, docs: Optional[str] = None, console=None) -> li
     """Run the grid; write ``<out>/<name>.json`` and ``.md``; return the records."""
     from rich.console import Console
 
-    from ..launch import LocalGroupError, LocalPool
+    from ..testing.launch import LocalGroupError, LocalPool
     from .report import grid_markdown, ratios_markdown
 
     console = console or Console()
@@ -373,20 +372,3 @@ def _versions() -> dict:
         except PackageNotFoundError:
             out[pkg] = None
     return out
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags of ``burstattn bench grid`` (override the config file)."""
-    p.add_argument("--config", default=None, metavar="FILE", help="TOML config (bench/configs/*.toml)")
-    p.add_argument("--contenders", nargs="+", default=None, help="e.g. burst ring torch_cp:allgather")
-    p.add_argument("--seq-lens", nargs="+", type=int, default=None)
-    p.add_argument("--world-sizes", nargs="+", type=int, default=None)
-    p.add_argument("--repeats", type=int, default=None)
-    p.add_argument("--out", default=None, help="output directory")
-    p.add_argument("--name", default=None, help="output file stem")
-    p.add_argument("--plots", default=None, metavar="DIR", help="also write PNG plots into DIR")
-
-
-def config_from_args(ns: argparse.Namespace) -> GridConfig:
-    return GridConfig.load(ns.config, contenders=ns.contenders, seq_lens=ns.seq_lens, world_sizes=ns.world_sizes,
-                           repeats=ns.repeats, out=ns.out, name=ns.name)

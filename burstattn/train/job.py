@@ -96,7 +96,7 @@ def build_job(cfg: TrainConfig) -> Job:
         ValueError: on every rank, for degrees, layouts, batch or model shapes that do not fit.
     """
     if not dist.is_initialized():
-        raise ValueError("build_job: torch.distributed is not initialized (use burstattn.launch or torchrun)")
+        raise ValueError("build_job: torch.distributed is not initialized (use burstattn.testing.launch or torchrun)")
     dims = resolve_dims(dist.get_world_size(), cfg.strategy, cfg.dp, cfg.cp, cfg.tp)
     attn_strategy = "burst" if cfg.strategy in TP_STRATEGIES else cfg.strategy
     variant = cfg.strategy[3:] if cfg.strategy in TP_STRATEGIES else cfg.tp_variant

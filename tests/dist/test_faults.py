@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from burstattn.launch import LocalGroupError, run_local
+from burstattn.testing.launch import LocalGroupError, run_local
 from tests.dist import cases
 
 

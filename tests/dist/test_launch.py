@@ -1,4 +1,4 @@
-"""burstattn.launch: results in rank order, errors with tracebacks, nothing left behind,
+"""burstattn.testing.launch: results in rank order, errors with tracebacks, nothing left behind,
 and a pool that survives clean failures and tears itself down on hangs and deaths."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from burstattn.launch import LocalGroupError, LocalPool, run_local
+from burstattn.testing.launch import LocalGroupError, LocalPool, run_local
 
 
 def _info(rank, world, offset):

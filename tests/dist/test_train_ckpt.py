@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from burstattn.launch import LocalGroupError, run_local
+from burstattn.testing.launch import LocalGroupError, run_local
 from burstattn.train import TrainConfig
 from burstattn.train.checkpoint import latest_checkpoint, step_dirs
 from tests.dist import train_cases as tc

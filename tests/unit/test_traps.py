@@ -90,7 +90,7 @@ def test_help_without_torch_and_every_command_listed():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only answer")
 def test_demo_sdpa_on_cpu_is_one_line():
-    from burstattn.demo import DemoConfig, config_error
+    from burstattn.bench.demo import DemoConfig, config_error
 
     err = config_error(DemoConfig(world_size=2, seq_len=512, backend="sdpa"))
     assert err and "--backend sdpa" in err and "cpu_flash" in err and "Traceback" not in err
