@@ -32,6 +32,10 @@ FLAGS = {
     "tp_variant": (str, "v1 or v3: the TP style inside a sequence strategy with --tp > 1"),
     "zero": (int, "with --fsdp: 3 (reshard after forward) or 2 (keep gathered parameters)"),
     "checkpointing": (str, "none | full | remat"),
+    "mlp_chunk": (int, "blockwise MLP: TOKENS of the local sequence per chunk (0: whole; default: automatic)"),
+    "loss_chunk": (int, "blockwise loss: TOKENS per chunk of norm + head + cross-entropy (0: whole; default: "
+                        "automatic)"),
+    "offload": (str, "none | inputs | all: saved activations in host memory until the backward (no-op on CPU)"),
     "dtype": (str, "float32 | bfloat16 | float16"),
     "data": (str, "token file (uint16/uint32) or UTF-8 text; default: synthetic passkey task"),
     "data_format": (str, "auto | uint16 | uint32 | text"),
@@ -57,7 +61,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     for name, (kind, text) in FLAGS.items():
         flag = "--pg-timeout" if name == "pg_timeout_s" else "--" + name.replace("_", "-")
-        p.add_argument(flag, dest=name, type=kind, default=argparse.SUPPRESS, help=text)
+        metavar = "TOKENS" if name in ("mlp_chunk", "loss_chunk") else None
+        p.add_argument(flag, dest=name, type=kind, default=argparse.SUPPRESS, help=text, metavar=metavar)
     for name, text in SWITCHES.items():
         p.add_argument("--" + name, dest=name, action="store_true", default=argparse.SUPPRESS, help=text)
     p.set_defaults(handler=run)

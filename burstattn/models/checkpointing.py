@@ -1,37 +1,37 @@
-"""Activation checkpointing modes of a transformer block: ``none``, ``full`` and ``remat``.
+"""How a transformer block runs: checkpointing mode, MLP chunk, offload (:class:`LayerRun`).
+
+Checkpointing modes:
 
 * ``none``: every activation is kept.
 * ``full``: ordinary per-layer checkpointing. Only the block's input is kept; the backward reruns
   the whole block, the distributed attention forward included (two attention forwards per layer
   per step).
-* ``remat``: DistFlashAttn's rematerialization-aware checkpointing. The checkpoint boundary is the
-  attention output: the attention's own saved tensors (its inputs, output and log-sum-exp) are
-  kept, the rest of the layer (norms, q/k/v projections + rotary, the MLP) is recomputed in the
-  backward, and the distributed attention forward never reruns (one attention forward per layer).
+* ``remat``: DistFlashAttn's rematerialization-aware checkpointing, lean: the block keeps its
+  input, the attention output and the LSE. The backward recomputes the norms, the q/k/v
+  projections, rotary, the output projection and the MLP, and the distributed attention forward
+  never reruns (one attention forward per layer per step). For an attention that runs as the
+  registered op (``burst``, ``ring``: :attr:`AttnCall.through_op`) the segment up to and including
+  the attention is checkpointed and the op's outputs are kept (:mod:`.remat`), so q, k and v are
+  rebuilt from the input. Other strategies (their collectives are not ops a checkpoint can
+  answer) run outside the checkpoint: they keep what their own backward saves (for ``ulysses``
+  its head-sharded q, k, v; for ``allgather`` the gathered K/V), the norm and the projections
+  are still recomputed.
 
-:func:`segment_runner` is the one place that decides how ``remat`` is realised. Today it
-checkpoints the segments before and after the attention call separately (the attention runs
-outside any checkpoint, so autograd keeps what it saved). A registered attention op with a
-``MUST_SAVE`` selective-checkpoint policy is the drop-in alternative: checkpoint the whole block
-under that policy instead.
+The MLP with its norm and residual (and the output projection ``wo`` before it) runs over
+chunks of ``mlp_chunk`` local tokens (:func:`.blockwise.blockwise_rows`), each recomputed in the
+backward; with ``remat`` it is recomputed whatever the chunk.
 """
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 from torch.utils.checkpoint import checkpoint
 
+from .offload import HostOffload
+from .remat import keep_attention_context
+
 CHECKPOINTING = ("none", "full", "remat")
-
-
-def direct(fn: Callable, *args):
-    """Run ``fn(*args)`` and keep its activations."""
-    return fn(*args)
-
-
-def checkpointed(fn: Callable, *args):
-    """Run ``fn(*args)`` keeping only its inputs; recomputed in the backward (non-reentrant)."""
-    return checkpoint(fn, *args, use_reentrant=False)
 
 
 def check_checkpointing(mode: str) -> None:
@@ -40,13 +40,45 @@ def check_checkpointing(mode: str) -> None:
         raise ValueError(f"checkpointing must be one of {CHECKPOINTING}, got {mode!r}")
 
 
-def segment_runner(mode: str) -> tuple[Callable, Callable]:
-    """``(whole_layer, segment)`` runners for ``mode``: the block calls
-    ``whole_layer(layer_fn, x, ..., segment)`` and, inside, ``segment(fn, *args)`` around each piece
-    that is not the attention call."""
-    check_checkpointing(mode)
-    if mode == "full":
-        return checkpointed, direct
-    if mode == "remat":
-        return direct, checkpointed
-    return direct, direct
+@dataclass(frozen=True)
+class LayerRun:
+    """How one forward runs its blocks."""
+
+    checkpointing: str = "none"
+    """``none``, ``full`` or ``remat`` (see the module docstring)."""
+    mlp_chunk: int = 0
+    """Tokens per chunk of the blockwise MLP (0: the whole local sequence)."""
+    through_op: bool = False
+    """The attention runs as ``torch.ops.burstattn.attention_fwd`` (``remat`` can keep its outputs)."""
+    offload: Optional[HostOffload] = None
+    """Where saved tensors go (``None``: they stay)."""
+
+    def __post_init__(self) -> None:
+        check_checkpointing(self.checkpointing)
+
+    @property
+    def mlp_recomputed(self) -> bool:
+        """Whether the MLP chunks run under checkpoints (chunked, or ``remat``)."""
+        return self.mlp_chunk > 0 or self.checkpointing == "remat"
+
+    def attention_segment(self, fn: Callable, *args):
+        """Run ``fn(*args)`` (the segment norm -> projections -> rotary -> attention) as ``remat``
+        with an op attention needs: checkpointed, the attention op's outputs kept (offloaded with
+        ``offload="all"``)."""
+        off = self.offload
+        if off is not None and off.mode == "all":
+            ctx = keep_attention_context(off.pack, off.unpack)
+        else:
+            ctx = keep_attention_context()
+        return checkpoint(fn, *args, use_reentrant=False, context_fn=ctx)
+
+    def whole_layer(self, fn: Callable, *args):
+        """``full``: the whole block under one checkpoint; otherwise ``fn(*args)``."""
+        if self.checkpointing == "full":
+            return checkpoint(fn, *args, use_reentrant=False)
+        return fn(*args)
+
+
+def checkpointed(fn: Callable, *args):
+    """Run ``fn(*args)`` keeping only its inputs; recomputed in the backward (non-reentrant)."""
+    return checkpoint(fn, *args, use_reentrant=False)

@@ -7,6 +7,17 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 
+CHUNK_FIELDS = ("mlp_chunk", "loss_chunk")
+
+
+def check_chunk(name: str, value: Any) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is a non-negative int (tokens per
+    chunk; 0 means the whole local sequence)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int (tokens per chunk, 0: the whole local sequence), "
+                         f"got {value!r}")
+
+
 @dataclass(frozen=True)
 class LlamaConfig:
     """The shape of a LLaMA-family decoder (pre-norm, RMSNorm, rotary embeddings, SwiGLU, GQA)."""
@@ -34,11 +45,21 @@ class LlamaConfig:
     """Share the token embedding matrix with the output head."""
     init_std: float = 0.02
     """Standard deviation of the normal initialisation of linear and embedding weights."""
+    mlp_chunk: int = 0
+    """Blockwise MLP: tokens per chunk of the local sequence for the SwiGLU MLP with its norm and
+    residual, each chunk recomputed in the backward, so at most one chunk's ``[chunk, ffn_dim]``
+    intermediates are alive (0: the whole local sequence at once). Changes memory, not the result."""
+    loss_chunk: int = 0
+    """Blockwise loss: tokens per chunk of the fused final norm + output projection + cross-entropy,
+    recomputed in the backward, so ``[n, vocab_size]`` logits never exist (0: whole logits at once).
+    Used when the model is called with labels; changes memory, not the result."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.type in ("int",) and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            if f.name in CHUNK_FIELDS:
+                check_chunk(f"LlamaConfig.{f.name}", value)
+            elif f.type in ("int",) and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
                 raise ValueError(f"LlamaConfig.{f.name} must be a positive int, got {value!r}")
         if self.dim % self.n_heads:
             raise ValueError(f"LlamaConfig: dim ({self.dim}) must be divisible by n_heads ({self.n_heads})")
@@ -86,6 +107,10 @@ PRESETS: Mapping[str, LlamaConfig] = MappingProxyType({
     "tiny": LlamaConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128),
     # benchmarks on this 2-core machine: attention-dominated at a few thousand tokens
     "small": LlamaConfig(vocab_size=256, dim=256, n_layers=4, n_heads=4, n_kv_heads=4, ffn_dim=688),
+    # llama3-8b scaled down so that its memory terms weigh as in the real model: GQA 4/1 (8b: 32/8),
+    # ffn_dim = 3.5 dim (8b: 14336 / 4096), a vocabulary 32 x dim (8b: 128256 / 4096 = 31), rope 500000
+    "small-l3": LlamaConfig(vocab_size=8192, dim=256, n_layers=4, n_heads=4, n_kv_heads=1, ffn_dim=896,
+                            rope_theta=500000.0),
     # LLaMA-1 7B / 13B (Touvron et al. 2023, Table 2): MHA, vocab 32000
     "llama-7b": LlamaConfig(vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32,
                             ffn_dim=11008, norm_eps=1e-6),

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-IGNORE = -100
+from ..models.blockwise import IGNORE
 
 
 def shift_labels(tokens: torch.Tensor) -> torch.Tensor:

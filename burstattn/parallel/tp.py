@@ -47,9 +47,9 @@ def block_plan(variant: str) -> dict:
                 "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
                 "feed_forward.w2": RowwiseParallel()}
     return {"attention_norm": SequenceParallel(),
-            # Attention.forward(x, positions, attn, segment): only x is a sequence shard
-            "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None, None),
-                                            desired_input_layouts=(Replicate(), None, None, None)),
+            # Attention.forward(x, positions, attn): only x is a sequence shard
+            "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                            desired_input_layouts=(Replicate(), None, None)),
             "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
             "ffn_norm": SequenceParallel(),

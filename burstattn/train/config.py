@@ -6,6 +6,9 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from ..models.config import check_chunk
+from ..models.offload import check_offload
+
 DTYPES = ("float32", "bfloat16", "float16")
 DATA_FORMATS = ("auto", "uint16", "uint32", "text")
 TARGETS = ("all", "answer")
@@ -58,7 +61,19 @@ class TrainConfig:
     zero: int = 3
     """With ``fsdp``: 3 (reshard after forward) or 2 (keep gathered parameters until the backward)."""
     checkpointing: str = "none"
-    """Activation checkpointing: ``none``, ``full`` (per layer) or ``remat`` (keep attention outputs)."""
+    """Activation checkpointing: ``none``, ``full`` (per layer) or ``remat`` (keep each layer's input,
+    attention output and LSE; the distributed attention forward never reruns)."""
+    mlp_chunk: Optional[int] = None
+    """Blockwise MLP: tokens of the local sequence per chunk, each recomputed in the backward (0: the
+    whole local sequence; ``None``: automatic, whole up to 2 x 2,048 local tokens, then chunks of
+    ``max(2048, dim)``; see :func:`burstattn.models.auto_chunks`)."""
+    loss_chunk: Optional[int] = None
+    """Blockwise loss: tokens per chunk of the fused final norm + output projection + cross-entropy,
+    so the ``[tokens, vocab]`` logits never exist (0: whole; ``None``: automatic, about 16M logits
+    per chunk once the local logits exceed twice that)."""
+    offload: str = "none"
+    """Saved activations in host memory between forward and backward: ``none``, ``inputs`` (the
+    layer inputs) or ``all`` (also, under ``remat``, the attention outputs and LSE). A no-op on CPU."""
     dtype: str = "float32"
     """Compute dtype (with ``fsdp``: FSDP's param dtype; master weights and reductions stay float32)."""
     data: Optional[str] = None
@@ -92,6 +107,10 @@ class TrainConfig:
         for name in ("warmup", "ckpt_every", "ulysses_degree"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {getattr(self, name)!r}")
+        for name in ("mlp_chunk", "loss_chunk"):
+            if getattr(self, name) is not None:
+                check_chunk(f"{name} (--{name.replace('_', '-')})", getattr(self, name))
+        check_offload(self.offload, "offload (--offload)")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.data_format not in DATA_FORMATS:

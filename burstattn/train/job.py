@@ -14,7 +14,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from ..models import AttnCall, Llama, preset
+from ..models import AttnCall, Llama, auto_chunks, preset
+from ..models.offload import offload_problem, offloaded_bytes
 from ..parallel import (IGNORE, TP_STRATEGIES, ParallelDims, apply_fsdp, apply_tp, build_mesh, cp_attention,
                         default_layout, flat_mesh, mixed_precision, resolve_dims, shard_positions, shift_labels,
                         tp_problem, usp_mesh)
@@ -85,6 +86,54 @@ def check_job(cfg: TrainConfig, dims: ParallelDims, strategy: str, layout: str, 
         raise ValueError("dtype float16 needs a GPU (use bfloat16 on CPU)")
 
 
+def local_rows(cfg: TrainConfig, dims: ParallelDims, variant: str) -> int:
+    """Rows of the residual stream one rank holds per sequence: ``seq_len / cp``, and ``/ tp`` with
+    Megatron-V3's sequence parallelism."""
+    rows = cfg.seq_len // dims.cp
+    return rows // dims.tp if dims.tp > 1 and variant == "v3" else rows
+
+
+def model_config(cfg: TrainConfig, dims: ParallelDims, variant: str):
+    """The preset with the run's blockwise chunks (``None`` resolved by :func:`~burstattn.models.auto_chunks`)."""
+    mcfg = preset(cfg.model)
+    auto_mlp, auto_loss = auto_chunks(mcfg.dim, mcfg.vocab_size, local_rows(cfg, dims, variant))
+    return mcfg.with_overrides(mlp_chunk=auto_mlp if cfg.mlp_chunk is None else cfg.mlp_chunk,
+                               loss_chunk=auto_loss if cfg.loss_chunk is None else cfg.loss_chunk)
+
+
+def check_host_memory(cfg: TrainConfig, dims: ParallelDims, variant: str, mcfg, device: torch.device) -> None:
+    """``--offload`` on a GPU: raise ``ValueError`` on every rank when the host memory this host's
+    ranks would hold exceeds what is available (the smallest share over the ranks decides)."""
+    if cfg.offload == "none" or device.type != "cuda":
+        return  # on CPU the saved tensors are in host memory already: offload copies nothing
+    import socket
+
+    hosts = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())
+    share = torch.tensor([available_host_bytes() / hosts.count(socket.gethostname())], dtype=torch.float64,
+                         device=device)
+    dist.all_reduce(share, op=dist.ReduceOp.MIN)
+    rows = local_rows(cfg, dims, variant)
+    need = offloaded_bytes(mcfg, batch=cfg.batch // dims.dp, rows=rows, attn_rows=cfg.seq_len // dims.cp,
+                           heads=mcfg.n_heads // dims.tp, checkpointing=cfg.checkpointing, mode=cfg.offload,
+                           element_size=TORCH_DTYPES[cfg.dtype].itemsize)
+    problem = offload_problem(cfg.offload, need, float(share))
+    if problem:
+        raise ValueError(problem)
+
+
+def available_host_bytes() -> float:
+    """``MemAvailable`` of ``/proc/meminfo`` (Linux), else infinity."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float("inf")
+
+
 def _device_type() -> str:
     return "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
 
@@ -105,7 +154,8 @@ def build_job(cfg: TrainConfig) -> Job:
     device_type = _device_type()
     device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
     mesh = build_mesh(dims, device_type)
-    mcfg = preset(cfg.model)
+    mcfg = model_config(cfg, dims, variant)
+    check_host_memory(cfg, dims, variant, mcfg, device)
     d, c, _ = dims.coords(dist.get_rank())
     ulysses = choose_ulysses(dims.cp, mcfg.n_heads // dims.tp, cfg.ulysses_degree) if attn_strategy == "usp" else 1
     grid = usp_mesh(dims, ulysses, device_type)["ring", "ulysses"] if attn_strategy == "usp" else None
@@ -113,7 +163,7 @@ def build_job(cfg: TrainConfig) -> Job:
     positions = shard_positions(cfg.seq_len, strategy=attn_strategy, layout=layout, cp_rank=c, cp_size=dims.cp,
                                 ulysses_degree=ulysses)
     torch.manual_seed(cfg.seed)
-    model = Llama(mcfg, attn=attn, checkpointing=cfg.checkpointing).to(device)
+    model = Llama(mcfg, attn=attn, checkpointing=cfg.checkpointing, offload=cfg.offload).to(device)
     if dims.tp > 1:
         apply_tp(model, mesh["tp"], variant)
     dtype = TORCH_DTYPES[cfg.dtype]

@@ -69,6 +69,7 @@ def record(job: Job, result: StepResult, step: int, seconds: float, peak: int, m
                 peak_mem_bytes_per_rank=peaks, peak_mem_method=method, rss_bytes_per_rank=rss,
                 world_size=job.dims.world, dp=job.dims.dp, cp=job.dims.cp, tp=job.dims.tp,
                 strategy=job.cfg.strategy, layout=job.layout, fsdp=job.cfg.fsdp, checkpointing=job.cfg.checkpointing,
+                mlp_chunk=job.model.config.mlp_chunk, loss_chunk=job.model.config.loss_chunk, offload=job.cfg.offload,
                 targets=job.cfg.targets)
 
 

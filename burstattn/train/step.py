@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..parallel import IGNORE, sharded_loss, sum_grads
+from ..parallel import IGNORE, sum_grads
 from .job import Job, local_batch
 
 
@@ -45,8 +45,10 @@ def train_step(job: Job, step: int) -> StepResult:
     """Run step ``step`` (0-based; it selects the data) and return its global figures."""
     model, cfg = job.model, job.cfg
     tokens, labels, answer, total = local_batch(job, step)
-    logits = model(tokens, job.positions)  # [B/dp, N/cp, V], replicated over tp
-    loss = sharded_loss(logits, labels, total)
+    answer = answer & (labels != IGNORE)
+    # the blockwise loss (LlamaConfig.loss_chunk): [B/dp, N/cp, V] logits exist one chunk at a time
+    out = model(tokens, job.positions, labels=labels, total_targets=total, answer=answer)
+    loss = out.loss
     loss.backward()
     if not cfg.fsdp:
         sum_grads(model, job.replicas)
@@ -61,11 +63,8 @@ def train_step(job: Job, step: int) -> StepResult:
     job.scheduler.step()
     job.optimizer.zero_grad(set_to_none=True)
     with torch.no_grad():
-        answer = answer & (labels != IGNORE)
-        hits = ((logits.argmax(-1) == labels) & answer).sum()
-        answer_ce = sharded_loss(logits[answer][None], labels[answer][None], 1) if answer.any() else loss.new_zeros(())
-        stats = torch.stack([loss.detach().double(), hits.double(), answer.sum().double(),
-                             answer_ce.double()]).to(job.device)
+        stats = torch.stack([loss.detach().double(), out.answer_hits.double(), answer.sum().double(),
+                             out.answer_ce.double()]).to(job.device)
     dist.all_reduce(stats, group=job.replicas)
     answers = int(stats[2])
     return StepResult(float(stats[0]), int(stats[1]), answers, float(stats[3]) / answers if answers else float("nan"),

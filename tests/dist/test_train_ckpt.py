@@ -20,14 +20,23 @@ BASE = TrainConfig(model="tiny", seq_len=120, batch=2, steps=6, lr=1e-3, warmup=
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("case", [dict(strategy="burst"), dict(strategy="tp-v3", fsdp=True)])
+@pytest.mark.parametrize("case", [dict(strategy="burst"), dict(strategy="tp-v3", fsdp=True),
+                                  dict(strategy="ulysses", mlp_chunk=64, loss_chunk=96)])
 def test_checkpointing_modes(pools, case):
-    """Attention forwards per step: L (none, remat), 2L (full); equal gradients; peak memory per mode."""
+    """Distributed attention forwards per step: L (none, remat), 2L (full), counted as executions of
+    the attention op (burst, tp-v3: remat's recomputation answers it from its record) and as forward
+    bytes (burst, ulysses); equal gradients; peak memory per mode."""
     cfg = BASE.with_overrides(seq_len=512, batch=1, **case)
     out = pools.get(2).run(tc.checkpointing_modes, cfg)
     for rank_out in out:
         layers = rank_out["none"]["layers"]
-        assert {m: r["calls"] for m, r in rank_out.items()} == {"none": layers, "full": 2 * layers, "remat": layers}
+        if case["strategy"] != "ulysses":  # ulysses does not run as the op
+            assert {m: r["calls"] for m, r in rank_out.items()} == {"none": layers, "full": 2 * layers,
+                                                                    "remat": layers}
+        if case["strategy"] != "tp-v3":  # tp-v3 here: attention over a cp group of one, no bytes
+            one = rank_out["none"]["forward_bytes"]
+            assert one > 0 and {m: r["forward_bytes"] for m, r in rank_out.items()} == \
+                {"none": one, "full": 2 * one, "remat": one}
     modes = out[0]
     for mode in ("full", "remat"):
         for name, g in modes["none"]["grads"].items():
@@ -36,9 +45,8 @@ def test_checkpointing_modes(pools, case):
     peaks = {m: max(r[m]["peak"] for r in out) for m in modes}
     print("peak bytes per mode:", peaks)
     assert max(peaks["full"], peaks["remat"]) < peaks["none"], peaks
-    if case["strategy"] == "burst":  # remat keeps the distributed attention's q, k, v, out, lse per layer
-        assert peaks["full"] < peaks["remat"], peaks
-    # (tp-v3 + FSDP on the tiny model: the kept attention tensors are a few KiB, below the allocator's noise)
+    # (which of full and remat holds less depends on the length: tests/dist/test_blockwise.py measures
+    # the kept bytes against the floor)
 
 
 def test_resume_is_bitwise_exact(pools, tmp_path):

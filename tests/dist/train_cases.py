@@ -26,41 +26,48 @@ def run_training(rank: int, world: int, cfg: TrainConfig, with_params: bool = Tr
 
 
 # ---- checkpointing modes ------------------------------------------------------------------------
-class CountingAttn:
-    """Wraps the model's attention callable and counts its forward calls (instance state)."""
+class OpCounter:
+    """Counts the executions of the attention op (a dispatch mode: a call that ``remat``'s
+    recomputation answers from its record never reaches it)."""
 
-    def __init__(self, inner) -> None:
-        self.inner, self.calls = inner, 0
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
 
-    def __call__(self, q, k, v):
-        self.calls += 1
-        return self.inner(q, k, v)
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func is torch.ops.burstattn.attention_fwd.default:
+                    counter.calls += 1
+                return func(*args, **(kwargs or {}))
+
+        self.calls, self.mode = 0, Mode()
 
 
 def checkpointing_modes(rank: int, world: int, cfg: TrainConfig) -> dict:
-    """Per mode: attention forward calls of one step, full gradients, peak bytes of one step."""
+    """Per mode: attention op executions and forward bytes of one step (forward + backward), full
+    gradients, peak bytes of one step."""
+    import burstattn
     from burstattn.bench.memory import measure_peak
-    from burstattn.parallel import sharded_loss
     from burstattn.train import local_batch
 
     out = {}
     for mode in ("none", "full", "remat"):
         job = build_job(cfg.with_overrides(checkpointing=mode))
-        counter = CountingAttn(job.attn)
-        job.model.attn = counter
         tokens, labels, _, total = local_batch(job, 0)
 
         def step():
-            sharded_loss(job.model(tokens, job.positions), labels, total).backward()
+            job.model(tokens, job.positions, labels=labels, total_targets=total).loss.backward()
 
-        step()
-        calls = counter.calls
+        counter = OpCounter()
+        with burstattn.comm_stats() as stats, counter.mode:
+            step()
         grads = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).double().clone()
                  for n, p in job.model.named_parameters()}
         job.model.zero_grad(set_to_none=True)
         _, peak = measure_peak(step)
-        out[mode] = dict(calls=calls, grads=grads if rank == 0 else None, peak=peak.peak_bytes,
-                         layers=len(job.model.layers))
+        out[mode] = dict(calls=counter.calls, forward_bytes=stats.sent(phase="forward"),
+                         grads=grads if rank == 0 else None, peak=peak.peak_bytes, layers=len(job.model.layers))
     return out
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from burstattn.models import AttnCall, Llama, LlamaConfig, apply_rotary, preset
-from burstattn.models.checkpointing import segment_runner
+from burstattn.models.checkpointing import LayerRun
 
 CFG = LlamaConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48)
 
@@ -85,7 +85,7 @@ def test_checkpointing_modes_same_gradients_and_attention_calls():
         for name, g in grads["none"].items():
             assert torch.allclose(grads[mode][name], g, rtol=1e-12, atol=1e-14), (mode, name)
     with pytest.raises(ValueError, match="checkpointing"):
-        segment_runner("selective")
+        LayerRun("selective")
     with pytest.raises(ValueError, match="checkpointing"):
         Llama(CFG, checkpointing="nope")
 

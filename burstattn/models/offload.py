@@ -1,0 +1,171 @@
+"""Offload of saved activations to host memory: ``offload = "none" | "inputs" | "all"``.
+
+Between a layer's forward and its backward the model keeps a few tensors per layer (with
+``remat``: the layer input, the attention output and its log-sum-exp). :class:`HostOffload`
+moves them to host memory as they are saved and brings them back when the backward unpacks
+them (``torch.autograd.graph.saved_tensors_hooks``), so device memory holds them only while
+their layer computes:
+
+* ``"inputs"``: the tensors marked as layer inputs (:meth:`HostOffload.mark`: every block's
+  input and the final hidden state before the loss head). These are what the checkpoint of
+  each layer keeps (``full``, ``remat``) or saves first (``none``).
+* ``"all"``: every tensor a layer saves; under ``remat`` also the attention outputs and LSE
+  that the attention op's cache keeps (:mod:`.remat`).
+
+On CUDA the copy to pinned host memory runs on a side stream (overlapping the forward's
+compute; the device block is held until the copy has finished, ``record_stream``) and the copy
+back runs on the compute stream when the backward needs it. On CPU the tensors are already in
+host memory: nothing is copied (``copy_on_cpu=True``, for tests, makes a real copy so that the
+same bookkeeping is exercised). Views of one storage (the chunks of a blockwise MLP) share one
+host copy; each unpack copies back only its own view.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+OFFLOAD = ("none", "inputs", "all")
+
+
+def check_offload(mode: Any, name: str = "offload") -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``mode`` is one of :data:`OFFLOAD`."""
+    if mode not in OFFLOAD:
+        raise ValueError(f"{name} must be one of {OFFLOAD}, got {mode!r}")
+
+
+@dataclass
+class _HostCopy:
+    """The host copy of one device storage: ``flat`` (1-D, the storage's dtype) and the event
+    after which it is complete (CUDA) or ``None``."""
+
+    flat: torch.Tensor
+    event: Optional[Any]
+    source: StorageWeakRef
+
+
+@dataclass(frozen=True)
+class _Handle:
+    """What a saved tensor became: its host copy and its view geometry on the original device."""
+
+    copy: _HostCopy
+    size: torch.Size
+    stride: tuple
+    offset: int
+    device: torch.device
+
+    def restore(self) -> torch.Tensor:
+        view = self.copy.flat.as_strided(self.size, self.stride, self.offset)
+        if self.device.type == "cpu":
+            return view
+        if self.copy.event is not None:
+            torch.cuda.current_stream(self.device).wait_event(self.copy.event)
+        return view.to(self.device, non_blocking=True)
+
+
+class HostOffload:
+    """Saved-tensor hooks of one forward that keep the selected tensors in host memory.
+
+    ``with off.hooks(): ...`` around the forward; :meth:`mark` the layer inputs before they are
+    saved. ``bytes_on_host`` counts the storage bytes copied (CUDA, or CPU with ``copy_on_cpu``).
+    Instance state only: make one per forward.
+    """
+
+    def __init__(self, mode: str, *, copy_on_cpu: bool = False) -> None:
+        check_offload(mode)
+        self.mode, self.copy_on_cpu = mode, copy_on_cpu
+        self._copies: dict[tuple, _HostCopy] = {}
+        self._marked: list[StorageWeakRef] = []
+        self._stream = None
+        self.bytes_on_host = 0
+
+    @property
+    def active(self) -> bool:
+        return self.mode != "none"
+
+    def mark(self, t: torch.Tensor) -> torch.Tensor:
+        """Mark ``t``'s storage as a layer input (offloaded with ``"inputs"`` and ``"all"``); returns ``t``."""
+        if self.active and isinstance(t, torch.Tensor):
+            self._marked.append(StorageWeakRef(t.untyped_storage()))
+        return t
+
+    def hooks(self):
+        """The ``saved_tensors_hooks`` context of this offload (a no-op context when ``"none"``)."""
+        if not self.active:
+            import contextlib
+            return contextlib.nullcontext()
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+    def wants(self, t: torch.Tensor) -> bool:
+        """Whether a saved ``t`` goes to host memory (CPU tensors only with ``copy_on_cpu``)."""
+        if not self.active or not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+            return False
+        if t.device.type == "cpu" and not self.copy_on_cpu:
+            return False
+        if self.mode == "all":
+            return True
+        ref = StorageWeakRef(t.untyped_storage())
+        self._marked = [m for m in self._marked if not m.expired()]
+        return any(m == ref for m in self._marked)
+
+    def pack(self, t: torch.Tensor) -> Any:
+        """The saved-tensor pack hook: ``t`` itself, or a handle to its host copy."""
+        if not self.wants(t):
+            return t
+        storage = t.untyped_storage()
+        key = (t.device, storage.data_ptr(), storage.nbytes())
+        copy = self._copies.get(key)
+        if copy is None or copy.source.expired():  # a new storage (perhaps at a freed one's address)
+            copy = self._copy_to_host(t, storage)
+            self._copies[key] = copy
+        return _Handle(copy, t.size(), t.stride(), t.storage_offset(), t.device)
+
+    @staticmethod
+    def unpack(packed: Any) -> torch.Tensor:
+        """The saved-tensor unpack hook."""
+        return packed.restore() if isinstance(packed, _Handle) else packed
+
+    def _copy_to_host(self, t: torch.Tensor, storage) -> _HostCopy:
+        whole = t.new_empty(0).set_(storage)  # 1-D over the whole storage, t's dtype
+        self.bytes_on_host += storage.nbytes()
+        if t.device.type == "cpu":
+            return _HostCopy(whole.clone(), None, StorageWeakRef(storage))
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(t.device)
+        self._stream.wait_stream(torch.cuda.current_stream(t.device))
+        with torch.cuda.stream(self._stream):
+            flat = torch.empty(whole.shape, dtype=whole.dtype, pin_memory=True)
+            flat.copy_(whole, non_blocking=True)
+            event = self._stream.record_event()
+        whole.record_stream(self._stream)  # the device block stays allocated until the copy is done
+        return _HostCopy(flat, event, StorageWeakRef(storage))
+
+
+def offload_problem(mode: str, needed_bytes: float, available_bytes: float, flag: str = "--offload") -> Optional[str]:
+    """Why ``mode`` cannot run when it needs ``needed_bytes`` of host memory per process and
+    ``available_bytes`` are available (``None`` if it can)."""
+    if mode == "none" or needed_bytes <= available_bytes:
+        return None
+    return (f"{flag} {mode} needs about {needed_bytes / 2**30:.2f} GiB of host memory per process for the saved "
+            f"activations, but only {available_bytes / 2**30:.2f} GiB are available (MemAvailable shared by "
+            f"this host's ranks); use a shorter --seq-len, --offload inputs, or --offload none")
+
+
+def offloaded_bytes(config, *, batch: int, rows: int, attn_rows: int, heads: int, checkpointing: str, mode: str,
+                    element_size: int) -> float:
+    """Host bytes one process holds at the end of a forward with ``offload=mode``: every layer's
+    input and the final hidden state (``batch x rows x dim``), and with ``"all"`` what each layer keeps
+    beyond its input: the attention output and LSE (``batch x attn_rows x heads``) under ``remat``, an
+    upper bound of every activation (``10 dim + 4 ffn_dim`` per row) under ``none``. ``heads``: this
+    process's query heads (``n_heads / tp``)."""
+    if mode == "none":
+        return 0.0
+    e, layers = element_size, config.n_layers
+    total = (layers + 1) * batch * rows * config.dim * e
+    if mode == "all" and checkpointing == "remat":
+        total += layers * batch * attn_rows * heads * (config.head_dim * e + 4)
+    elif mode == "all" and checkpointing == "none":
+        total += layers * batch * rows * (10 * config.dim + 4 * config.ffn_dim) * e
+    return float(total)
