@@ -34,6 +34,15 @@ LOSS_TILE_LOGITS = 1 << 24
 between 256 and 8,192 tokens."""
 
 
+def recomputed(fn: Callable, *args, context_fn: Optional[Callable] = None):
+    """``fn(*args)`` under ``torch.utils.checkpoint`` (non-reentrant): its inputs are kept, the rest is
+    rebuilt in the backward. The model draws no random numbers (no dropout), so the RNG state is
+    not saved and restored (``preserve_rng_state=False``: 5 KB and a copy less per checkpoint)."""
+    if context_fn is None:
+        return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)
+    return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False, context_fn=context_fn)
+
+
 def chunk_bounds(n: int, chunk: int) -> list[tuple[int, int]]:
     """``[(start, stop), ...]`` covering ``range(n)`` in pieces of ``chunk`` rows (the last one
     shorter when ``chunk`` does not divide ``n``); ``chunk == 0`` or ``chunk >= n``: one piece."""
@@ -54,12 +63,14 @@ def take_rows(t: torch.Tensor, shards: int, m: int, start: int, stop: int) -> to
 
 def auto_chunks(dim: int, vocab_size: int, local_tokens: int) -> tuple[int, int]:
     """``(mlp_chunk, loss_chunk)`` for a local sequence of ``local_tokens`` rows when none was
-    given: whole (0) while the sequence is at most twice the tile, else the tile
-    (:data:`MLP_TILE`, :data:`LOSS_TILE_LOGITS`)."""
+    given: the MLP whole (0) up to twice its tile of ``max(MLP_TILE, dim)`` tokens, then that tile;
+    the loss whole up to twice :data:`LOSS_TILE_LOGITS` logits, then the power of two of tokens
+    (256 to 8,192) nearest below that many logits."""
     mlp_tile = max(MLP_TILE, dim)
-    loss_tile = LOSS_TILE_LOGITS // max(vocab_size, 1)
-    loss_tile = min(8192, max(256, 1 << max(0, loss_tile.bit_length() - 1)))
-    return (0 if local_tokens <= 2 * mlp_tile else mlp_tile, 0 if local_tokens <= 2 * loss_tile else loss_tile)
+    loss_tile = min(8192, max(256, 1 << max(0, (LOSS_TILE_LOGITS // max(vocab_size, 1)).bit_length() - 1)))
+    mlp = 0 if local_tokens <= 2 * mlp_tile else mlp_tile
+    loss = 0 if local_tokens * vocab_size <= 2 * LOSS_TILE_LOGITS else loss_tile
+    return mlp, loss
 
 
 def blockwise_rows(fn: Callable, x: torch.Tensor, extra: torch.Tensor, *, chunk: int, recompute: bool,
@@ -73,7 +84,7 @@ def blockwise_rows(fn: Callable, x: torch.Tensor, extra: torch.Tensor, *, chunk:
     for a, b in chunk_bounds(m, chunk):
         xc = x if (a, b) == (0, m) else x.narrow(1, a, b - a)
         if recompute:
-            outs.append(checkpoint(fn, xc, extra, a, b, shards, use_reentrant=False))
+            outs.append(recomputed(fn, xc, extra, a, b, shards))
         else:
             outs.append(fn(xc, extra, a, b, shards))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
@@ -111,7 +122,7 @@ def blockwise_cross_entropy(head: Callable, hidden: torch.Tensor, labels: torch.
         ans = None if answer is None else take_rows(answer, shards, m, a, b)
         hc = hidden if (a, b) == (0, m) else hidden.narrow(1, a, b - a)
         if chunk > 0:
-            ce, st = checkpoint(_chunk_ce, head, hc, lab, ans, use_reentrant=False)
+            ce, st = recomputed(_chunk_ce, head, hc, lab, ans)
         else:
             ce, st = _chunk_ce(head, hc, lab, ans)
         total = ce if total is None else total + ce

@@ -26,8 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from torch.utils.checkpoint import checkpoint
-
+from .blockwise import recomputed
 from .offload import HostOffload
 from .remat import keep_attention_context
 
@@ -70,15 +69,15 @@ class LayerRun:
             ctx = keep_attention_context(off.pack, off.unpack)
         else:
             ctx = keep_attention_context()
-        return checkpoint(fn, *args, use_reentrant=False, context_fn=ctx)
+        return recomputed(fn, *args, context_fn=ctx)
 
     def whole_layer(self, fn: Callable, *args):
         """``full``: the whole block under one checkpoint; otherwise ``fn(*args)``."""
         if self.checkpointing == "full":
-            return checkpoint(fn, *args, use_reentrant=False)
+            return recomputed(fn, *args)
         return fn(*args)
 
 
 def checkpointed(fn: Callable, *args):
-    """Run ``fn(*args)`` keeping only its inputs; recomputed in the backward (non-reentrant)."""
-    return checkpoint(fn, *args, use_reentrant=False)
+    """Run ``fn(*args)`` keeping only its inputs; recomputed in the backward (:func:`.blockwise.recomputed`)."""
+    return recomputed(fn, *args)

@@ -66,11 +66,13 @@ class LossOutput(NamedTuple):
     """What ``Llama(tokens, positions, labels=..., total_targets=...)`` returns (a pytree, so FSDP's
     hooks see the loss): ``loss`` this rank's share ``sum(CE of its targets) / total_targets``
     (float32 scalar); ``answer_hits`` and ``answer_ce`` (float64, detached): argmax hits and
-    cross-entropy sum over the ``answer`` positions."""
+    cross-entropy sum over the ``answer`` positions; ``host_bytes``: bytes of saved activations this
+    forward copied to host memory (``offload``)."""
 
     loss: torch.Tensor
     answer_hits: torch.Tensor
     answer_ce: torch.Tensor
+    host_bytes: int = 0
 
 
 class Attention(nn.Module):
@@ -233,4 +235,4 @@ class Llama(nn.Module):
             shards = tokens.shape[1] // h.shape[1]  # Megatron-V3: the residual stream is a 1/tp shard
             ce, stats = blockwise_cross_entropy(self.head, off.mark(h), labels, chunk=self.config.loss_chunk,
                                                 answer=answer, shards=shards)
-        return LossOutput(ce / total_targets, stats[0], stats[1])
+        return LossOutput(ce / total_targets, stats[0], stats[1], off.bytes_on_host)

@@ -99,10 +99,15 @@ class HostOffload:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
     def wants(self, t: torch.Tensor) -> bool:
-        """Whether a saved ``t`` goes to host memory (CPU tensors only with ``copy_on_cpu``)."""
-        if not self.active or not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+        """Whether a saved ``t`` goes to host memory: floating-point activations only (never a
+        parameter or a view of one, an index tensor or a tensor subclass); CPU tensors only with
+        ``copy_on_cpu``."""
+        if not self.active or type(t) is not torch.Tensor or t.layout != torch.strided or not t.is_floating_point():
             return False
         if t.device.type == "cpu" and not self.copy_on_cpu:
+            return False
+        base = t._base if t._base is not None else t
+        if base.is_leaf and base.requires_grad:  # a weight the backward reads (it stays where it is)
             return False
         if self.mode == "all":
             return True

@@ -61,12 +61,13 @@ def _per_rank(job: Job, value: int) -> list[int]:
 
 def record(job: Job, result: StepResult, step: int, seconds: float, peak: int, method: str) -> dict:
     """One metrics line (collective: peak and resident memory of every rank)."""
-    peaks, rss = _per_rank(job, peak), _per_rank(job, rss_bytes())
+    peaks, rss, host = _per_rank(job, peak), _per_rank(job, rss_bytes()), _per_rank(job, result.host_bytes)
     acc = result.answer_correct / result.answer_total if result.answer_total else None
     return dict(step=step, loss=result.loss, tokens_per_s=result.tokens / seconds, peak_mem_bytes=max(peaks),
                 lr=result.lr, accuracy=acc, answer_loss=result.answer_loss if result.answer_total else None,
                 grad_norm=result.grad_norm, step_time_s=seconds,
                 peak_mem_bytes_per_rank=peaks, peak_mem_method=method, rss_bytes_per_rank=rss,
+                offloaded_bytes_per_rank=host,
                 world_size=job.dims.world, dp=job.dims.dp, cp=job.dims.cp, tp=job.dims.tp,
                 strategy=job.cfg.strategy, layout=job.layout, fsdp=job.cfg.fsdp, checkpointing=job.cfg.checkpointing,
                 mlp_chunk=job.model.config.mlp_chunk, loss_chunk=job.model.config.loss_chunk, offload=job.cfg.offload,

@@ -27,6 +27,8 @@ class StepResult:
     lr: float
     tokens: int
     """Tokens of the global batch."""
+    host_bytes: int = 0
+    """Saved activations this rank copied to host memory in the step (``offload``)."""
 
 
 def grad_norm(parameters) -> torch.Tensor:
@@ -68,4 +70,4 @@ def train_step(job: Job, step: int) -> StepResult:
     dist.all_reduce(stats, group=job.replicas)
     answers = int(stats[2])
     return StepResult(float(stats[0]), int(stats[1]), answers, float(stats[3]) / answers if answers else float("nan"),
-                      float(norm), lr, cfg.batch * cfg.seq_len)
+                      float(norm), lr, cfg.batch * cfg.seq_len, out.host_bytes)

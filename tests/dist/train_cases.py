@@ -142,3 +142,20 @@ def soak(rank: int, world: int, cfg: TrainConfig) -> list[dict]:
     from burstattn.train.loop import train
 
     return train(cfg, progress=False)
+
+
+# ---- the blockwise options ----------------------------------------------------------------------
+def run_many(rank: int, world: int, cfgs: list) -> list[dict]:
+    """:func:`run_training` of every config in turn (one pool call); the offload path copies on CPU
+    (``Llama.offload_copies_on_cpu``) so that its bookkeeping is exercised."""
+    out = []
+    for cfg in cfgs:
+        job = build_job(cfg)
+        job.model.offload_copies_on_cpu = True
+        results = [train_step(job, s) for s in range(cfg.steps)]
+        params = full_params(job.model)
+        out.append(dict(losses=[r.loss for r in results], answer_losses=[r.answer_loss for r in results],
+                        hits=[r.answer_correct for r in results], params=params if rank == 0 else None,
+                        chunks=(job.model.config.mlp_chunk, job.model.config.loss_chunk),
+                        host_bytes=[r.host_bytes for r in results]))
+    return out
