@@ -153,3 +153,83 @@ def plot_curve(metrics: str | Path, out_dir: str | Path, smooth: int = 20, name:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return [path]
+
+
+def maxlen_markdown(doc: dict) -> str:
+    """The longest-context table (with bytes per local token beside the floor), the timing ratios."""
+    cfg, fl = doc["config"], doc.get("floor")
+    lines = [f"Model `{cfg['model']}`, {cfg['world_size']} ranks x {cfg['threads']} thread(s), budget "
+             f"{cfg['budget_mb']:g} MiB per rank (allocator peak of one steady-state step, max over ranks); "
+             f"blockwise = MLP chunk {cfg['mlp_chunk']}, loss chunk {cfg['loss_chunk']} tokens.", "",
+             "| contender | longest N | peak MiB/rank | resident MiB/rank | bytes/local token | slope B/token | "
+             "x floor | step s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    floor = fl["per_token"] if fl else None
+    for r in doc["records"]:
+        top = max((p for p in r["probes"] if p["fits"]), key=lambda p: p["seq_len"], default=None)
+        if top is None:
+            lines.append(f"| {r['contender']} | - | | | | | | | {r.get('note') or ''}")
+            continue
+        bpt = r["bytes_per_token"]
+        ratio = f"{bpt['at_longest'] / floor:.2f}" if floor else ""
+        lines.append(f"| {r['contender']} | {r['longest']:,} | {max(top['peak_bytes']) / 2**20:.0f} | "
+                     f"{max(top['maxrss_bytes']) / 2**20:.0f} | {bpt['at_longest']:,.0f} | "
+                     f"{bpt.get('slope', float('nan')):,.0f} | {ratio} | {top['seconds']:.1f} |"
+                     + (f" {r['note']}" if r.get("note") else ""))
+    by = {r["contender"]: r["longest"] or 0 for r in doc["records"]}
+    for base, what in (("remat-qkv", "the remat before the lean one"), ("remat", "the lean remat without chunks")):
+        if by.get(base) and by.get("remat+blockwise"):
+            lines += ["", f"remat+blockwise / {base} ({what}) longest context: "
+                          f"{by['remat+blockwise'] / by[base]:.2f}x."]
+    if fl:
+        lines += ["", f"Floor at N={fl['seq_len']:,}: saved tensors {fl['saved_per_token']:,.0f} B/token (layers x (input "
+                      f"+ attention output + LSE)) + the attention call alone {fl['attention_call_per_token']:,.0f} "
+                      f"B/token = {fl['per_token']:,.0f} B per local token."]
+    t = doc.get("timing")
+    if t:
+        c = t["contenders"]
+        lines += ["", f"Step time side by side at N={t['seq_len']:,} (median of {cfg['repeats']}):", "",
+                  "| contender | median s | samples |", "|---|---:|---|"]
+        lines += [f"| {k} | {v['median_s']:.2f} | {' '.join(f'{s:.2f}' for s in v['samples'])} |" for k, v in c.items()]
+        for a, b, what in (("remat+blockwise", "remat", "blockwise MLP + loss under remat"),
+                           ("none+blockwise", "none", "blockwise MLP + loss without checkpointing"),
+                           ("remat", "remat-qkv", "lean remat vs the remat keeping q, k, v")):
+            if a in c and b in c:
+                lines.append(f"\n{what}: {c[a]['median_s'] / c[b]['median_s']:.3f}x the step time")
+    load = doc.get("other_load")
+    if load:
+        lines += ["", f"Other processes' CPU load during the run: {json.dumps(load)}"]
+    return "\n".join(lines) + "\n"
+
+
+def plot_maxlen(doc: dict, out_dir: str | Path) -> Path:
+    """``train-maxlen.png``: the longest context per contender and its bytes per local token beside the floor."""
+    plt = _plt()
+    recs = [r for r in doc["records"]]
+    names = [r["contender"] for r in recs]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.6))
+    longest = [r["longest"] or 0 for r in recs]
+    colors = ["black" if "blockwise" in n else "tab:gray" for n in names]
+    ax1.barh(names, longest, color=colors)
+    for i, v in enumerate(longest):
+        ax1.text(v, i, f" {v:,}", va="center", fontsize=8)
+    ax1.set_xlabel("longest --seq-len that fits (tokens)")
+    ax1.set_title(f"{doc['config']['model']}, P={doc['config']['world_size']}, {doc['config']['budget_mb']:g} MiB/rank")
+    ax1.invert_yaxis()
+    per = [r["bytes_per_token"].get("at_longest", 0) / 1024 for r in recs]
+    ax2.barh(names, per, color=colors)
+    fl = doc.get("floor")
+    if fl:
+        ax2.axvline(fl["per_token"] / 1024, color="tab:red", linestyle="--", label="floor (saved + attention call)")
+        ax2.axvline(fl["saved_per_token"] / 1024, color="tab:orange", linestyle=":", label="saved tensors alone")
+        ax2.legend(fontsize=7)
+    ax2.set_xscale("log")
+    ax2.set_xlabel("peak bytes per local token at the longest fit (KiB)")
+    ax2.invert_yaxis()
+    ax2.set_yticklabels([])
+    fig.tight_layout()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "train-maxlen.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

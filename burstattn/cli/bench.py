@@ -102,6 +102,20 @@ def run_masks(ns: argparse.Namespace) -> int:
 def run_train(ns: argparse.Namespace) -> int:
     from ..bench import train as train_bench
 
+    if ns.max_len:
+        from ..bench.train_maxlen import MaxLenConfig, run_maxlen
+
+        for flag in ("budget_mb", "mlp_chunk", "loss_chunk", "max_len_start", "max_len_granule"):
+            if getattr(ns, flag) <= 0 and not (flag.endswith("chunk") and getattr(ns, flag) == 0):
+                print(f"burstattn bench train: --{flag.replace('_', '-')} must be positive", file=sys.stderr)
+                return 2
+        run_maxlen(MaxLenConfig(budget_mb=ns.budget_mb, model=ns.max_len_model, world_size=ns.world_size,
+                                threads=ns.threads, contenders=tuple(ns.max_len_contenders), mlp_chunk=ns.mlp_chunk,
+                                loss_chunk=ns.loss_chunk, start=ns.max_len_start, cap=ns.max_len_cap,
+                                granule=ns.max_len_granule, bisect_steps=ns.bisect_steps, time_len=ns.time_len,
+                                repeats=ns.repeats, out=ns.out, plots=ns.plots))
+        return 0
+
     cfg = train_config(ns)
     if ns.cluster is None:
         train_bench.run_train_bench(cfg)
@@ -268,6 +282,24 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                         "'inter=BW[,LAT];intra=BW[,LAT]' or a spec file; writes train-cluster.json/.md")
     p.add_argument("--nodes", type=int, default=2, help="emulated nodes (with --cluster)")
     p.add_argument("--ranks-per-node", type=int, default=2, help="ranks per emulated node (with --cluster)")
+    from ..bench.train_maxlen import CONTENDERS, MaxLenConfig
+
+    m = MaxLenConfig()
+    g = p.add_argument_group("--max-len: the longest trainable context under a memory budget")
+    g.add_argument("--max-len", action="store_true",
+                   help="bisect, per contender, the longest --seq-len whose step fits --budget-mb (real steps)")
+    g.add_argument("--budget-mb", type=float, default=m.budget_mb, help="per-rank allocator peak budget, MiB")
+    g.add_argument("--max-len-contenders", nargs="+", default=list(m.contenders), choices=sorted(CONTENDERS),
+                   metavar="NAME", help=f"of {sorted(CONTENDERS)}")
+    g.add_argument("--max-len-model", default=m.model)
+    g.add_argument("--max-len-start", type=int, default=m.start)
+    g.add_argument("--max-len-cap", type=int, default=m.cap)
+    g.add_argument("--max-len-granule", type=int, default=m.granule)
+    g.add_argument("--bisect-steps", type=int, default=m.bisect_steps)
+    g.add_argument("--mlp-chunk", type=int, default=m.mlp_chunk, metavar="TOKENS", help="the blockwise contenders'")
+    g.add_argument("--loss-chunk", type=int, default=m.loss_chunk, metavar="TOKENS", help="the blockwise contenders'")
+    g.add_argument("--time-len", type=int, default=0,
+                   help="length of the side-by-side step timing (0: the longest all fit, at most 8192)")
 
 
 def train_config(ns: argparse.Namespace) -> TrainBenchConfig:

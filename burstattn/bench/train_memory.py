@@ -1,0 +1,121 @@
+"""Memory of real training steps, per rank: one step's allocator peak and resident set, and the floor.
+
+Rank-side pieces shared by ``burstattn bench train --max-len`` (:mod:`.train_maxlen`) and the
+tests that validate the simulator's memory model:
+
+* :func:`probe_step`: build the job, create the optimizer state (so that the measured step is a
+  steady-state one), run one step under the allocator-event meter (:func:`.memory.measure_peak`)
+  and read the resident-set high-water mark (``ru_maxrss``, meaningful in a fresh process).
+* :func:`attention_call_peak`: the model's attention alone, fwd+bwd, as ``bench grid`` measures
+  it (q, k, v and dO allocated before the call: its output, LSE, buffers and gradients).
+* :data:`VARIANTS`: ``"remat-qkv"`` runs ``remat`` with the attention outside the checkpoint,
+  keeping q, k, v beside the output: the remat before the lean one, for side-by-side comparison.
+"""
+from __future__ import annotations
+
+import resource
+import time
+from typing import Optional
+
+import torch
+
+VARIANTS = ("lean", "remat-qkv")
+
+
+class KeepQKV:
+    """An attention callable without ``through_op``: ``remat`` then keeps what the attention's
+    own backward saves (q, k, v, output, LSE), as the remat before the lean one did."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __call__(self, q, k, v):
+        return self.inner(q, k, v)
+
+
+def warm_optimizer(job) -> None:
+    """Create AdamW's state with zero gradients (no parameter moves: zero weight decay, zero
+    moments), so that a measured step does not include the state's first allocation."""
+    for p in job.model.parameters():
+        p.grad = torch.zeros_like(p)
+    job.optimizer.step()
+    job.optimizer.zero_grad(set_to_none=True)
+
+
+def build(cfg, variant: str = "lean"):
+    """The job of ``cfg`` with ``variant`` (:data:`VARIANTS`) applied."""
+    from ..train import build_job
+
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    job = build_job(cfg)
+    if variant == "remat-qkv":
+        job.model.attn = KeepQKV(job.model.attn)
+    return job
+
+
+def probe_step(rank: int, world: int, cfg, variant: str = "lean", step: int = 1) -> dict:
+    """One steady-state step of ``cfg`` on this rank: ``{"peak_bytes", "end_bytes", "maxrss_bytes",
+    "seconds", "loss", "param_bytes", "local_tokens", "host_bytes"}`` (``param_bytes``: this rank's
+    parameter bytes, the size of its gradients)."""
+    from ..train import train_step
+    from .memory import measure_peak
+
+    job = build(cfg, variant)
+    warm_optimizer(job)
+    t0 = time.perf_counter()
+    result, peak = measure_peak(lambda: train_step(job, step), device=job.device)
+    seconds = time.perf_counter() - t0
+    param_bytes = sum(_local(p).numel() * _local(p).element_size() for p in job.model.parameters())
+    return dict(peak_bytes=peak.peak_bytes, end_bytes=peak.end_bytes, seconds=seconds, loss=result.loss,
+                maxrss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, param_bytes=param_bytes,
+                local_tokens=int(job.positions.numel()) * (cfg.batch // job.dims.dp), host_bytes=result.host_bytes,
+                chunks=[job.model.config.mlp_chunk, job.model.config.loss_chunk])
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    return p.to_local() if hasattr(p, "to_local") else p
+
+
+def attention_call_peak(rank: int, world: int, cfg, seed: int = 0) -> dict:
+    """Peak bytes of the model's attention alone (fwd+bwd) at ``cfg``'s local shape, as ``bench grid``
+    measures a call: q, k, v and dO allocated before it. ``{"peak_bytes", "local_tokens"}``."""
+    from ..models import preset
+    from ..train import build_job
+    from .memory import measure_peak
+
+    job = build_job(cfg)
+    m = preset(cfg.model)
+    n, b = int(job.positions.numel()), cfg.batch // job.dims.dp
+    dt = job.model.tok_embeddings.weight.dtype if not hasattr(job.model.tok_embeddings.weight, "to_local") else \
+        job.model.tok_embeddings.weight.to_local().dtype
+    gen = torch.Generator().manual_seed(seed + rank)
+    hq, hkv = m.n_heads // job.dims.tp, max(1, m.n_kv_heads // job.dims.tp)
+    q = torch.randn(b, n, hq, m.head_dim, generator=gen).to(dt).requires_grad_()
+    k, v = (torch.randn(b, n, hkv, m.head_dim, generator=gen).to(dt).requires_grad_() for _ in "kv")
+    do = torch.randn(b, n, hq, m.head_dim, generator=gen).to(dt)
+    job.attn(q, k, v).backward(do)  # warm-up (lazy communicators, plans)
+    q.grad = k.grad = v.grad = None
+    _, peak = measure_peak(lambda: job.attn(q, k, v).backward(do))
+    return dict(peak_bytes=peak.peak_bytes, local_tokens=n * b)
+
+
+def floor_bytes(model_name: str, local_tokens: int, element_size: int = 4, tp: int = 1) -> float:
+    """The saved tensors of the lean remat: ``layers x (layer input + attention output + LSE)``."""
+    from ..models import preset
+
+    m = preset(model_name)
+    per_token = m.n_layers * (m.dim * element_size + m.n_heads // tp * (m.head_dim * element_size + 4))
+    return float(per_token * local_tokens)
+
+
+def fresh_probe(world: int, cfg, variant: str = "lean", threads: int = 1,
+                timeout_s: float = 3600.0) -> Optional[list[dict]]:
+    """:func:`probe_step` in a fresh local group (so ``ru_maxrss`` is this step's); ``None`` when the
+    step failed on some rank (out of memory, a length the layout cannot split)."""
+    from ..testing.launch import LocalGroupError, run_local
+
+    try:
+        return run_local(probe_step, world, cfg, variant, threads_per_rank=threads, timeout_s=timeout_s)
+    except LocalGroupError:
+        return None
