@@ -54,14 +54,16 @@ def build(cfg, variant: str = "lean"):
     return job
 
 
-def probe_step(rank: int, world: int, cfg, variant: str = "lean", step: int = 1) -> dict:
+def probe_step(rank: int, world: int, cfg, variant: str = "lean", step: int = 1, copy_offload: bool = False) -> dict:
     """One steady-state step of ``cfg`` on this rank: ``{"peak_bytes", "end_bytes", "maxrss_bytes",
     "seconds", "loss", "param_bytes", "local_tokens", "host_bytes"}`` (``param_bytes``: this rank's
-    parameter bytes, the size of its gradients)."""
+    parameter bytes, the size of its gradients; ``copy_offload``: the offload copies on CPU too, so
+    ``host_bytes`` counts what would go to host memory)."""
     from ..train import train_step
     from .memory import measure_peak
 
     job = build(cfg, variant)
+    job.model.offload_copies_on_cpu = copy_offload
     warm_optimizer(job)
     t0 = time.perf_counter()
     result, peak = measure_peak(lambda: train_step(job, step), device=job.device)
@@ -107,6 +109,28 @@ def floor_bytes(model_name: str, local_tokens: int, element_size: int = 4, tp: i
     m = preset(model_name)
     per_token = m.n_layers * (m.dim * element_size + m.n_heads // tp * (m.head_dim * element_size + 4))
     return float(per_token * local_tokens)
+
+
+def sim_config(cfg, world: int, hw=None):
+    """The simulator's :class:`~burstattn.sim.step.SimConfig` of the training config ``cfg`` at
+    ``world`` ranks (its degrees resolved as ``burstattn train`` resolves them; chunks ``None``
+    resolved as the job does; ``hw`` default: the ``h100-nvlink-ib`` preset, whose figures do not
+    enter the memory model beyond its capacity)."""
+    import torch
+
+    from ..models import preset
+    from ..parallel import TP_STRATEGIES, resolve_dims
+    from ..sim.hardware import preset as hw_preset
+    from ..sim.step import SimConfig
+    from ..train.job import model_config
+
+    dims = resolve_dims(world, cfg.strategy, cfg.dp, cfg.cp, cfg.tp)
+    variant = cfg.strategy[3:] if cfg.strategy in TP_STRATEGIES else cfg.tp_variant
+    mcfg = model_config(cfg, dims, variant)
+    return SimConfig(preset(cfg.model), cfg.seq_len, hw or hw_preset("h100-nvlink-ib"), cfg.strategy, "train", cp=dims.cp,
+                     tp=dims.tp, dp=dims.dp, batch=cfg.batch // dims.dp, checkpointing=cfg.checkpointing, fsdp=cfg.fsdp,
+                     dtype=getattr(torch, cfg.dtype), mlp_chunk=mcfg.mlp_chunk, loss_chunk=mcfg.loss_chunk,
+                     offload=cfg.offload)
 
 
 def fresh_probe(world: int, cfg, variant: str = "lean", threads: int = 1,

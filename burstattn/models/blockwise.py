@@ -73,20 +73,31 @@ def auto_chunks(dim: int, vocab_size: int, local_tokens: int) -> tuple[int, int]
     return mlp, loss
 
 
+def row_chunks(t: torch.Tensor, shards: int, chunk: int) -> tuple[torch.Tensor, ...]:
+    """``t [B, shards * m, ...]`` cut into the row chunks of :func:`chunk_bounds` ``(m, chunk)``, each
+    ``[B, shards, c, ...]``: chunk j holds the rows ``s * m + [a_j, b_j)`` of every shard ``s``. One
+    ``split`` (views): its backward concatenates the chunks' gradients once, where a ``narrow``
+    per chunk would make a zero-filled whole-size gradient per chunk."""
+    b, rows = t.shape[0], t.shape[1]
+    m = rows // shards
+    sizes = [stop - start for start, stop in chunk_bounds(m, chunk)]
+    return t.view(b, shards, m, *t.shape[2:]).split(sizes, dim=2)
+
+
+def merge_shards(piece: torch.Tensor) -> torch.Tensor:
+    """``[B, shards, c, ...]`` -> ``[B, shards * c, ...]`` (a view for one shard, else a copy)."""
+    return piece.reshape(piece.shape[0], piece.shape[1] * piece.shape[2], *piece.shape[3:])
+
+
 def blockwise_rows(fn: Callable, x: torch.Tensor, extra: torch.Tensor, *, chunk: int, recompute: bool,
                    shards: int = 1) -> torch.Tensor:
-    """``cat_j fn(x[:, a_j:b_j], extra, a_j, b_j, shards)`` over the chunks of ``x [B, m, ...]``'s
-    rows, each under ``torch.utils.checkpoint`` when ``recompute`` (its inputs are kept, its
-    intermediates rebuilt in the backward). ``fn`` takes the chunk's rows of ``extra``
-    (:func:`take_rows`) itself, inside the checkpoint, so that nothing but views is kept."""
-    m = x.shape[1]
-    outs = []
-    for a, b in chunk_bounds(m, chunk):
-        xc = x if (a, b) == (0, m) else x.narrow(1, a, b - a)
-        if recompute:
-            outs.append(recomputed(fn, xc, extra, a, b, shards))
-        else:
-            outs.append(fn(xc, extra, a, b, shards))
+    """``cat_j fn(x_j, extra_j)`` over the row chunks of ``x [B, m, ...]`` and the matching chunks of
+    ``extra [B, shards * m, ...]`` (:func:`row_chunks`: ``extra_j [B, shards, c, ...]``), each under
+    :func:`recomputed` when ``recompute`` (its inputs, views, are kept; its intermediates rebuilt in
+    the backward)."""
+    xs = x.split([b - a for a, b in chunk_bounds(x.shape[1], chunk)], dim=1)
+    extras = row_chunks(extra, shards, chunk)
+    outs = [recomputed(fn, xc, ec) if recompute else fn(xc, ec) for xc, ec in zip(xs, extras)]
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
@@ -117,10 +128,10 @@ def blockwise_cross_entropy(head: Callable, hidden: torch.Tensor, labels: torch.
     """
     m = hidden.shape[1]
     total, stats = None, None
-    for a, b in chunk_bounds(m, chunk):
+    pieces = hidden.split([b - a for a, b in chunk_bounds(m, chunk)], dim=1)  # one split: see row_chunks
+    for (a, b), hc in zip(chunk_bounds(m, chunk), pieces):
         lab = take_rows(labels, shards, m, a, b)
         ans = None if answer is None else take_rows(answer, shards, m, a, b)
-        hc = hidden if (a, b) == (0, m) else hidden.narrow(1, a, b - a)
         if chunk > 0:
             ce, st = recomputed(_chunk_ce, head, hc, lab, ans)
         else:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..strategies import attention as distributed_attention
-from .blockwise import blockwise_cross_entropy, blockwise_rows, take_rows
+from .blockwise import blockwise_cross_entropy, blockwise_rows, merge_shards
 from .checkpointing import LayerRun, check_checkpointing, checkpointed
 from .config import LlamaConfig
 from .norms import RMSNorm
@@ -137,9 +137,10 @@ class TransformerBlock(nn.Module):
         """``x [B, m, dim]`` -> attention output ``[B, n, Hq, hd]`` (or ``(q, k, v)`` when ``attn`` is None)."""
         return self.attention(self.attention_norm(x), positions, attn)
 
-    def finish(self, x: torch.Tensor, out: torch.Tensor, start: int, stop: int, shards: int) -> torch.Tensor:
-        """Local rows ``[start, stop)``: ``x [B, c, dim]`` and their rows of ``out`` -> ``[B, c, dim]``."""
-        rows = take_rows(out, shards, out.shape[1] // shards, start, stop)  # [B, shards * c, Hq, hd]
+    def finish(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """One chunk of local rows: ``x [B, c, dim]`` and their rows of the attention output
+        ``out [B, shards, c, Hq, hd]`` -> ``[B, c, dim]``."""
+        rows = merge_shards(out)  # [B, shards * c, Hq, hd]
         h = x + self.attention.wo(rows.flatten(2))
         return h + self.feed_forward(self.ffn_norm(h))
 

@@ -56,6 +56,11 @@ class ClusterHW:
     at ``mem_bw`` (4 bytes read and written per entry and pass)."""
     emulated_attn_flops: Optional[float] = None
     """The attention rate ``burstattn cluster`` scales this cluster's links by (its presets only)."""
+    host_bw: float = 25e9
+    """Host link of one device (PCIe to the CPU's memory), bytes/s per direction: what offloaded
+    activations move over."""
+    host_mem_bytes: float = 128e9
+    """Host memory one device may fill with offloaded activations (the node's memory / its devices)."""
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -104,12 +109,17 @@ class ClusterHW:
 
 
 _A100_FA2 = "FlashAttention-2 paper, A100 80GB SXM4, head_dim 128 at 16K"
+_PCIE4 = ("PCIe 4.0 x16 per GPU: 31.5 GB/s raw per direction; 22 GB/s achieved (the 22-26 GB/s commonly measured "
+          "for pinned host copies; not measured here)")
+_PCIE5 = ("PCIe 5.0 x16 per GPU: 63 GB/s raw per direction; 50 GB/s achieved (assumption: the same 80% of raw "
+          "as PCIe 4.0's pinned copies)")
 _PRESETS = (
     ClusterHW(
         "a100-pcie-roce", 8, 312e12, 0.72, 0.71, 0.63, 0.88, 1.935e12, 80e9,
         intra_bw=12e9, intra_lat=10e-6, inter_bw=25e9, inter_lat=5e-6, inter_shared=True,
-        emulated_attn_flops=300e12,
+        emulated_attn_flops=300e12, host_bw=22e9, host_mem_bytes=1e12 / 8,
         sources={
+            "host_bw": _PCIE4, "host_mem_bytes": "assumption: 1 TB of host memory per 8-GPU node (as a DGX A100)",
             "devices_per_node": "BurstAttention's testbed: 8 x A100 80GB PCIe per node",
             "peak_flops": "NVIDIA A100 datasheet: 312 TFLOP/s dense bf16",
             "matmul_eff": "FA2 paper: GPT training end to end 225 TFLOP/s per A100 (72% MFU)",
@@ -126,7 +136,10 @@ _PRESETS = (
     ClusterHW(
         "a100-nvlink-ib", 8, 312e12, 0.72, 0.71, 0.63, 0.88, 2.039e12, 80e9,
         intra_bw=240e9, intra_lat=3e-6, inter_bw=12.5e9 * 0.9, inter_lat=5e-6, inter_shared=True,
+        host_bw=22e9, host_mem_bytes=1e12 / 8,
         sources={
+            "host_bw": _PCIE4, "host_mem_bytes": "NVIDIA DGX A100 datasheet: 1 TB system memory (2 TB on the 640GB "
+                                                 "model) for 8 GPUs",
             "devices_per_node": "DGX A100 (DistFlashAttn's setup)",
             "peak_flops": "A100 datasheet 312 TFLOP/s", "matmul_eff": "FA2 paper: 72% MFU",
             "attn_fwd_eff": _A100_FA2, "attn_bwd_eff": _A100_FA2, "causal_eff": _A100_FA2,
@@ -139,7 +152,9 @@ _PRESETS = (
     ClusterHW(
         "h100-nvlink-ib", 8, 989e12, 0.60, 0.55, 0.45, 0.88, 3.35e12, 80e9,
         intra_bw=450e9, intra_lat=2e-6, inter_bw=50e9, inter_lat=5e-6, emulated_attn_flops=700e12,
+        host_bw=50e9, host_mem_bytes=2e12 / 8,
         sources={
+            "host_bw": _PCIE5, "host_mem_bytes": "NVIDIA DGX H100 datasheet: 2 TB system memory for 8 GPUs",
             "devices_per_node": "DGX H100 / Meta's CP-inference hosts: 8 x H100",
             "peak_flops": "H100 SXM datasheet: 989 TFLOP/s dense bf16",
             "matmul_eff": "assumption: about 600 TFLOP/s achieved bf16 GEMM",
@@ -152,8 +167,9 @@ _PRESETS = (
             "emulated_attn_flops": "burstattn cluster's attention rate for this preset (since 04c5633)"}),
     ClusterHW(
         "h200-nvlink-ib", 8, 989e12, 0.60, 0.55, 0.45, 0.88, 4.8e12, 141e9,
-        intra_bw=450e9, intra_lat=2e-6, inter_bw=50e9, inter_lat=5e-6,
+        intra_bw=450e9, intra_lat=2e-6, inter_bw=50e9, inter_lat=5e-6, host_bw=50e9, host_mem_bytes=2e12 / 8,
         sources={
+            "host_bw": _PCIE5, "host_mem_bytes": "assumption: 2 TB per 8-GPU node (as DGX H100; NVIDIA DGX H200: 2 TB)",
             "devices_per_node": "HGX H200: 8 GPUs", "peak_flops": "H200: same compute as H100 SXM, 989 TFLOP/s",
             "matmul_eff": "as h100-nvlink-ib (assumption)", "attn_fwd_eff": "as h100-nvlink-ib (FA3 / Meta)",
             "attn_bwd_eff": "as h100-nvlink-ib", "causal_eff": "as A100 (FA2 paper)",
@@ -163,8 +179,10 @@ _PRESETS = (
             "intra_lat": "as h100-nvlink-ib", "inter_lat": "as h100-nvlink-ib"}),
     ClusterHW(
         "tpuv4", 4, 275e12, 0.60, 0.50, 0.45, 0.88, 1.2e12, 32 * 2**30,
-        intra_bw=268e9, intra_lat=5e-6, inter_bw=268e9, inter_lat=5e-6,
+        intra_bw=268e9, intra_lat=5e-6, inter_bw=268e9, inter_lat=5e-6, host_bw=16e9, host_mem_bytes=64e9,
         sources={
+            "host_bw": "assumption: PCIe 3.0 x16 per chip (16 GB/s); burstattn's offload is a CUDA path",
+            "host_mem_bytes": "assumption: 256 GB of host memory per 4-chip TPUv4 host",
             "devices_per_node": "4 chips per TPUv4 host; the ICI torus spans hosts, so both levels are ICI",
             "peak_flops": "TPU v4: 275 TFLOP/s bf16", "matmul_eff": "assumption: 60% (no published figure used)",
             "attn_fwd_eff": "assumption: blockwise attention in JAX at half of peak",

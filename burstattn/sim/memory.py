@@ -7,20 +7,14 @@ parameter), float32 master weights and two float32 moments (12 bytes): 16 bytes 
 context-parallel ranks hold the same weights) and gathers two layers at a time (the one computing
 and the one prefetched). Tensor parallelism divides the weights by ``tp``.
 
-Activations saved per layer and token (elements; ``h`` hidden, ``kvd = Hkv*head_dim``, ``f`` MLP):
-inside the tensor-parallel region (divided by ``tp``) q, k, v (``h + 2 kvd``), the attention output
-(``h``) and the MLP's ``w1``/``w3`` outputs, SiLU and product (``4 f``), plus the float32 LSE; outside
-it (divided by ``tp`` only with sequence parallelism, Megatron-V3) the two norms' inputs and
-outputs (``4 h``). Checkpointing ``full`` keeps only each layer's input and rebuilds one layer at a
-time in the backward; ``remat`` (DistFlashAttn's rematerialization-aware checkpointing) also keeps
-the attention output and LSE, so the backward never reruns the attention forward. The logits
-(16-bit, plus float32 for the loss) of the local tokens are counted once.
-
-The attention call's own buffers are the library's measured allocations: :data:`CALL_UNITS`.
+Activations by checkpointing mode, blockwise chunk and offload, phase by phase (forward, the
+loss's backward, a layer's backward, the optimizer step): :mod:`.activations`. The attention
+call's own buffers are the library's measured allocations: :data:`CALL_UNITS`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from ..models.config import LlamaConfig
 from .plans import head_groups
@@ -28,7 +22,11 @@ from .plans import head_groups
 
 @dataclass(frozen=True)
 class Memory:
-    """Bytes per device, by part, and whether the sum fits."""
+    """Bytes per device, by part, and whether the sum fits (device and host memory).
+
+    ``grads`` are the gradients of all parameters; ``peak_grads`` those alive at the peak phase
+    (``None``: all of them); ``activations`` and ``attention`` are what the peak phase adds
+    (:mod:`.activations`); ``host`` the activations offloaded to host memory."""
 
     params: float
     grads: float
@@ -37,18 +35,43 @@ class Memory:
     attention: float
     kv_cache: float
     capacity: float
+    host: float = 0.0
+    host_capacity: float = float("inf")
+    gathered: float = 0.0
+    """Of ``params``: what FSDP all-gathers during the step (allocated in it)."""
+    phase_totals: Optional[dict] = None
+    """Training: the bytes of every phase beyond the weights and optimizer state (:mod:`.activations`)."""
+    peak_grads: Optional[float] = None
+    phase: str = ""
+    terms: Optional[dict] = None
 
     @property
     def peak(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations + self.attention + self.kv_cache
+        grads = self.grads if self.peak_grads is None else self.peak_grads
+        return self.params + grads + self.optimizer + self.activations + self.attention + self.kv_cache
 
     @property
     def fits(self) -> bool:
-        return self.peak <= self.capacity
+        return self.peak <= self.capacity and self.host <= self.host_capacity
+
+    def binding(self) -> str:
+        """The largest part of the peak (``"host memory"`` when the host copies do not fit)."""
+        if self.host > self.host_capacity:
+            return "host memory (offloaded activations)"
+        parts = {"weights": self.params, "optimizer state": self.optimizer, "KV cache": self.kv_cache,
+                 "gradients": self.grads if self.peak_grads is None else self.peak_grads,
+                 "attention call": self.attention}
+        for k, v in (self.terms or {"activations": self.activations}).items():
+            if k not in ("gradients", "attention call"):
+                parts[k] = parts.get(k, 0.0) + v
+        return max(parts, key=parts.get)
 
     def to_dict(self) -> dict:
-        return {k: int(getattr(self, k)) for k in ("params", "grads", "optimizer", "activations", "attention",
-                                                  "kv_cache")}
+        out = {k: int(getattr(self, k)) for k in ("params", "grads", "optimizer", "activations", "attention",
+                                                 "kv_cache", "host")}
+        if self.phase:
+            out["phase"], out["binding"] = self.phase, self.binding()
+        return out
 
 
 # Peak of one attention fwd+bwd beyond its inputs (q, k, v, dO), per strategy: ``(c_q, c_kv, c_gqa)`` in
@@ -103,35 +126,53 @@ def attention_buffers(strategy: str, *, batch: int, local_seq: int, world: int, 
     return total if (backward or grouped) else FORWARD_SHARE * total
 
 
-def activation_bytes(model: LlamaConfig, *, tokens: int, tp: int, sp: bool, checkpointing: str, e: int) -> float:
-    """Saved activations of all layers on one device (``tokens`` local tokens)."""
-    h, f = model.dim, model.ffn_dim
-    kvd = model.n_kv_heads * model.head_dim
-    inside = (h + 2 * kvd) + h + 4 * f
-    outside = 4 * h
-    lse = model.n_heads * 4 / tp  # float32, bytes
-    per_layer = tokens * ((inside / tp + outside / (tp if sp else 1)) * e + lse)
-    layer_input = tokens * h * e / (tp if sp else 1)
-    logits = tokens * model.vocab_size / tp * (e + 4)
-    if checkpointing == "none":
-        return model.n_layers * per_layer + logits
-    if checkpointing == "full":
-        return model.n_layers * layer_input + per_layer + logits
-    if checkpointing == "remat":
-        kept = layer_input + tokens * (h / tp * e + lse)
-        return model.n_layers * kept + per_layer + logits
-    raise ValueError(f"checkpointing must be none, full or remat, got {checkpointing!r}")
+def eager_kept_units(strategy: str, *, world: int, q_heads: int, kv_heads: int, head_dim: int, e: int,
+                     seq_len: int, ulysses: int = 1) -> float:
+    """What an attention that is not the registered op keeps after its forward (its saved tensors
+    and output), in units of one query shard (``n x Hq x head_dim x e``), read off the library
+    (``bench.memory.measure_peak``'s end bytes, float32, worlds 2 and 4, heads 4/1 d64, 8/8 and 8/2
+    d32; in training, small-l3): ``ulysses`` its head-sharded q, k, v (kv heads repeated to
+    ``lcm(Hkv, P)``, the unrepeated k, v kept too), output and the returned output; ``usp`` that over its Ulysses degree plus the ring's (conservative);
+    ``rsa`` its ``[Hq, n, N]`` float32 scores; ``tp`` its gathered heads (grows with P);
+    ``allgather`` the largest seen. The op strategies keep their output and LSE: 1."""
+    import math
+
+    def a2a(degree: int) -> float:  # its q, k, v sent and received (kv repeated), output twice; k, v before
+        reps = math.lcm(kv_heads, degree) // kv_heads
+        return (q_heads + 2 * kv_heads * reps + (2 * kv_heads if reps > 1 else 0)) / q_heads + 2.0
+
+    if strategy == "ulysses":
+        return a2a(world)
+    if strategy == "usp":
+        return a2a(max(1, ulysses)) + 4.0
+    if strategy == "rsa":
+        return 2.0 + seq_len * 4 / (head_dim * e)
+    if strategy == "tp":
+        return 1.0 + 4.8 * world
+    if strategy == "allgather":
+        return 3.1
+    return 1.0
+
+
+def gathered_bytes(model: LlamaConfig, *, tp: int, e: int) -> float:
+    """What FSDP holds all-gathered during a step: two blocks (the one computing and the one
+    prefetched) and the root unit (embedding, final norm, output head), unsharded."""
+    h = model.dim
+    head = model.vocab_size * h * (1 if model.tie_embeddings else 2) / tp + h
+    layer = (model.num_params() - model.vocab_size * h * (1 if model.tie_embeddings else 2) - h) / model.n_layers / tp
+    return (2 * layer + head) * e
 
 
 def state_bytes(model: LlamaConfig, *, tp: int, shards: int, fsdp: bool, train: bool, e: int) -> tuple[float, float, float]:
-    """``(params, grads, optimizer)`` bytes on one device (``shards`` = dp * cp ranks)."""
+    """``(params, grads, optimizer)`` bytes on one device (``shards`` = dp * cp ranks; with FSDP the
+    parameters' shard plus :func:`gathered_bytes`)."""
     n = model.num_params() / tp
     if not train:
         return n * e, 0.0, 0.0
     if not fsdp:
         return n * e, n * e, n * 12
     layer = n / model.n_layers
-    return n * e / shards + 2 * layer * e, n * e / shards + 2 * layer * e, n * 12 / shards
+    return n * e / shards + gathered_bytes(model, tp=tp, e=e), n * e / shards + 2 * layer * e, n * 12 / shards
 
 
 def kv_cache_bytes(model: LlamaConfig, *, batch: int, tokens: int, tp: int, e: int) -> float:

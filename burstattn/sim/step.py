@@ -29,8 +29,10 @@ from typing import Optional
 
 import torch
 
-from ..models.config import LlamaConfig
+from ..models.config import LlamaConfig, check_chunk
+from ..models.offload import check_offload
 from . import memory as mem
+from .activations import ATTENTION, GRADIENTS, ActivationShape, training_activations
 from . import net, plans
 from .attention import AttnShape, Pass, attention_timeline
 from .hardware import ClusterHW
@@ -60,6 +62,12 @@ class SimConfig:
     ulysses_degree: Optional[int] = None
     window: Optional[int] = None
     """A causal sliding window of this many keys (burst only; the masked direct schedule)."""
+    mlp_chunk: int = 0
+    """Blockwise MLP: tokens per chunk of the local sequence (0: whole)."""
+    loss_chunk: int = 0
+    """Blockwise loss: tokens per chunk of the fused norm + head + cross-entropy (0: whole logits)."""
+    offload: str = "none"
+    """Saved activations in host memory: ``none``, ``inputs`` (layer inputs) or ``all``."""
 
     @property
     def gpus(self) -> int:
@@ -120,6 +128,11 @@ def check(cfg: SimConfig) -> None:
         raise ValueError(f"strategy {cfg.strategy!r} is tensor parallelism only: give --tp/--dp, not --cp {cfg.cp}")
     if cfg.cp > 1 and cfg.seq_len % (2 * cfg.cp):
         raise ValueError(f"--seq-len ({cfg.seq_len}) must be divisible by 2 * cp ({2 * cfg.cp})")
+    for name in ("mlp_chunk", "loss_chunk"):
+        check_chunk(f"--{name.replace('_', '-')}", getattr(cfg, name))
+    check_offload(cfg.offload, "--offload")
+    if cfg.offload != "none" and cfg.mode != "train":
+        raise ValueError(f"--offload {cfg.offload} applies to training (--mode train), not --mode {cfg.mode}")
 
 
 @lru_cache(maxsize=4096)
@@ -174,6 +187,8 @@ def simulate(cfg: SimConfig, memory_only: bool = False) -> SimResult:
         recompute = {"none": 0.0, "full": 1.0, "remat": 1.0}[cfg.checkpointing]
         attn_again = cfg.checkpointing == "full"
         comp = mm_f * (3 + recompute) + elem_f * (2 + recompute) + fwd.compute * (1 + attn_again) + bwd.compute
+        if cfg.mlp_chunk and cfg.checkpointing != "remat":  # the MLP chunks' own recomputation (remat has it)
+            comp += 2 * tokens * (3 * h * f + h * h) / tp / hw.matmul_rate
         comm = fwd.exposed_comm * (1 + attn_again) + bwd.exposed_comm + tp_f * (2 + recompute)
         idle = fwd.idle * (1 + attn_again) + bwd.idle
     else:
@@ -189,21 +204,34 @@ def simulate(cfg: SimConfig, memory_only: bool = False) -> SimResult:
             ar = net.all_reduce_time(shard_pl, layer_w * e * m.n_layers)
             dp_comm = max(ar / m.n_layers, ar - m.n_layers * (mm_f * 2 + bwd.compute))
     head_f = 2 * tokens * h * m.vocab_size / tp / hw.matmul_rate
-    head = head_f * 3 if train else (2 * cfg.batch * h * m.vocab_size / tp / hw.matmul_rate)
+    head = head_f * (4 if cfg.loss_chunk else 3) if train else (2 * cfg.batch * h * m.vocab_size / tp / hw.matmul_rate)
     optimizer = (16 * 2 * m.num_params() / tp / (shard_pl.size if cfg.fsdp else 1) / hw.mem_bw) if train else 0.0
     compute = m.n_layers * comp + head + optimizer
-    exposed = m.n_layers * comm + dp_comm
-    idle_s = m.n_layers * idle
     memory = memory_model(cfg, bmode)
+    offload_s = offload_exposed(memory.host, hw.host_bw, forward_s=m.n_layers * (mm_f + elem_f + fwd.compute),
+                                backward_s=compute - m.n_layers * (mm_f + elem_f + fwd.compute)) if train else 0.0
+    exposed = m.n_layers * comm + dp_comm + offload_s
+    idle_s = m.n_layers * idle
     breakdown = {**{f"layer_fwd_{k}_s": v for k, v in layer.items()}, "layer_bwd_attention_s": bwd.compute,
                  "layer_bwd_attn_comm_s": bwd.exposed_comm, "dp_comm_s": dp_comm, "head_s": head,
-                 "optimizer_s": optimizer}
+                 "optimizer_s": optimizer, "offload_exposed_s": offload_s}
     return SimResult(compute + exposed + idle_s, compute, exposed, idle_s, memory, breakdown,
                      (fwd, bwd if train else None))
 
 
+def offload_exposed(host_bytes: float, host_bw: float, *, forward_s: float, backward_s: float) -> float:
+    """Seconds of host-link traffic that compute does not hide: the copies to host memory run under
+    the forward's compute (a side stream), the copies back under the backward's; what a phase's
+    compute cannot cover sticks out."""
+    copy = host_bytes / host_bw
+    return max(0.0, copy - forward_s) + max(0.0, copy - backward_s)
+
+
+THROUGH_OP = ("burst", "ring", "tp-v1", "tp-v3")  # attention as the registered op: the lean remat keeps its outputs
+
+
 def memory_model(cfg: SimConfig, bwd_mode: Optional[str] = None) -> mem.Memory:
-    """Peak bytes per device of ``cfg`` (:mod:`.memory`)."""
+    """Peak bytes per device of ``cfg`` (:mod:`.memory`, :mod:`.activations`)."""
     m, hw, tp, cp = cfg.model, cfg.hw, cfg.tp, cfg.cp
     e = torch.empty((), dtype=cfg.dtype).element_size()
     h, f, kvd = m.dim, m.ffn_dim, m.n_kv_heads * m.head_dim
@@ -218,16 +246,30 @@ def memory_model(cfg: SimConfig, bwd_mode: Optional[str] = None) -> mem.Memory:
     if cfg.mode == "decode":
         cache = mem.kv_cache_bytes(m, batch=cfg.batch, tokens=tokens, tp=tp, e=e)
         return mem.Memory(params, 0.0, 0.0, cfg.batch * h * 16 * e, 0.0, cache, hw.mem_bytes)
-    if train:
-        acts = mem.activation_bytes(m, tokens=tokens, tp=tp, sp=sp, checkpointing=cfg.checkpointing, e=e)
-        cache = 0.0
-    else:
+    call = dict(batch=cfg.batch, local_seq=cfg.seq_len // cp, world=cp, q_heads=m.n_heads // tp, kv_heads=kv_heads,
+                head_dim=m.head_dim, e=e, schedule=cfg.schedule, bwd_mode=bwd_mode)
+    if not train:
         acts = tokens * (4 * h + 2 * (h + 2 * kvd) / tp + 3 * f / tp) * e  # one layer's transient activations
         cache = mem.kv_cache_bytes(m, batch=cfg.batch, tokens=tokens, tp=tp, e=e)
-    attn_mem = mem.attention_buffers(
-        cfg.strategy, batch=cfg.batch, local_seq=cfg.seq_len // cp, world=cp, q_heads=m.n_heads // tp,
-        kv_heads=kv_heads, head_dim=m.head_dim, e=e, backward=train, schedule=cfg.schedule, bwd_mode=bwd_mode)
-    return mem.Memory(params, grads, opt, acts, attn_mem, cache, hw.mem_bytes)
+        attn_mem = mem.attention_buffers(cfg.strategy, backward=False, **call)
+        return mem.Memory(params, grads, opt, acts, attn_mem, cache, hw.mem_bytes)
+    shape = ActivationShape(rows=tokens // tp if (sp and tp > 1) else tokens, attn_rows=tokens, tp=tp, e=e)
+    out_lse = tokens * (m.n_heads // tp) * (m.head_dim * e + 4)
+    attn_bwd = max(0.0, mem.attention_buffers(cfg.strategy, backward=True, **call) - out_lse)
+    attn_fwd = mem.attention_buffers(cfg.strategy, backward=False, **call)
+    eager = mem.eager_kept_units(cfg.strategy, world=cp, q_heads=m.n_heads // tp, kv_heads=kv_heads, head_dim=m.head_dim,
+                                 e=e, seq_len=cfg.seq_len, ulysses=cfg.ulysses_degree or 1)
+    acts = training_activations(m, shape, checkpointing=cfg.checkpointing, eager_units=eager,
+                                through_op=cfg.strategy in THROUGH_OP, mlp_chunk=cfg.mlp_chunk,
+                                loss_chunk=cfg.loss_chunk, offload=cfg.offload, attention_fwd=attn_fwd,
+                                attention_bwd=attn_bwd, grads=grads,
+                                param_fp32=4 * m.num_params() / tp / (cfg.dp * cp if cfg.fsdp else 1))
+    t = acts.terms
+    rest = sum(v for k, v in t.items() if k not in (GRADIENTS, ATTENTION))
+    return mem.Memory(params, grads, opt, rest, t.get(ATTENTION, 0.0), 0.0, hw.mem_bytes, host=acts.host,
+                      host_capacity=hw.host_mem_bytes, peak_grads=t.get(GRADIENTS, 0.0), phase=acts.phase,
+                      terms=dict(t), gathered=mem.gathered_bytes(m, tp=tp, e=e) if cfg.fsdp else 0.0,
+                      phase_totals=dict(acts.totals))
 
 
 def _decode(cfg: SimConfig, e: int, layer_w: float, kv_heads: int) -> SimResult:

@@ -159,3 +159,11 @@ def run_many(rank: int, world: int, cfgs: list) -> list[dict]:
                         chunks=(job.model.config.mlp_chunk, job.model.config.loss_chunk),
                         host_bytes=[r.host_bytes for r in results]))
     return out
+
+
+def probe_many(rank: int, world: int, cfgs: list) -> list[dict]:
+    """One steady-state step of every config (:func:`burstattn.bench.train_memory.probe_step`), the
+    offload copies made on CPU so that their bytes are counted."""
+    from burstattn.bench.train_memory import probe_step
+
+    return [probe_step(rank, world, c, copy_offload=True) for c in cfgs]

@@ -134,7 +134,8 @@ def test_timeline_splits_time_and_sees_imbalance():
 
 def test_memory_model_orders_checkpointing_and_fsdp():
     cfg = SimConfig(model_preset("llama-7b"), 65536, preset("a100-nvlink-ib"), "burst", cp=8)
-    mem = {ck: memory_model(dataclasses.replace(cfg, checkpointing=ck)).activations for ck in ("none", "remat", "full")}
+    # with FSDP the optimizer step's temporary is small: the activations decide the peak
+    mem = {ck: memory_model(dataclasses.replace(cfg, checkpointing=ck, fsdp=True)).peak for ck in ("none", "remat", "full")}
     assert mem["none"] > mem["remat"] > mem["full"]
     plain, fsdp = memory_model(cfg), memory_model(dataclasses.replace(cfg, fsdp=True))
     assert plain.optimizer == pytest.approx(12 * model_preset("llama-7b").num_params())

@@ -1,0 +1,197 @@
+"""Activation memory of one training step on one device, by phase and term (pure).
+
+What the model keeps between forward and backward, and what each phase adds on top, counted
+tensor by tensor from :mod:`burstattn.models` (docs/simulation.md, "Memory"):
+
+* **kept per layer** (bytes per row): ``none``: both RMSNorms' input, float32 normalised copy
+  (and a float32 copy of a 16-bit input), the projections' inputs, rotated q, k, v, the cos/sin
+  tables, the attention output and LSE, the MLP's four ``ffn_dim`` tensors; ``full``: the layer
+  input; ``remat``: the layer input, attention output and LSE (an attention that does not run as
+  the op keeps its own saved tensors instead: ``eager_units`` query shards, from
+  ``burstattn.sim.memory.eager_kept_units``).
+* **kept by the head**: the whole loss keeps the float32 log-probabilities ``[rows, vocab]``; the
+  blockwise loss only its input (the final hidden state).
+* **offload** moves the layer inputs (``inputs``) or everything kept (``all``) to host memory.
+* **transients**: the forward's attention call and loss chunk; the backward's gradients (all
+  parameters), and the larger of the head's backward (logits and their gradients for one chunk)
+  and one layer's backward: its recomputation, the activation gradients, the attention call's
+  backward buffers (``burstattn.sim.memory.attention_buffers`` less its output and LSE) and one
+  MLP chunk; the optimizer step: the gradients and a float32 temporary of the parameters.
+
+Rows: ``rows`` of the residual stream per device (batch x local tokens, / tp with sequence
+parallelism), ``attn_rows`` on the attention side (the cp shard, gathered over tp). Validated
+against ``burstattn train``'s measured peaks (tests/dist/test_sim_memory.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..models.config import LlamaConfig
+
+GRADIENTS, ATTENTION = "gradients", "attention call"  # the terms Memory keeps apart
+
+
+@dataclass(frozen=True)
+class ActivationShape:
+    """One device's share of a training step."""
+
+    rows: int
+    """Residual-stream rows (batch x local tokens; / tp under sequence parallelism)."""
+    attn_rows: int
+    """Attention-side rows (batch x the cp shard's tokens)."""
+    tp: int = 1
+    e: int = 2
+    """Bytes per element of the compute dtype."""
+
+
+@dataclass
+class Activations:
+    """Bytes by term at the step's peak phase (:data:`GRADIENTS`, :data:`ATTENTION`, the kept
+    activations and the phase's transient), what is kept, what sits in host memory."""
+
+    phase: str
+    terms: dict = field(default_factory=dict)
+    kept: float = 0.0
+    host: float = 0.0
+    totals: dict = field(default_factory=dict)
+    """Every phase's bytes (the peak phase's is ``total``)."""
+
+    @property
+    def total(self) -> float:
+        return sum(self.terms.values())
+
+    def binding(self) -> str:
+        """The largest term."""
+        return max(self.terms, key=self.terms.get) if self.terms else ""
+
+
+def _dims(m: LlamaConfig, tp: int):
+    hq, hkv = m.n_heads // tp, max(1, m.n_kv_heads // tp)
+    return m.dim, m.head_dim, hq, hkv, m.ffn_dim / tp, m.vocab_size
+
+
+def norm_kept(h: int, e: int) -> float:
+    """Bytes per row an RMSNorm keeps: its input, a float32 copy of a 16-bit input, the float32
+    normalised values (and its per-row rsqrt)."""
+    return h * e + (4 * h if e < 4 else 0) + 4 * h + 4
+
+
+def layer_kept(m: LlamaConfig, s: ActivationShape, checkpointing: str, eager_units: float, through_op: bool,
+               mlp_chunk: int = 0) -> float:
+    """Bytes one layer keeps between forward and backward (``none`` with ``mlp_chunk``: the MLP
+    half is recomputed, only the attention half is kept)."""
+    h, hd, hq, hkv, f, _ = _dims(m, s.tp)
+    e, r, a = s.e, s.rows, s.attn_rows
+    qu = hq * hd * e
+    out_lse = a * (qu + 4 * hq)
+    if checkpointing == "full":
+        return r * h * e
+    if checkpointing == "remat":
+        if through_op:
+            return r * h * e + out_lse
+        return r * h * e + a * qu * eager_units
+    attention = a * ((hq + 2 * hkv) * hd * e + 16 * hd) + out_lse  # q, k, v, cos/sin (q and k), out, lse
+    if not through_op:
+        attention += a * qu * max(0.0, eager_units - 1.0)
+    if mlp_chunk:
+        return r * norm_kept(h, e) + a * h * e + attention
+    return r * 2 * norm_kept(h, e) + a * 2 * h * e + attention + a * 4 * f * e
+
+
+def head_kept(m: LlamaConfig, s: ActivationShape, loss_chunk: int) -> float:
+    """Bytes the final norm and the loss keep: the float32 log-probabilities of every row, or, in
+    chunks, only the final hidden state."""
+    if loss_chunk:
+        return s.rows * m.dim * s.e
+    return s.rows * norm_kept(m.dim, s.e) + s.attn_rows * (m.dim * s.e + 4 * m.vocab_size)
+
+
+def head_transient(m: LlamaConfig, s: ActivationShape, loss_chunk: int, backward: bool) -> float:
+    """The loss head's extra bytes: one chunk's logits (16-bit and float32) and log-probabilities in
+    the forward; in the backward their gradients too (a chunk also recomputes its forward)."""
+    v, e = m.vocab_size, s.e
+    up = 4 if e < 4 else 0
+    rows = s.attn_rows if not loss_chunk else min(loss_chunk, s.rows) * s.attn_rows // max(s.rows, 1)
+    fwd = rows * v * (e + up + 4)
+    grads = rows * v * (4 + 4 + (e if e < 4 else 0))
+    if not loss_chunk:
+        return grads if backward else rows * v * (e + up)  # the log-probabilities are kept (head_kept)
+    return fwd + grads if backward else fwd
+
+
+def mlp_transient(m: LlamaConfig, s: ActivationShape, mlp_chunk: int, recomputed: bool) -> float:
+    """One MLP chunk's backward: its forward tensors when they are recomputed (the norm, the gathered
+    input, the four ``ffn_dim`` tensors) and the gradients alive at once (two ``ffn_dim`` tensors and
+    the residual's)."""
+    h, _, _, _, f, _ = _dims(m, s.tp)
+    rows = min(mlp_chunk, s.rows) if mlp_chunk else s.rows
+    arows = rows * s.attn_rows // max(s.rows, 1)
+    forward = rows * norm_kept(h, s.e) + arows * (h * s.e + 4 * f * s.e) if recomputed else 0.0
+    return forward + arows * 2 * f * s.e + rows * 2 * h * s.e
+
+
+def layer_backward(m: LlamaConfig, s: ActivationShape, checkpointing: str, mlp_chunk: int, eager_units: float,
+                   through_op: bool) -> tuple[float, float]:
+    """One layer's backward beyond what is kept and the attention call's buffers: ``(while the
+    attention differentiates: the recomputed norm, q, k, v and cos/sin, and dO; while an MLP chunk
+    differentiates)``."""
+    h, hd, hq, hkv, _, _ = _dims(m, s.tp)
+    e, r, a = s.e, s.rows, s.attn_rows
+    grads = a * hq * hd * e  # dO (the residual's gradient is not alive at the attention call's peak: measured)
+    if checkpointing == "none":
+        recompute = 0.0
+    elif checkpointing == "full":  # the whole layer again but its input, its MLP in chunks
+        recompute = layer_kept(m, s, "none", eager_units, through_op, mlp_chunk=1) - r * h * e
+    else:
+        recompute = r * (norm_kept(h, e) - h * e) + a * (h * e + (hq + 2 * hkv) * hd * e + 16 * hd)
+    mlp = mlp_transient(m, s, mlp_chunk, recomputed=checkpointing != "none" or mlp_chunk > 0)
+    return recompute + grads, mlp + (recompute if checkpointing == "full" else 0.0)
+
+
+def param_bytes(m: LlamaConfig, tp: int, e: int) -> tuple[float, float, float]:
+    """``(one layer, the output head, the embedding)`` parameter bytes on one device (unsharded)."""
+    h, kvd = m.dim, m.n_kv_heads * m.head_dim
+    layer = (h * (h + 2 * kvd) + h * h + 3 * h * m.ffn_dim) / tp * e + 2 * h * e
+    head = m.vocab_size * h / tp * e + h * e
+    return layer, head, (0.0 if m.tie_embeddings else m.vocab_size * h / tp * e)
+
+
+def training_activations(m: LlamaConfig, s: ActivationShape, *, checkpointing: str, eager_units: float,
+                         through_op: bool, mlp_chunk: int, loss_chunk: int, offload: str,
+                         attention_fwd: float, attention_bwd: float, grads: float, param_fp32: float) -> Activations:
+    """The bytes at the step's peak phase, by term (``kept activations``, :data:`ATTENTION`,
+    :data:`GRADIENTS` and the phase's transient), of the phases: the forward (kept + the attention
+    call's forward or a loss chunk), the loss's backward (kept + the head's gradients + logits and
+    their gradients), the first layer's backward (kept + the head's and that layer's gradients + the
+    attention call's backward buffers and the layer's recomputation, or an MLP chunk), the last
+    layer's backward (one layer kept + every gradient but the embedding's) and the optimizer step
+    (gradients + a float32 temporary of the parameters). ``attention_fwd`` / ``attention_bwd``: the
+    attention call's forward peak and its backward buffers beyond its output and LSE; ``grads``:
+    every gradient (sharded, with FSDP)."""
+    layer = layer_kept(m, s, checkpointing, eager_units, through_op, mlp_chunk)
+    kept = m.n_layers * layer + head_kept(m, s, loss_chunk)
+    inputs = (m.n_layers + (1 if loss_chunk else 0)) * s.rows * m.dim * s.e
+    host = {"all": kept, "inputs": min(kept, inputs)}.get(offload, 0.0)
+    dev = kept - host
+    one = layer * (dev / kept if kept else 0.0)
+    at_attention, at_mlp = layer_backward(m, s, checkpointing, mlp_chunk, eager_units, through_op)
+    transient, name = (at_attention + attention_bwd, None) if at_attention + attention_bwd >= at_mlp else (at_mlp, "MLP chunk")
+    g_layer, g_head, g_emb = param_bytes(m, s.tp, s.e)
+    logits = head_transient(m, s, loss_chunk, False)
+    k = "kept activations"
+
+    def backward(kept_now: float, grads_now: float) -> dict:
+        if name:
+            return {k: kept_now, GRADIENTS: grads_now, name: transient}
+        return {k: kept_now, GRADIENTS: grads_now, ATTENTION: attention_bwd, "recomputed layer": at_attention}
+
+    phases = {
+        "forward": {k: dev, ATTENTION: attention_fwd} if attention_fwd >= logits else {k: dev, "logits": logits},
+        "loss backward": {k: dev, "logits": head_transient(m, s, loss_chunk, True)},  # before any weight gradient
+        "first layer's backward": backward(dev, g_head + g_layer),
+        "last layer's backward": backward(one, max(g_head + g_layer, grads - g_emb)),
+        "optimizer": {GRADIENTS: grads, "optimizer temporary": param_fp32},
+    }
+    totals = {p: sum(t.values()) for p, t in phases.items()}
+    phase = max(totals, key=totals.get)
+    return Activations(phase, phases[phase], kept, host, totals)
