@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from ..sim.names import CHECKPOINTING, MODES, SCHEDULES, STRATEGIES
+from ..sim.names import CHECKPOINTING, MODES, OFFLOAD, SCHEDULES, STRATEGIES
 
 _OWN_DIM = {"tp-v1": "tp", "tp-v3": "tp"}
 
@@ -49,6 +49,7 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ulysses-degree", type=int, default=None, help="usp: the all-to-all degree")
     p.add_argument("--checkpointing", default="full", choices=CHECKPOINTING)
     p.add_argument("--fsdp", action="store_true")
+    _memory_flags(p, searched=False)
     p.add_argument("--non-causal", action="store_true", help="bidirectional attention (default causal)")
     p.add_argument("--window", type=int, default=None, help="burst: a causal sliding window of this many keys")
     p.add_argument("--timeline", default=None, metavar="OUT.png", help="write one layer's Gantt chart")
@@ -56,8 +57,20 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, default=1.0, help="calibrate: seconds per kernel measurement")
 
 
+def _memory_flags(p: argparse.ArgumentParser, searched: bool) -> None:
+    """``--mlp-chunk``, ``--loss-chunk``, ``--offload``: fixed values (sim), or fixed instead of searched (plan)."""
+    how = "fix it (default: searched, whole or blockwise)" if searched else "default 0: whole"
+    p.add_argument("--mlp-chunk", type=int, default=None if searched else 0, metavar="TOKENS",
+                   help=f"blockwise MLP: tokens per chunk of the local sequence; {how}")
+    p.add_argument("--loss-chunk", type=int, default=None if searched else 0, metavar="TOKENS",
+                   help=f"blockwise loss: tokens per chunk of norm + head + cross-entropy; {how}")
+    p.add_argument("--offload", default=None if searched else "none", choices=OFFLOAD,
+                   help="saved activations in host memory" + ("; fix it (default: searched)" if searched else ""))
+
+
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     _common(p, False)
+    _memory_flags(p, searched=True)
     p.add_argument("--max-seq-len", action="store_true", help="per strategy, the longest sequence that fits")
     p.add_argument("--top", type=int, default=15, help="rows of the table (all of them with --json)")
 
@@ -107,7 +120,7 @@ def run_sim(ns) -> int:
         cfg = SimConfig(model_preset(ns.model), ns.seq_len, hw, ns.strategy, ns.mode, cp=cp, tp=tp, dp=dp,
                         batch=ns.batch, layout=ns.layout, schedule=ns.schedule, checkpointing=ns.checkpointing,
                         fsdp=ns.fsdp, causal=not ns.non_causal, ulysses_degree=ns.ulysses_degree,
-                        window=ns.window)
+                        window=ns.window, mlp_chunk=ns.mlp_chunk, loss_chunk=ns.loss_chunk, offload=ns.offload)
         res = simulate(cfg)
     except ValueError as e:
         print(f"burstattn sim: {e}", file=sys.stderr)
@@ -125,11 +138,15 @@ def run_sim(ns) -> int:
         return 0
     gib = 2**30
     print(f"{ns.model} {ns.mode}, N={ns.seq_len}, {ns.gpus} x {hw.name}: {ns.strategy} dp={dp} cp={cp} tp={tp}"
-          + (f", checkpointing {ns.checkpointing}{', FSDP' if ns.fsdp else ''}" if ns.mode == "train" else ""))
+          + (f", checkpointing {ns.checkpointing}{', FSDP' if ns.fsdp else ''}, mlp chunk {ns.mlp_chunk}, loss chunk "
+             f"{ns.loss_chunk}, offload {ns.offload}" if ns.mode == "train" else ""))
     print(f"  time {res.time_s:.4g} s = compute {res.compute_s:.4g} + exposed comm {res.exposed_comm_s:.4g} "
           f"+ idle {res.idle_s:.4g}")
     print(f"  peak memory {res.peak_memory_bytes / gib:.2f} GiB of {hw.mem_bytes / gib:.1f} GiB: "
-          f"{'fits' if res.fits else 'DOES NOT FIT'} ({', '.join(f'{k} {v / gib:.2f}' for k, v in res.memory.to_dict().items())})")
+          f"{'fits' if res.fits else 'DOES NOT FIT'} ({', '.join(f'{k} {v / gib:.2f}' for k, v in res.memory.to_dict().items() if isinstance(v, int))})")
+    if res.memory.phase:
+        print(f"  peak in the {res.memory.phase}; largest term: {res.memory.binding()}"
+              + (f"; host memory {res.memory.host / gib:.2f} GiB of {hw.host_mem_bytes / gib:.1f}" if res.memory.host else ""))
     if ns.timeline:
         print(f"  wrote {ns.timeline}")
     return 0
@@ -151,25 +168,33 @@ def _calibrate(ns) -> int:
 
 def run_plan(ns) -> int:
     from ..models.config import preset as model_preset
-    from ..sim.planner import max_seq_len, plan
+    from ..sim.planner import MemoryChoice, max_seq_len, plan
 
     try:
         hw, model = _hw(ns), model_preset(ns.model)
+        fixed = MemoryChoice(ns.mlp_chunk, ns.loss_chunk, ns.offload)
+        for flag in ("mlp_chunk", "loss_chunk"):
+            if getattr(ns, flag) is not None and getattr(ns, flag) < 0:
+                raise ValueError(f"--{flag.replace('_', '-')} must be a non-negative int (0: whole), got {getattr(ns, flag)}")
         if ns.max_seq_len:
-            res = max_seq_len(model, ns.gpus, hw, ns.mode, ns.batch)
+            res = max_seq_len(model, ns.gpus, hw, ns.mode, ns.batch, fixed=fixed)
             if ns.json:
                 print(json.dumps({"max_seq_len": {k: v["tokens"] for k, v in res.items()},
-                                  "degrees": {k: v["degrees"] for k, v in res.items()}}))
+                                  "degrees": {k: v["degrees"] for k, v in res.items()},
+                                  "options": {k: v["options"] for k, v in res.items()},
+                                  "binding": {k: v["binding"] for k, v in res.items()}}))
                 return 0
             print(f"longest sequence that fits, {ns.model} {ns.mode} on {ns.gpus} x {hw.name} "
-                  f"({'full checkpointing, FSDP' if ns.mode == 'train' else 'weights + KV cache'}):")
+                  f"({'checkpointing, FSDP, blockwise and offload searched' if ns.mode == 'train' else 'weights + KV cache'}):")
             for k, v in sorted(res.items(), key=lambda kv: -kv[1]["tokens"]):
-                d = v["degrees"]
-                print(f"  {k:20s} {v['tokens']:>12,} tokens  (dp={d['dp']} cp={d['cp']} tp={d['tp']})")
+                d, o = v["degrees"], v["options"]
+                print(f"  {k:20s} {v['tokens']:>12,} tokens  (dp={d['dp']} cp={d['cp']} tp={d['tp']}"
+                      + (f", {o['checkpointing']}, chunks {o['mlp_chunk']}/{o['loss_chunk']}, offload {o['offload']}"
+                         if ns.mode == "train" else "") + f"; binds: {v['binding']})")
             return 0
         if ns.seq_len is None:
             raise ValueError("--seq-len is required (or --max-seq-len)")
-        rows = plan(model, ns.seq_len, ns.gpus, hw, ns.mode, ns.batch, model_name=ns.model)
+        rows = plan(model, ns.seq_len, ns.gpus, hw, ns.mode, ns.batch, model_name=ns.model, fixed=fixed)
     except ValueError as e:
         print(f"burstattn plan: {e}", file=sys.stderr)
         return 2
@@ -177,11 +202,14 @@ def run_plan(ns) -> int:
         print(json.dumps({"ranking": rows}))
         return 0
     print(f"{ns.model} {ns.mode}, N={ns.seq_len}, {ns.gpus} x {hw.name}: {len(rows)} configurations")
-    print(f"{'#':>3} {'strategy':18s} {'dp':>4} {'cp':>4} {'tp':>3} {'ckpt':5s} {'fsdp':4s} {'time':>9s} {'memory':>9s}  why")
+    print(f"{'#':>3} {'strategy':18s} {'dp':>4} {'cp':>4} {'tp':>3} {'ckpt':5s} {'fsdp':4s} {'chunks':>11s} "
+          f"{'offload':7s} {'time':>9s} {'memory':>9s}  why")
     for i, r in enumerate(rows[:ns.top]):
         d = r["degrees"]
+        chunks = f"{r['mlp_chunk']}/{r['loss_chunk']}" if r["mlp_chunk"] or r["loss_chunk"] else "whole"
         print(f"{i + 1:>3} {r['strategy']:18s} {d['dp']:>4} {d['cp']:>4} {d['tp']:>3} {r['checkpointing']:5s} "
-              f"{'yes' if r['fsdp'] else 'no':4s} {r['time_s']:>8.3f}s {r['peak_memory_bytes'] / 2**30:>7.1f}G  {r['why']}")
+              f"{'yes' if r['fsdp'] else 'no':4s} {chunks:>11s} {r['offload']:7s} {r['time_s']:>8.3f}s "
+              f"{r['peak_memory_bytes'] / 2**30:>7.1f}G  {r['why']}")
     if rows and rows[0]["fits"]:
         cfg = rows[0]["config"]
         print(f"\nrun the winner with:\n  {cfg['train']}\n  {cfg['attention']}" + (f"\n  ({cfg['note']})" if "note" in cfg else ""))

@@ -5,3 +5,4 @@ STRATEGIES = ("burst", "ring", "rsa", "ulysses", "allgather", "usp", "tp", "tp-v
 MODES = ("train", "prefill", "decode")
 CHECKPOINTING = ("none", "full", "remat")
 SCHEDULES = ("ring", "distflash", "double")
+OFFLOAD = ("none", "inputs", "all")  # burstattn.models.offload.OFFLOAD (kept equal by a test)

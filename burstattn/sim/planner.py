@@ -17,7 +17,9 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+from ..models.blockwise import MLP_TILE, auto_chunks
 from ..models.config import LlamaConfig
+from ..models.offload import OFFLOAD
 from .hardware import ClusterHW
 from .step import SimConfig, SimResult, simulate
 
@@ -75,20 +77,60 @@ def _label(strategy: str, opts: dict) -> str:
     return strategy
 
 
+@dataclass(frozen=True)
+class MemoryChoice:
+    """What the planner may fix instead of searching (``None``: searched)."""
+
+    mlp_chunk: Optional[int] = None
+    loss_chunk: Optional[int] = None
+    offload: Optional[str] = None
+
+
+def chunk_pair(model: LlamaConfig, seq_len: int, cp: int, tp: int, strategy: str, blockwise: bool,
+               fixed: MemoryChoice) -> tuple[int, int]:
+    """``(mlp_chunk, loss_chunk)`` of a candidate: the fixed ones, else whole (``blockwise=False``) or
+    the automatic chunks of ``burstattn train`` for the local rows (:func:`burstattn.models.auto_chunks`)."""
+    rows = seq_len // cp // (tp if tp > 1 and strategy != "tp-v1" else 1)
+    auto = auto_chunks(model.dim, model.vocab_size, max(rows, 1)) if blockwise else (0, 0)
+    if blockwise:  # the automatic rule keeps short sequences whole; the planner's blockwise always chunks
+        auto = (auto[0] or MLP_TILE, auto[1] or 1024)
+    return (auto[0] if fixed.mlp_chunk is None else fixed.mlp_chunk,
+            auto[1] if fixed.loss_chunk is None else fixed.loss_chunk)
+
+
+def memory_choices(mode: str, fixed: MemoryChoice) -> list[dict]:
+    """The checkpointing / FSDP / blockwise / offload combinations the planner tries (training):
+    offload only where a checkpoint keeps little (``full``, ``remat``)."""
+    if mode != "train":
+        return [dict(checkpointing="none", fsdp=False, blockwise=False, offload="none")]
+    blockwise = (False, True) if fixed.mlp_chunk is None or fixed.loss_chunk is None else (True,)
+    out = []
+    for ck in ("none", "full", "remat"):
+        offloads = (fixed.offload,) if fixed.offload is not None else (("none",) if ck == "none" else OFFLOAD)
+        out += [dict(checkpointing=ck, fsdp=f, blockwise=b, offload=o)
+                for f in (False, True) for b in blockwise for o in offloads]
+    return out
+
+
+def _sim_config(model, seq_len, hw, strategy, opts, cp, tp, gpus, mode, batch, choice: dict,
+                fixed: MemoryChoice) -> SimConfig:
+    mlp, loss = chunk_pair(model, seq_len, cp, tp, strategy, choice["blockwise"], fixed)
+    return SimConfig(model, seq_len, hw, strategy, mode, cp=cp, tp=tp, dp=gpus // (cp * tp), batch=batch,
+                     checkpointing=choice["checkpointing"], fsdp=choice["fsdp"], mlp_chunk=mlp, loss_chunk=loss,
+                     offload=choice["offload"], **opts)
+
+
 def candidates(model: LlamaConfig, seq_len: int, gpus: int, hw: ClusterHW, mode: str = "train",
-               batch: int = 1) -> list[Candidate]:
+               batch: int = 1, fixed: MemoryChoice = MemoryChoice()) -> list[Candidate]:
     """Every configuration, simulated (unsorted)."""
     if gpus < 1:
         raise ValueError(f"--gpus must be a positive int, got {gpus!r}")
     out = []
-    ckpts = ("none", "full", "remat") if mode == "train" else ("none",)
-    fsdps = (False, True) if mode == "train" else (False,)
+    choices = memory_choices(mode, fixed)
     for strategy, opts, cp, tp in _options(model, gpus, hw, seq_len, mode):
-        for ck in ckpts:
-            for fsdp in fsdps:
-                cfg = SimConfig(model, seq_len, hw, strategy, mode, cp=cp, tp=tp, dp=gpus // (cp * tp), batch=batch,
-                                checkpointing=ck, fsdp=fsdp, **opts)
-                out.append(Candidate(cfg, simulate(cfg), _label(strategy, opts)))
+        for choice in choices:
+            cfg = _sim_config(model, seq_len, hw, strategy, opts, cp, tp, gpus, mode, batch, choice, fixed)
+            out.append(Candidate(cfg, simulate(cfg), _label(strategy, opts)))
     return out
 
 
@@ -111,11 +153,11 @@ def _why(c: Candidate, best: Candidate) -> str:
 
 
 def plan(model: LlamaConfig, seq_len: int, gpus: int, hw: ClusterHW, mode: str = "train",
-         batch: int = 1, model_name: Optional[str] = None) -> list[dict]:
+         batch: int = 1, model_name: Optional[str] = None, fixed: MemoryChoice = MemoryChoice()) -> list[dict]:
     """The ranking: ``[{"strategy", "degrees", "time_s", "peak_memory_bytes", "fits", "why", ...}]``,
     best first (configurations that fit before those that do not). Per strategy label and degrees
-    only the best checkpointing / FSDP choice is listed."""
-    cands = candidates(model, seq_len, gpus, hw, mode, batch)
+    only the best checkpointing / FSDP / blockwise / offload choice is listed."""
+    cands = candidates(model, seq_len, gpus, hw, mode, batch, fixed)
     cands.sort(key=lambda c: (not c.result.fits, c.result.time_s if c.result.fits else c.result.peak_memory_bytes))
     seen, rows = set(), []
     best = cands[0] if cands and cands[0].result.fits else None
@@ -128,7 +170,9 @@ def plan(model: LlamaConfig, seq_len: int, gpus: int, hw: ClusterHW, mode: str =
         rows.append({"strategy": c.label, "degrees": c.degrees(), "time_s": r.time_s,
                      "peak_memory_bytes": r.peak_memory_bytes, "fits": r.fits,
                      "why": _why(c, best) if best is not None else _why(c, c),
-                     "checkpointing": c.cfg.checkpointing, "fsdp": c.cfg.fsdp, "compute_s": r.compute_s,
+                     "checkpointing": c.cfg.checkpointing, "fsdp": c.cfg.fsdp, "mlp_chunk": c.cfg.mlp_chunk,
+                     "loss_chunk": c.cfg.loss_chunk, "offload": c.cfg.offload, "host_memory_bytes": int(r.memory.host),
+                     "binding": r.memory.binding(), "compute_s": r.compute_s,
                      "exposed_comm_s": r.exposed_comm_s, "idle_s": r.idle_s, "config": configuration(c.cfg, model_name)})
     return rows
 
@@ -147,7 +191,8 @@ def configuration(cfg: SimConfig, model_name: Optional[str] = None) -> dict:
         kwargs["ring_degree"] = cfg.cp // cfg.ulysses_degree
     flags = [f"--model {model_name}" if model_name else "", f"--seq-len {cfg.seq_len}", f"--batch {cfg.batch}",
              f"--strategy {cfg.strategy}", f"--dp {cfg.dp}", f"--cp {cfg.cp}", f"--tp {cfg.tp}",
-             f"--checkpointing {cfg.checkpointing}", "--dtype bfloat16"] + (["--fsdp"] if cfg.fsdp else [])
+             f"--checkpointing {cfg.checkpointing}", f"--mlp-chunk {cfg.mlp_chunk}", f"--loss-chunk {cfg.loss_chunk}",
+             f"--offload {cfg.offload}", "--dtype bfloat16"] + (["--fsdp"] if cfg.fsdp else [])
     if cfg.layout:
         flags.append(f"--layout {cfg.layout}")
     if cfg.strategy == "usp" and cfg.ulysses_degree:
@@ -161,34 +206,49 @@ def configuration(cfg: SimConfig, model_name: Optional[str] = None) -> dict:
 
 
 def max_seq_len(model: LlamaConfig, gpus: int, hw: ClusterHW, mode: str = "train", batch: int = 1,
-                granularity: int = 1024, limit: int = 1 << 27) -> dict[str, dict]:
+                granularity: int = 1024, limit: int = 1 << 27, fixed: MemoryChoice = MemoryChoice()) -> dict[str, dict]:
     """Per strategy label: the longest sequence (a multiple of ``granularity``) that fits on some
-    degree choice, with full checkpointing and FSDP when training: ``{label: {"tokens", "degrees"}}``."""
+    degree and memory choice (training: checkpointing ``full`` / ``remat`` with FSDP, whole or
+    blockwise, each offload allowed by ``fixed``): ``{label: {"tokens", "degrees", "options",
+    "binding", "peak_memory_bytes", "host_memory_bytes"}}``, the binding memory term at the longest
+    fit."""
     best: dict[str, dict] = {}
     seen = set()
+    if mode == "train":
+        choices = [c for c in memory_choices(mode, fixed) if c["fsdp"] and c["checkpointing"] != "none"]
+    else:
+        choices = memory_choices(mode, fixed)
     for strategy, opts, cp, tp in _options(model, gpus, hw, 2 * granularity * gpus, mode):
         label = _label(strategy, opts)
         if (label, cp, tp) in seen:
             continue
         seen.add((label, cp, tp))
         step = granularity * (2 * cp // _gcd(2 * cp, granularity) if cp > 1 else 1)
+        for choice in choices:
+            def sim(n: int):
+                cfg = _sim_config(model, n, hw, strategy, opts, cp, tp, gpus, mode, batch, choice, fixed)
+                return cfg, simulate(cfg, memory_only=True)
 
-        def fits(n: int) -> bool:
-            cfg = SimConfig(model, n, hw, strategy, mode, cp=cp, tp=tp, dp=gpus // (cp * tp), batch=batch,
-                            checkpointing="full" if mode == "train" else "none", fsdp=mode == "train", **opts)
-            return simulate(cfg, memory_only=True).fits
+            def fits(n: int) -> bool:
+                return sim(n)[1].fits
 
-        lo, hi = 0, step
-        while hi <= limit and fits(hi):
-            lo, hi = hi, hi * 2
-        hi = min(hi, limit + step)
-        while hi - lo > step:
-            mid = (lo + hi) // 2 // step * step
-            if mid <= lo:
-                break
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-        if lo > best.get(label, {}).get("tokens", -1):
-            best[label] = {"tokens": lo, "degrees": {"dp": gpus // (cp * tp), "cp": cp, "tp": tp}}
+            lo, hi = 0, step
+            while hi <= limit and fits(hi):
+                lo, hi = hi, hi * 2
+            hi = min(hi, limit + step)
+            while hi - lo > step:
+                mid = (lo + hi) // 2 // step * step
+                if mid <= lo:
+                    break
+                lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+            if lo > best.get(label, {}).get("tokens", -1):
+                cfg, res = sim(max(lo, step))
+                over = sim(lo + step)[1].memory  # what stops it one step further
+                best[label] = {"tokens": lo, "degrees": {"dp": gpus // (cp * tp), "cp": cp, "tp": tp},
+                               "options": {"checkpointing": cfg.checkpointing, "fsdp": cfg.fsdp, "mlp_chunk": cfg.mlp_chunk,
+                                           "loss_chunk": cfg.loss_chunk, "offload": cfg.offload},
+                               "binding": over.binding(), "peak_memory_bytes": int(res.memory.peak),
+                               "host_memory_bytes": int(res.memory.host)}
     return best
 
 

@@ -190,3 +190,10 @@ def test_small_l3_preset():
     c = preset("small-l3")
     assert (c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.ffn_dim, c.vocab_size) == (256, 4, 4, 1, 896, 8192)
     assert preset("small").vocab_size == 256
+
+
+def test_simulator_names_the_same_offload_modes():
+    from burstattn.models import OFFLOAD
+    from burstattn.sim.names import OFFLOAD as SIM_OFFLOAD
+
+    assert SIM_OFFLOAD == OFFLOAD
