@@ -19,6 +19,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from .attention import BurstMask, BurstOptions, register
 from .batch import GlobalItemCount, gather_logits, shard_batch, sync_gradients
 from .cache import ShardedCache
+from .loss import causal_lm_loss  # noqa: F401  (the blockwise loss, burstattn/hf/loss.py)
 
 __all__ = ["register", "shard_batch", "sync_gradients", "gather_logits", "ShardedCache", "BurstOptions",
            "BurstMask", "GlobalItemCount"]

@@ -1,0 +1,18 @@
+"""The blockwise causal-LM loss of the Hugging Face path: ``burstattn.hf.causal_lm_loss`` from the
+last hidden states in chunks (not dividing the local length; one token) equals transformers' loss
+on the same ``shard_batch`` (the global mean over the targets) and gives the same gradients."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers", reason="the Hugging Face integration needs transformers (the test extra)")
+
+from tests.dist.hf_loss_cases import blockwise_hf_loss  # noqa: E402
+
+
+@pytest.mark.parametrize("world,chunk,seq", [(1, 5, 23), (2, 3, 24), (2, 1, 20), (2, 1024, 24)])
+def test_blockwise_loss_equals_transformers_loss(pools, world, chunk, seq):
+    for r in pools.get(world).run(blockwise_hf_loss, chunk, seq):
+        assert r["loss"] == pytest.approx(r["ref"], rel=1e-6)
+        assert r["grad_err"] < 1e-6
+        assert "chunk_size" in r["refused"]
