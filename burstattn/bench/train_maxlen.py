@@ -82,6 +82,7 @@ def train_config(cfg: MaxLenConfig, name: str, seq_len: int):
 
 def search(cfg: MaxLenConfig, name: str, log=print) -> dict:
     """The longest fitting length of contender ``name`` and every probe ``(N, peak per rank, ...)``."""
+    from .maxlen import longest_fitting
     from .train_memory import fresh_probe
 
     budget = cfg.budget_mb * 2**20
@@ -105,23 +106,7 @@ def search(cfg: MaxLenConfig, name: str, log=print) -> dict:
                                    rec["error"]) + (" fits" if rec["fits"] else " over"))
         return rec["fits"]
 
-    lo, hi, n = None, None, cfg.start
-    while n <= cfg.cap:
-        if not fits(n):
-            hi = n
-            break
-        lo, n = n, n * 2
-    note = None
-    if lo is None:
-        note = f"even N={cfg.start} does not fit"
-    elif hi is None:
-        note = f"reached the cap N={cfg.cap}"
-    else:
-        for _ in range(cfg.bisect_steps):
-            mid = (lo + hi) // 2 // cfg.granule * cfg.granule
-            if mid in (lo, hi):
-                break
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    lo, note = longest_fitting(fits, start=cfg.start, cap=cfg.cap, granule=cfg.granule, bisect_steps=cfg.bisect_steps)
     return dict(contender=name, longest=lo, note=note, probes=probes)
 
 

@@ -1,0 +1,65 @@
+"""``burstattn bench train --max-len``'s pure parts: the doubling + bisection search, the contenders'
+training configs, bytes per token, the report and the plot (the search on real steps runs in the
+benchmark; tests/dist/test_sim_memory.py measures such steps)."""
+from __future__ import annotations
+
+import pytest
+
+from burstattn.bench.maxlen import longest_fitting
+from burstattn.bench.train_maxlen import CONTENDERS, MaxLenConfig, per_token, train_config
+from burstattn.bench.train_report import maxlen_markdown, plot_maxlen
+
+
+def test_longest_fitting_doubles_then_bisects():
+    seen = []
+
+    def fits(n):
+        seen.append(n)
+        return n <= 11000
+
+    assert longest_fitting(fits, start=1024, cap=1 << 20, granule=1024, bisect_steps=4) == (10240, None)
+    assert seen[:5] == [1024, 2048, 4096, 8192, 16384]
+    assert longest_fitting(lambda n: False, start=1024, cap=4096, granule=1024, bisect_steps=2)[0] is None
+    assert longest_fitting(lambda n: True, start=1024, cap=4096, granule=1024, bisect_steps=2) == (
+        4096, "reached the cap N=4096")
+
+
+def test_contenders_map_to_train_configs():
+    cfg = MaxLenConfig(mlp_chunk=512, loss_chunk=256)
+    tc, variant = train_config(cfg, "remat+blockwise+offload", 8192)
+    assert (tc.checkpointing, tc.mlp_chunk, tc.loss_chunk, tc.offload, tc.seq_len, variant) == (
+        "remat", 512, 256, "all", 8192, "lean")
+    tc, variant = train_config(cfg, "remat-qkv", 4096)
+    assert (tc.mlp_chunk, tc.loss_chunk, variant) == (0, 0, "remat-qkv")
+    assert train_config(cfg, "tp-v3:remat+blockwise", 4096)[0].strategy == "tp-v3"
+    assert set(cfg.contenders) <= set(CONTENDERS)
+    with pytest.raises(ValueError, match="unknown contender"):
+        train_config(cfg, "nope", 1024)
+
+
+def _doc():
+    def probe(n, peak, fits=True):
+        return dict(seq_len=n, fits=fits, peak_bytes=[peak, peak - 10], maxrss_bytes=[3 * peak] * 2, seconds=1.0,
+                    param_bytes=1000, local_tokens=n // 2, host_bytes=[0, 0], chunks=[0, 0])
+    recs = [dict(contender="remat-qkv", longest=2048, note=None, probes=[probe(1024, 60000), probe(2048, 110000),
+                                                                         probe(4096, 210000, False)]),
+            dict(contender="remat+blockwise", longest=16384, note=None,
+                 probes=[probe(8192, 52000), probe(16384, 100000), probe(32768, 300000, False)])]
+    for r in recs:
+        r["bytes_per_token"] = per_token(r)
+    return dict(config=MaxLenConfig(budget_mb=0.15).__dict__, records=recs,
+                floor=dict(seq_len=16384, saved_per_token=8.0, attention_call_per_token=3.0, per_token=11.0),
+                timing=dict(seq_len=2048, contenders={"remat": dict(median_s=2.0, samples=[2.0]),
+                                                      "remat+blockwise": dict(median_s=2.1, samples=[2.1]),
+                                                      "remat-qkv": dict(median_s=1.9, samples=[1.9])}))
+
+
+def test_bytes_per_token_report_and_plot(tmp_path):
+    doc = _doc()
+    bpt = doc["records"][1]["bytes_per_token"]
+    assert bpt["at_longest"] == pytest.approx((100000 - 1000) / 8192)
+    assert bpt["slope"] == pytest.approx((100000 - 52000) / (8192 - 4096))
+    md = maxlen_markdown(doc)
+    assert "remat+blockwise / remat-qkv (the remat before the lean one) longest context: 8.00x" in md
+    assert "1.050x the step time" in md and "| remat+blockwise | 16,384 |" in md
+    assert plot_maxlen(doc, tmp_path).exists()
