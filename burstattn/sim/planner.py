@@ -206,12 +206,13 @@ def configuration(cfg: SimConfig, model_name: Optional[str] = None) -> dict:
 
 
 def max_seq_len(model: LlamaConfig, gpus: int, hw: ClusterHW, mode: str = "train", batch: int = 1,
-                granularity: int = 1024, limit: int = 1 << 27, fixed: MemoryChoice = MemoryChoice()) -> dict[str, dict]:
+                granularity: int = 1024, limit: int = 1 << 27, fixed: MemoryChoice = MemoryChoice(),
+                labels: Optional[tuple[str, ...]] = None) -> dict[str, dict]:
     """Per strategy label: the longest sequence (a multiple of ``granularity``) that fits on some
     degree and memory choice (training: checkpointing ``full`` / ``remat`` with FSDP, whole or
     blockwise, each offload allowed by ``fixed``): ``{label: {"tokens", "degrees", "options",
     "binding", "peak_memory_bytes", "host_memory_bytes"}}``, the binding memory term at the longest
-    fit."""
+    fit. ``labels``: only these strategy labels (default: all)."""
     best: dict[str, dict] = {}
     seen = set()
     if mode == "train":
@@ -220,7 +221,7 @@ def max_seq_len(model: LlamaConfig, gpus: int, hw: ClusterHW, mode: str = "train
         choices = memory_choices(mode, fixed)
     for strategy, opts, cp, tp in _options(model, gpus, hw, 2 * granularity * gpus, mode):
         label = _label(strategy, opts)
-        if (label, cp, tp) in seen:
+        if (label, cp, tp) in seen or (labels is not None and label not in labels):
             continue
         seen.add((label, cp, tp))
         step = granularity * (2 * cp // _gcd(2 * cp, granularity) if cp > 1 else 1)

@@ -217,6 +217,43 @@ def paper_rows() -> list[dict]:
     return rows
 
 
+# The longest trainable context the planner finds, against the published systems: (model, GPUs,
+# cluster, offload allowed or not, the published figure and who published it)
+TARGETS = (("llama3-8b", 32, "h100-nvlink-ib", None, 15 * 2**20, "DeepSpeed ALST (arXiv 2506.13996): 15M on 32 H100"),
+           ("llama3-8b", 32, "h100-nvlink-ib", "none", 4 * 2**20, "the issue's bar without offload: 4M"),
+           ("llama-7b", 32, "a100-nvlink-ib", None, 4 * 2**20, "RingAttention Table 3: 4M on 32 A100"),
+           ("llama-7b", 32, "a100-nvlink-ib", "none", 4 * 2**20, "RingAttention Table 3: 4M on 32 A100"),
+           ("llama-13b", 32, "a100-nvlink-ib", None, 2 * 2**20, "RingAttention Table 3: 2M on 32 A100"),
+           ("llama-13b", 32, "a100-nvlink-ib", "none", 2 * 2**20, "RingAttention Table 3: 2M on 32 A100"))
+
+
+def target_rows(labels: tuple[str, ...] = ("burst",)) -> list[dict]:
+    """The planner's longest context for :data:`TARGETS` (strategies ``labels``), with the winning
+    degrees and options and the memory term that binds one step further."""
+    from .planner import MemoryChoice, max_seq_len
+
+    rows = []
+    for model, gpus, cluster, offload, published, who in TARGETS:
+        res = max_seq_len(model_preset(model), gpus, preset(cluster), fixed=MemoryChoice(offload=offload), labels=labels)
+        label, best = max(res.items(), key=lambda kv: kv[1]["tokens"])
+        rows.append(dict(model=model, gpus=gpus, cluster=cluster, offload=offload or "searched", published=published,
+                         who=who, strategy=label, **best))
+    return rows
+
+
+def targets_markdown(rows: list[dict]) -> str:
+    """The table of docs/simulation.md: longest trainable context, options, what binds."""
+    out = ["| model | GPUs | cluster | offload | longest context | published | strategy, degrees | checkpointing, chunks "
+           "(MLP/loss), offload | peak / host per GPU | binds one step further |", "|---|---|---|---|---:|---|---|---|---|---|"]
+    for r in rows:
+        d, o = r["degrees"], r["options"]
+        out.append(f"| {r['model']} | {r['gpus']} | {r['cluster']} | {r['offload']} | {r['tokens'] / 2**20:.2f}M | "
+                   f"{r['who']} | {r['strategy']} dp={d['dp']} cp={d['cp']} tp={d['tp']} | {o['checkpointing']}, "
+                   f"{o['mlp_chunk']}/{o['loss_chunk']}, {o['offload']} | {r['peak_memory_bytes'] / 2**30:.1f} / "
+                   f"{r['host_memory_bytes'] / 2**30:.1f} GiB | {r['binding']} |")
+    return "\n".join(out)
+
+
 def _fmt(v: float, kind: str) -> str:
     if kind == "tokens":
         return f"{v / 1024:,.0f}K"

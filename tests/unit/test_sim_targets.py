@@ -1,0 +1,18 @@
+"""The planner's longest trainable context (the memory model validated by tests/dist/test_sim_memory.py)
+meets the published systems: llama3-8b on 32 H100s above DeepSpeed ALST's 15M tokens (4M without
+offload), llama-7b / llama-13b on 32 A100s at or above RingAttention's 4M / 2M."""
+from __future__ import annotations
+
+from burstattn.sim.validation import target_rows, targets_markdown
+
+
+def test_planner_targets():
+    rows = target_rows()
+    for r in rows:
+        assert r["tokens"] >= r["published"], (r["model"], r["offload"], r["tokens"], r["published"])
+        assert r["binding"] and r["peak_memory_bytes"] <= 80e9
+        if r["offload"] == "none":
+            assert r["options"]["offload"] == "none" and r["host_memory_bytes"] == 0
+    with_offload = next(r for r in rows if r["model"] == "llama3-8b" and r["offload"] == "searched")
+    assert with_offload["tokens"] >= 16 * 2**20 and with_offload["options"]["offload"] != "none"
+    assert "llama3-8b" in targets_markdown(rows)
