@@ -184,8 +184,13 @@ def run_plan(ns) -> int:
                                   "options": {k: v["options"] for k, v in res.items()},
                                   "binding": {k: v["binding"] for k, v in res.items()}}))
                 return 0
-            print(f"longest sequence that fits, {ns.model} {ns.mode} on {ns.gpus} x {hw.name} "
-                  f"({'checkpointing, FSDP, blockwise and offload searched' if ns.mode == 'train' else 'weights + KV cache'}):")
+            searched = ["checkpointing", "FSDP"] + (["blockwise chunks"] if ns.mlp_chunk is None or ns.loss_chunk is None
+                                                    else []) + (["offload"] if ns.offload is None else [])
+            given = [f"--{k.replace('_', '-')} {getattr(ns, k)}" for k in ("mlp_chunk", "loss_chunk", "offload")
+                     if getattr(ns, k) is not None]
+            print(f"longest sequence that fits, {ns.model} {ns.mode} on {ns.gpus} x {hw.name} ("
+                  + (", ".join(searched) + " searched" + (f"; {' '.join(given)}" if given else "")
+                     if ns.mode == "train" else "weights + KV cache") + "):")
             for k, v in sorted(res.items(), key=lambda kv: -kv[1]["tokens"]):
                 d, o = v["degrees"], v["options"]
                 print(f"  {k:20s} {v['tokens']:>12,} tokens  (dp={d['dp']} cp={d['cp']} tp={d['tp']}"
