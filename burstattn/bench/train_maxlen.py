@@ -192,3 +192,27 @@ def run_maxlen(cfg: MaxLenConfig) -> dict:
     if cfg.plots:
         print(f"wrote {plot_maxlen(doc, cfg.plots)}")
     return doc
+
+
+def time_rows(doc: dict, hw) -> list[dict]:
+    """The side-by-side step times of a ``train-maxlen.json`` against the simulator on ``hw`` (this
+    machine's calibrated spec): per timed contender the measured and predicted seconds, and each
+    blockwise contender's cost over its unchunked twin, measured and predicted."""
+    from ..sim.step import simulate
+    from .train_memory import sim_config
+
+    t = doc.get("timing")
+    if not t:
+        return []
+    cfg = MaxLenConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in doc["config"].items()})
+    rows = {}
+    for name, rec in t["contenders"].items():
+        tcfg, _ = train_config(cfg, name, t["seq_len"])
+        rows[name] = dict(contender=name, measured_s=rec["median_s"],
+                          predicted_s=simulate(sim_config(tcfg, cfg.world_size, hw)).time_s)
+    for name, row in rows.items():
+        base = name.replace("+blockwise", "")
+        if base != name and base in rows:
+            row["cost_measured"] = row["measured_s"] / rows[base]["measured_s"]
+            row["cost_predicted"] = row["predicted_s"] / rows[base]["predicted_s"]
+    return list(rows.values())

@@ -1,8 +1,42 @@
-"""RMSNorm (LLaMA): computed in (at least) float32, cast back to the input dtype."""
+"""RMSNorm (LLaMA): computed in (at least) float32, cast back to the input dtype.
+
+The backward keeps only the input and the per-row ``rsqrt`` (:class:`_RMSNormFunction`): the
+float32 normalised values are rebuilt from them, so a norm holds no float32 copy of its row
+between forward and backward (a DTensor input, under sequence parallelism, takes the plain
+autograd path instead).
+"""
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+
+def _normalise(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x in at least float32 * rstd, rstd [..., 1])``."""
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return xf * rstd, rstd
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """``y = (x * rstd * w)`` in float32, cast to x's dtype; saves ``x``, ``w`` and ``rstd`` only."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        normed, rstd = _normalise(x, eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (normed * weight.to(normed.dtype)).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        xf = x.to(rstd.dtype)
+        normed = xf * rstd
+        g = grad.to(rstd.dtype)
+        grad_w = (g * normed).reshape(-1, normed.shape[-1]).sum(0).to(weight.dtype)
+        gn = g * weight.to(rstd.dtype)
+        grad_x = rstd * (gn - normed * (gn * normed).mean(-1, keepdim=True))
+        return grad_x.to(x.dtype), grad_w, None
 
 
 class RMSNorm(nn.Module):
@@ -14,9 +48,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.to(torch.promote_types(x.dtype, torch.float32))  # at least float32
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * self.weight.to(xf.dtype)).to(x.dtype)
+        if type(x) is torch.Tensor and type(self.weight) in (torch.Tensor, nn.Parameter):
+            return _RMSNormFunction.apply(x, self.weight, self.eps)
+        normed, _ = _normalise(x, self.eps)  # DTensors (sequence parallelism): plain autograd
+        return (normed * self.weight.to(normed.dtype)).to(x.dtype)
 
     def reset_parameters(self) -> None:
         nn.init.ones_(self.weight)

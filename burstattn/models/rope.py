@@ -1,7 +1,8 @@
 """Rotary position embeddings in the rotate-half (HF / GPT-NeoX) convention, from GLOBAL positions.
 
 A sequence shard passes the global positions it holds (``burstattn.sequence_positions``), so a
-sharded model rotates every token exactly as the unsharded model would.
+sharded model rotates every token exactly as the unsharded model would. The backward rebuilds the
+cos/sin tables from the positions (:class:`_RotaryFunction`) instead of keeping them.
 """
 from __future__ import annotations
 
@@ -35,6 +36,30 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torc
                          f"positions {tuple(positions.shape)}")
     if x.shape[-1] % 2:
         raise ValueError(f"apply_rotary: head_dim must be even, got {x.shape[-1]}")
+    if type(x) is torch.Tensor:
+        return _RotaryFunction.apply(x, positions, theta)
+    return _rotate(x, positions, theta, sign=1.0)
+
+
+def _rotate(x: torch.Tensor, positions: torch.Tensor, theta: float, sign: float) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin`` (``sign=-1``: the transpose, ``x * cos - rotate_half(x * sin)``)."""
     xf = x.to(torch.promote_types(x.dtype, torch.float32))  # at least float32 (float64 stays float64)
     emb = rotary_angles(positions, x.shape[-1], theta).to(xf.dtype)[None, :, None, :]  # [1, n, 1, head_dim]
-    return (xf * emb.cos() + rotate_half(xf) * emb.sin()).to(x.dtype)
+    if sign > 0:
+        return (xf * emb.cos() + rotate_half(xf) * emb.sin()).to(x.dtype)
+    return (xf * emb.cos() - rotate_half(xf * emb.sin())).to(x.dtype)
+
+
+class _RotaryFunction(torch.autograd.Function):
+    """The rotation as one autograd node that saves only the positions (cos/sin rebuilt backward)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+        ctx.save_for_backward(positions)
+        ctx.theta = theta
+        return _rotate(x, positions, theta, sign=1.0)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (positions,) = ctx.saved_tensors
+        return _rotate(grad, positions, ctx.theta, sign=-1.0), None, None

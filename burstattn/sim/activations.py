@@ -3,9 +3,8 @@
 What the model keeps between forward and backward, and what each phase adds on top, counted
 tensor by tensor from :mod:`burstattn.models` (docs/simulation.md, "Memory"):
 
-* **kept per layer** (bytes per row): ``none``: both RMSNorms' input, float32 normalised copy
-  (and a float32 copy of a 16-bit input), the projections' inputs, rotated q, k, v, the cos/sin
-  tables, the attention output and LSE, the MLP's four ``ffn_dim`` tensors; ``full``: the layer
+* **kept per layer** (bytes per row): ``none``: both RMSNorms' input and rsqrt, the projections'
+  inputs, rotated q, k, v, the attention output and LSE, the MLP's four ``ffn_dim`` tensors; ``full``: the layer
   input; ``remat``: the layer input, attention output and LSE (an attention that does not run as
   the op keeps its own saved tensors instead: ``eager_units`` query shards, from
   ``burstattn.sim.memory.eager_kept_units``).
@@ -71,9 +70,9 @@ def _dims(m: LlamaConfig, tp: int):
 
 
 def norm_kept(h: int, e: int) -> float:
-    """Bytes per row an RMSNorm keeps: its input, a float32 copy of a 16-bit input, the float32
-    normalised values (and its per-row rsqrt)."""
-    return h * e + (4 * h if e < 4 else 0) + 4 * h + 4
+    """Bytes per row an RMSNorm keeps: its input and its per-row rsqrt (the float32 normalised
+    values are rebuilt in the backward: ``burstattn.models.norms``)."""
+    return h * e + 4
 
 
 def layer_kept(m: LlamaConfig, s: ActivationShape, checkpointing: str, eager_units: float, through_op: bool,
@@ -90,7 +89,7 @@ def layer_kept(m: LlamaConfig, s: ActivationShape, checkpointing: str, eager_uni
         if through_op:
             return r * h * e + out_lse
         return r * h * e + a * qu * eager_units
-    attention = a * ((hq + 2 * hkv) * hd * e + 16 * hd) + out_lse  # q, k, v, cos/sin (q and k), out, lse
+    attention = a * (hq + 2 * hkv) * hd * e + out_lse  # rotated q, k, v (rotary keeps only positions), out, lse
     if not through_op:
         attention += a * qu * max(0.0, eager_units - 1.0)
     if mlp_chunk:
@@ -133,7 +132,7 @@ def mlp_transient(m: LlamaConfig, s: ActivationShape, mlp_chunk: int, recomputed
 def layer_backward(m: LlamaConfig, s: ActivationShape, checkpointing: str, mlp_chunk: int, eager_units: float,
                    through_op: bool) -> tuple[float, float]:
     """One layer's backward beyond what is kept and the attention call's buffers: ``(while the
-    attention differentiates: the recomputed norm, q, k, v and cos/sin, and dO; while an MLP chunk
+    attention differentiates: the recomputed norm output, q, k, v, and dO; while an MLP chunk
     differentiates)``."""
     h, hd, hq, hkv, _, _ = _dims(m, s.tp)
     e, r, a = s.e, s.rows, s.attn_rows
@@ -143,7 +142,7 @@ def layer_backward(m: LlamaConfig, s: ActivationShape, checkpointing: str, mlp_c
     elif checkpointing == "full":  # the whole layer again but its input, its MLP in chunks
         recompute = layer_kept(m, s, "none", eager_units, through_op, mlp_chunk=1) - r * h * e
     else:
-        recompute = r * (norm_kept(h, e) - h * e) + a * (h * e + (hq + 2 * hkv) * hd * e + 16 * hd)
+        recompute = r * (norm_kept(h, e) - h * e) + a * (h * e + (hq + 2 * hkv) * hd * e)
     mlp = mlp_transient(m, s, mlp_chunk, recomputed=checkpointing != "none" or mlp_chunk > 0)
     return recompute + grads, mlp + (recompute if checkpointing == "full" else 0.0)
 

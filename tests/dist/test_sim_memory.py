@@ -27,8 +27,9 @@ OPTIONS = {
 }
 SIZES = {2: [dict(batch=2), dict(batch=4)], 4: [dict(seq_len=4096, batch=1), dict(seq_len=4096, batch=2)]}
 # ulysses' buffers depend on the order in which its all-to-all's tensors are freed (up to 30% between
-# runs, tests/dist/test_sim_library.py): its band is wider
-TOL = {"ulysses": 0.15}
+# runs, tests/dist/test_sim_library.py) and the model takes the top of that range (the planner must not
+# call a configuration feasible that is not): its band is that test's
+BAND = {"ulysses": (0.8, 1.4)}
 CASES = [(w, i, j) for w in SIZES for i in range(len(OPTIONS[w])) for j in range(2)]
 
 
@@ -60,8 +61,8 @@ def test_memory_model_within_ten_percent(measured, world, i, j):
     # CPU the offloaded copies live in the same memory as the rest until the backward ends (on a GPU
     # they leave it)
     predicted = mem.gathered + max(v + (mem.host if p != "optimizer" else 0.0) for p, v in mem.phase_totals.items())
-    assert predicted == pytest.approx(peak, rel=TOL.get(cfg.strategy, 0.10)), \
-        (mem.phase, mem.terms, predicted / 2**20, peak / 2**20)
+    low, high = BAND.get(cfg.strategy, (0.9, 1.1))
+    assert low * peak <= predicted <= high * peak, (mem.phase, mem.terms, predicted / 2**20, peak / 2**20)
     host = max(r["host_bytes"] for r in ranks)
     assert host == pytest.approx(mem.host, rel=0.01, abs=4096), (host, mem.host)
     assert (host > 0) == (cfg.offload != "none")
