@@ -10,8 +10,9 @@ over the chunks.
 Rows under Megatron-V3 tensor parallelism: the residual stream of a tp rank holds ``m = n / tp``
 rows of its context-parallel shard of ``n`` tokens, while the attention output and the logits
 cover all ``n`` rows (gathered over tp, rank-major). Local chunk ``[a, b)`` then corresponds to
-the rows ``t * m + [a, b)`` of every tp rank ``t`` of those tensors (:func:`take_rows`), which is
-also what the sequence-parallel collectives of one chunk gather and scatter.
+the rows ``t * m + [a, b)`` of every tp rank ``t`` of those tensors (:func:`row_chunks` for the
+attention output, :func:`take_rows` for labels), which is also what the sequence-parallel
+collectives of one chunk gather and scatter.
 
 Shapes: hidden states ``[B, m, dim]``, attention outputs ``[B, shards * m, Hq, head_dim]``,
 labels and answer masks ``[B, shards * m]``.

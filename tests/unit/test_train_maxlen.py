@@ -63,3 +63,25 @@ def test_bytes_per_token_report_and_plot(tmp_path):
     assert "remat+blockwise / remat-qkv (the remat before the lean one) longest context: 8.00x" in md
     assert "1.050x the step time" in md and "| remat+blockwise | 16,384 |" in md
     assert plot_maxlen(doc, tmp_path).exists()
+
+
+def test_time_model_of_the_chunked_options_matches_the_committed_run():
+    """The simulator on this machine's committed calibration against the committed side-by-side step
+    times of ``bench train --max-len`` (docs/bench-data/train/train-maxlen.json): each blockwise
+    contender's step time, and its cost over the unchunked twin, within 25%."""
+    import json
+    from pathlib import Path
+
+    from burstattn.bench.train_maxlen import time_rows
+    from burstattn.sim.hardware import load
+
+    root = Path(__file__).resolve().parents[2] / "docs" / "bench-data"
+    doc_path = root / "train" / "train-maxlen.json"
+    if not doc_path.exists():
+        pytest.skip("no committed bench train --max-len run")
+    rows = time_rows(json.loads(doc_path.read_text()), load(str(root / "sim-calibration.json")))
+    chunked = [r for r in rows if "cost_measured" in r]
+    assert chunked
+    for r in chunked:
+        assert r["predicted_s"] == pytest.approx(r["measured_s"], rel=0.25), r
+        assert r["cost_predicted"] == pytest.approx(r["cost_measured"], rel=0.25), r
