@@ -118,7 +118,7 @@ def test_raw_arguments_equal_prebuilt_mask(pools):
 
 
 BAD = [
-    (dict(window=(-1, 0)), "window left must be an int >= 0"),
+    (dict(window=(-2, 0)), "window left must be an int >= 0"),
     (dict(window=(2,)), "window must be a pair"),
     (dict(cu_seqlens=[0, 5, 3, 16]), "strictly increasing"),
     (dict(cu_seqlens=[1, 5, 16]), "start at 0"),

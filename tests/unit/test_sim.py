@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from burstattn.cli import main
-from burstattn.formulas import distflash_bytes, double_bytes
+from burstattn.formulas import distflash_bytes, double_bytes, meta_bytes
 from burstattn.models.config import preset as model_preset
 from burstattn.sim import net, plans
 from burstattn.sim.attention import AttnShape, attention_timeline
@@ -89,10 +89,10 @@ def test_simulated_bytes_distflash_and_double(shape):
     if shape.causal:
         t = attention_timeline("burst", shape, HW, p, schedule="distflash")
         f = distflash_bytes(rank=p - 1, **kw)
-        assert t.forward.bytes_sent + t.backward.bytes_sent == f["forward"] + f["backward"] - (p - 1) * 128
+        assert t.forward.bytes_sent + t.backward.bytes_sent == f["forward"] + f["backward"] - meta_bytes(p)
     t = attention_timeline("burst", shape, HW, p, schedule="double")
     f = double_bytes(ranks_per_node=4, backward=t.backward_mode, **kw)
-    assert t.forward.bytes_sent + t.backward.bytes_sent == f["forward"] + f["backward"] - (p - 1) * 128
+    assert t.forward.bytes_sent + t.backward.bytes_sent == f["forward"] + f["backward"] - meta_bytes(p)
 
 
 def test_window_replays_the_mask_plan():
@@ -107,7 +107,7 @@ def test_window_replays_the_mask_plan():
     sent = [mask_bytes(mask_plan(mask, True, 4096, 8, "contiguous", r), batch=1, local_seq=512, q_heads=8,
                        kv_heads=8, head_dim=64, dtype=torch.bfloat16, backward="kv") for r in range(8)]
     busiest = max(f["forward"] + f["backward"] for f in sent)
-    assert win.forward.bytes_sent + win.backward.bytes_sent == busiest - 7 * 128
+    assert win.forward.bytes_sent + win.backward.bytes_sent == busiest - meta_bytes(8)
     with pytest.raises(ValueError, match="--window"):
         attention_timeline("ring", shape, HW, 8, window=512)
 
