@@ -9,10 +9,11 @@ from __future__ import annotations
 import pytest
 
 from tests.dist import feature_cases as fc
+from tests.helpers import EXACT
 
 F = fc.FCase
 LAYOUTS = ("contiguous", "zigzag", "striped")
-TOL = 1e-5
+TOL = EXACT["float32"]  # fp32 inputs against the float64 oracle (tests/helpers.py's rule)
 
 
 def lengths(w: int) -> list:
