@@ -6,6 +6,9 @@
 * :func:`shard_batch`, :func:`sync_gradients`, :func:`gather_logits` — sequence-parallel
   training and scoring: loss, gradients and logits equal the single-process model's.
 * :class:`ShardedCache` — generation over a KV cache that stays sharded across the ranks.
+* the model families of today (:mod:`.families`: Gemma 2's softcap, gpt-oss's sinks, DeepSeek-V3's
+  MLA head sizes, T5Gemma's encoder and cross-attention; :func:`check_model` refuses a model whose
+  attention would not reach burstattn) and :func:`shard_seq2seq_batch` for encoder-decoder models.
 
 Importing :mod:`burstattn` never imports transformers; importing this package does.
 """
@@ -19,6 +22,8 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from .attention import BurstMask, BurstOptions, register
 from .batch import GlobalItemCount, gather_logits, shard_batch, sync_gradients
 from .cache import ShardedCache
+from .families import check_model
+from .seq2seq import shard_seq2seq_batch
 
 __all__ = ["register", "shard_batch", "sync_gradients", "gather_logits", "ShardedCache", "BurstOptions",
-           "BurstMask", "GlobalItemCount"]
+           "BurstMask", "GlobalItemCount", "check_model", "shard_seq2seq_batch"]

@@ -15,7 +15,9 @@ Two ways a model runs under it:
 
 * sequence-parallel forward (training, scoring): every rank passes its shard from
   :func:`burstattn.hf.shard_batch`; attention is :func:`burstattn.attention` with the registered
-  ``strategy``, ``layout`` and ``backend`` (causal; a sliding window is passed on as ``window``).
+  ``strategy``, ``layout`` and ``backend``, and what the model family asks for
+  (:func:`burstattn.hf.families.describe`: sliding windows, softcap, sinks, bidirectional encoders,
+  cross-attention, a V head size of its own).
 * over a :class:`burstattn.hf.ShardedCache` (generation): every rank runs the same tokens, the cache
   keeps each rank's shard of K/V, and the queries attend to every shard with
   :func:`burstattn.infer.sharded.replicated_attention` (partials merged by LSE).
@@ -31,6 +33,7 @@ import torch.distributed as dist
 from ..infer.sharded import rank_world, replicated_attention
 from ..strategies import STRATEGIES, attention
 from ..strategies.base import start
+from .families import describe
 
 OPTIONS = ("strategy", "layout", "backend", "group")
 
@@ -96,22 +99,13 @@ def make_mask_function(opts: BurstOptions):
     return burst_mask
 
 
-def _window(module, kwargs: dict) -> Optional[int]:
-    """HF's ``sliding_window`` (query i sees keys j with ``i - j < sliding_window``) as the number of
-    positions a query may look back, or ``None``."""
-    sw = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
-    return None if sw is None else int(sw) - 1
-
-
-def _local_problem(opts: BurstOptions, module, query, key, attention_mask, dropout: float):
+def _local_problem(opts: BurstOptions, module, query, key, attention_mask, dropout: float, cross: bool):
     if attention_mask is not None and not isinstance(attention_mask, BurstMask):
         return ValueError, ("attn_implementation='burst' got a prepared 4-D attention mask; custom masks are "
                             "not supported (pass attention_mask=None or a 2-D all-ones mask)")
     if dropout:
         return ValueError, f"attn_implementation='burst' has no attention dropout; got dropout={dropout}"
-    if not getattr(module, "is_causal", True):
-        return ValueError, "attn_implementation='burst' supports causal (decoder) attention only"
-    if key.shape[2] != query.shape[2]:
+    if key.shape[2] != query.shape[2] and not cross:
         return ValueError, (f"attn_implementation='burst': {key.shape[2]} keys for {query.shape[2]} queries: a "
                             "cache holds past tokens; generate with past_key_values=burstattn.hf.ShardedCache()")
     return None
@@ -119,42 +113,45 @@ def _local_problem(opts: BurstOptions, module, query, key, attention_mask, dropo
 
 def make_attention_function(opts: BurstOptions):
     """The ``AttentionInterface`` function for ``opts`` (see the module docstring)."""
-    spec = STRATEGIES[opts.strategy]
-    takes_window = "window" in spec.options
+    spec_of = STRATEGIES[opts.strategy]
 
     def burst_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         attention_mask=None, dropout: float = 0.0, scaling: Optional[float] = None,
                         **kwargs) -> tuple[torch.Tensor, None]:
-        window = _window(module, kwargs)
+        call, problem = describe(module, query, key, kwargs)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         cache = attention_mask.cache if isinstance(attention_mask, BurstMask) else None
         # [B, H, S, D] -> [B, S, H, D]: burstattn's layout
         q, k, v = (x.transpose(1, 2) for x in (query, key, value))
-        if cache is not None:
+        if cache is not None and not call.cross:
             if dropout:
                 raise ValueError(f"attn_implementation='burst' has no attention dropout; got dropout={dropout}")
+            if problem:  # every rank runs the same tokens: every rank raises
+                raise problem[0](problem[1])
             layer = cache.layers[module.layer_idx]
             q_pos = layer.last_positions
             return replicated_attention(q, q_pos, k, v, layer.positions, group=opts.group, scale=scale,
-                                        backend=opts.backend, window=window), None
-        problem = _local_problem(opts, module, query, key, attention_mask, dropout)
+                                        backend=opts.backend, window=call.window, causal=call.causal,
+                                        softcap=call.softcap, sinks=call.sinks), None
+        problem = _local_problem(opts, module, query, key, attention_mask, dropout, call.cross) or problem
         seq = query.shape[2] * _group_size(opts.group)
-        extra = {}
-        if window is not None and window + 1 < seq:
-            if takes_window:
-                extra["window"] = (window, 0)
-            elif problem is None:
-                problem = ValueError, (f"strategy {opts.strategy!r} has no sliding window; this model's window "
-                                       f"({window + 1}) is shorter than the sequence ({seq}): use burst, ring, "
-                                       "ulysses or allgather")
-        layout = opts.layout if opts.layout is not None else spec.default_layout
+        extra = call.options()
+        if call.window is not None and max(call.window) + 1 >= seq + (key.shape[2] - query.shape[2]):
+            del extra["window"]  # the window covers the whole sequence: plain attention
+        missing = sorted(set(extra) - set(spec_of.options))
+        if missing and problem is None:
+            takers = [s.name for s in STRATEGIES.values() if set(missing) <= set(s.options)]
+            problem = ValueError, (f"strategy {opts.strategy!r} does not take {missing}, which this model's attention "
+                                   f"needs (window {call.window}, softcap {call.softcap}, sinks "
+                                   f"{call.sinks is not None}); use one of {takers}")
+        layout = opts.layout if opts.layout is not None else spec_of.default_layout
         if problem is not None:  # the same first collective as every strategy: raises on every rank
             # (q stands in for k and v, contiguous for the layout, so that the shared check reports
             # this problem and not the shapes)
             start(opts.strategy, q, q, q, group=opts.group, causal=True, softmax_scale=scale, layout="contiguous",
                   extra=problem)
             raise problem[0](problem[1])
-        out = attention(q, k, v, strategy=opts.strategy, group=opts.group, causal=True, softmax_scale=scale,
+        out = attention(q, k, v, strategy=opts.strategy, group=opts.group, causal=call.causal, softmax_scale=scale,
                         layout=layout, backend=opts.backend, **extra)
         return out, None
 
