@@ -145,7 +145,7 @@ def generate_rank(rank: int, world: int, cfg: GenerateConfig) -> dict:
 
 def run_generate(cfg: GenerateConfig) -> dict:
     """Run ``burstattn generate`` over ``cfg.world_size`` local ranks; the report (JSON keys)."""
-    from ..launch import run_local
+    from ..testing.launch import run_local
 
     per_rank = run_local(generate_rank, cfg.world_size, cfg, threads_per_rank=cfg.threads_per_rank,
                          timeout_s=3600.0)

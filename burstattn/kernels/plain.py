@@ -1,8 +1,8 @@
 """The ``"reference"`` backend: a plain PyTorch tiled attention kernel, the fallback everywhere and
 the one kernel that takes every score modifier (softcap, ALiBi), masks and a V head size of its own.
 
-(Not to be confused with the float64 test oracle over whole sequences, ``reference_attention``;
-this is a kernel of the local-attention seam.)
+(Not to be confused with :func:`burstattn.testing.reference.reference_attention`, the float64 test
+oracle over whole sequences; this is a kernel of the local-attention seam.)
 
 Keys are processed in tiles of ``tile`` rows with an online softmax, so memory is
 ``O(Sq * tile)`` per head, never ``O(Sq * Sk)``; each K/V tile is upcast on its own (no float32

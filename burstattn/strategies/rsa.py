@@ -37,7 +37,7 @@ from ..engine.schedule import ring_plan
 from ..formulas import accum_dtype, byte_totals, element_size, meta_bytes
 from ..kernels.base import row_dot
 from ..layout import local_positions
-from ..trace import active_trace
+from ..comm.trace import active_trace
 from .base import start
 
 

@@ -1,14 +1,15 @@
-"""The inference subcommands of ``burstattn``: ``generate`` and ``bench infer`` (imported only when
-they run)."""
+"""``burstattn generate``: greedy generation over a sharded KV cache on local ranks."""
 from __future__ import annotations
 
 import argparse
 import sys
 
+HELP = "greedy generation over a sharded KV cache on local ranks"
 
-def add_generate(sub) -> None:
+
+def add(sub: argparse._SubParsersAction) -> None:
     """Add ``burstattn generate`` to the subcommands ``sub``."""
-    p = sub.add_parser("generate", help="greedy generation over a sharded KV cache on local ranks",
+    p = sub.add_parser("generate", help=HELP,
                        description="Prefill the prompt sharded over P local ranks (any strategy), decode over the "
                                    "KV cache that stays sharded; print first-token latency, decode tokens/s, peak "
                                    "memory per rank, bytes per token and the tokens.")
@@ -27,14 +28,14 @@ def add_generate(sub) -> None:
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run")
     p.add_argument("--threads-per-rank", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(handler=run_generate_command)
+    p.set_defaults(handler=run)
 
 
-def run_generate_command(ns: argparse.Namespace) -> int:
+def run(ns: argparse.Namespace) -> int:
     import json
 
-    from .bench.generate_run import GenerateConfig, run_generate
-    from .launch import LocalGroupError
+    from ..bench.generate_run import GenerateConfig, run_generate
+    from ..testing.launch import LocalGroupError
 
     if ns.world_size < 1:
         print(f"burstattn generate: --world-size must be >= 1, got {ns.world_size}", file=sys.stderr)
@@ -61,40 +62,4 @@ def run_generate_command(ns: argparse.Namespace) -> int:
           f"tokens/s; bytes sent per token per rank {report['bytes_per_token']}")
     print(f"peak memory per rank (MiB) {mib}; K/V cache per rank (bytes) {report['kv_cache_bytes']}")
     print(f"tokens {report['tokens']}")
-    return 0
-
-
-def run_bench_infer(ns: argparse.Namespace) -> int:
-    """``burstattn bench infer``: here, or on the emulated cluster with ``--on-cluster``."""
-    from .bench import infer
-    from .bench.infer_report import infer_markdown, plot_infer
-    from .bench.report import update_document
-
-    cfg = infer.config_from_args(ns)
-    if ns.on_cluster:
-        import json
-
-        from .bench.infer_report import cluster_markdown, infer_markdown_crossover
-        from .cluster.infer_bench import run_infer_cluster
-
-        res = run_infer_cluster(ns.on_cluster, nodes=ns.nodes, ranks_per_node=ns.ranks_per_node, model=cfg.model,
-                                strategies=cfg.strategies, prompt_lens=cfg.prompt_lens, repeats=cfg.repeats,
-                                crossover_cache=cfg.crossover_cache,
-                                crossover_new=cfg.crossover_new if "crossover" in cfg.suites else ())
-        infer.Path(ns.out).mkdir(parents=True, exist_ok=True)
-        (infer.Path(ns.out) / "infer-cluster.json").write_text(json.dumps(res, indent=1, default=str))
-        md = cluster_markdown(res, cfg.model)
-        if res["crossover"]:
-            md += "\n" + infer_markdown_crossover(res, cfg)
-        (infer.Path(ns.out) / "infer-cluster.md").write_text(md)
-        print(md)
-        return 0
-    doc = infer.run_infer(cfg)
-    md = infer_markdown(doc)
-    (infer.Path(ns.out) / "infer.md").write_text(md)
-    if ns.docs:
-        update_document(ns.docs, md)
-    for path in plot_infer(doc, ns.plots) if ns.plots else []:
-        print(f"wrote {path}")
-    print(md)
     return 0
