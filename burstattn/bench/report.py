@@ -117,6 +117,23 @@ def _memory(recs: list[dict]) -> list[str]:
                   "growth"], rows) + [""]
 
 
+def _partials(recs: list[dict]) -> list[str]:
+    rows = []
+    for r in recs:
+        m, pk = r["median_s"], r["peak_bytes"]
+        rows.append([r["name"], str(r["config"]["seq_len"]), seconds(m["kernel fwd+bwd"]), seconds(m["float32 fwd+bwd"]),
+                     f"{r['time_ratio']:.2f}x", _mib(pk["kernel fwd+bwd"]), _mib(pk["float32 fwd+bwd"]),
+                     f"{pk['float32 fwd+bwd'] / pk['kernel fwd+bwd']:.2f}x"])
+    c = recs[0]["config"]
+    return [f"## Float32 gradient partials: time and memory, world size {recs[0]['world_size']}", "",
+            f"Causal zigzag, {c['dtype']}, head_dim {c['head_dim']}. `grad_partials=\"float32\"` (the default: "
+            "each kernel backward runs on float32 copies of one 1024 x 1024 tile at a time, so no dQ/dK/dV partial "
+            "is rounded to 16 bits before the float32 accumulation) against `grad_partials=\"kernel\"` (the "
+            "kernel's own 16-bit partials), calls alternated in one spawn; peak per rank as in the memory table.",
+            ""] + md_table(["heads", "N", "fwd+bwd kernel partials", "fwd+bwd float32 partials", "time",
+                            "peak kernel partials", "peak float32 partials", "memory"], rows) + [""]
+
+
 def write_markdown(doc: dict) -> str:
     """The Markdown report of a ``bench core`` JSON document (see :func:`burstattn.bench.core.run_core`)."""
     m = doc["machine"]
@@ -147,6 +164,8 @@ def write_markdown(doc: dict) -> str:
         out += _bytes(by("bytes"))
     if by("memory"):
         out += _memory(by("memory"))
+    if by("partials"):
+        out += _partials(by("partials"))
     return "\n".join(out)
 
 

@@ -161,6 +161,10 @@ def add_core_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=d.seq_len, help="sequence length of overhead/speedup points")
     p.add_argument("--repeats", type=int, default=d.repeats)
     p.add_argument("--warmup", type=int, default=d.warmup)
+    p.add_argument("--suites", nargs="+", choices=d.suites, default=list(d.suites),
+                   help="which suites to run (default: all)")
+    p.add_argument("--partials-seq-len", type=int, default=d.partials_seq_len,
+                   help="sequence length of the float32-partials points (default: %(default)s)")
 
 
 def core_config(ns: argparse.Namespace) -> CoreConfig:
@@ -168,7 +172,7 @@ def core_config(ns: argparse.Namespace) -> CoreConfig:
     from ..bench.core import CoreConfig
 
     return CoreConfig(out=ns.out, docs=ns.docs, quick=ns.quick, seq_len=ns.seq_len, repeats=ns.repeats,
-                      warmup=ns.warmup)
+                      warmup=ns.warmup, suites=tuple(ns.suites), partials_seq_len=ns.partials_seq_len)
 
 
 def add_grid_arguments(p: argparse.ArgumentParser) -> None:

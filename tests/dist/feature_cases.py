@@ -14,7 +14,7 @@ import torch
 
 import burstattn
 from burstattn.layout import local_positions
-from burstattn.reference import reference_attention
+from burstattn.testing.reference import reference_attention
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 

@@ -11,7 +11,7 @@ from burstattn.engine.merge import add_sinks_, sinks_grad
 from burstattn.engine.passes import FP32_TILE, BlockCalls, KVPack
 from burstattn.engine.schedule import BlockOp, MaskKind, tile_op
 from burstattn.kernels import ScoreMods, get_kernel, resolve_backend
-from burstattn.reference import reference_attention
+from burstattn.testing.reference import reference_attention
 from tests.helpers import rel_err
 
 
