@@ -4,6 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from ..formulas import META_INTS
+
 __all__ = ["write_markdown", "update_document", "GENERATED_END", "grid_markdown", "ratios_markdown",
            "maxlen_markdown", "correct", "TOLERANCE"]
 
@@ -93,7 +95,7 @@ def _bytes(recs: list[dict]) -> list[str]:
     return ["## Bytes sent per rank: measured (`comm_stats`) vs `formulas.ring_bytes`", "",
             f"One forward + backward, N={c['seq_len']}, head_dim {c['head_dim']}, batch {c['batch']}, "
             "causal zigzag. "
-            f"Forward includes the 128 bytes per peer of input validation (`meta`). "
+            f"Forward includes the {META_INTS * 8} bytes per peer of input validation (`meta`). "
             f"\"match\": every rank sent exactly the formula's bytes for every (phase, op).", ""] \
         + md_table(["P", "Hq/Hkv", "dtype", "backward (asked -> used)", "fwd sent", "fwd formula",
                   "bwd sent", "bwd formula", "bwd by op", "match"], rows) + [""]
