@@ -28,6 +28,7 @@ FLAGS = {
     "strategy": (str, "any strategy of burstattn.attention (context parallel), or tp-v1 / tp-v3"),
     "layout": (str, "sequence layout over cp (default: the strategy's)"),
     "backend": (str, "local attention kernel"),
+    "schedule": (str, "burst: ring | distflash (DistFlashAttn's balanced causal schedule, contiguous layout)"),
     "ulysses_degree": (int, "usp: Ulysses ranks per ring group (0: largest that fits)"),
     "dp": (int, "data-parallel degree"),
     "cp": (int, "context-parallel degree"),

@@ -19,6 +19,8 @@ from ..strategies.heads import heads_problem
 from .config import TrainConfig
 from .data import PasskeyData, scan_tokens
 
+TRAIN_SCHEDULES = ("ring", "distflash")
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -57,7 +59,15 @@ def check_parallel(cfg: TrainConfig, world_size: int, model: Optional[LlamaConfi
     dims = resolve_dims(world_size, cfg.strategy, cfg.dp, cfg.cp, cfg.tp)
     strategy = "burst" if cfg.strategy in TP_STRATEGIES else cfg.strategy
     variant = cfg.strategy[3:] if cfg.strategy in TP_STRATEGIES else cfg.tp_variant
-    layout = cfg.layout or default_layout(strategy)
+    if cfg.schedule not in TRAIN_SCHEDULES:
+        hint = (": the two-level ring needs a node topology; call burstattn.attention(..., schedule='double', "
+                "topology=burstattn.two_level_groups(ranks_per_node))" if cfg.schedule == "double" else "")
+        raise ValueError(f"--schedule must be one of {list(TRAIN_SCHEDULES)}, got {cfg.schedule!r}{hint}")
+    if cfg.schedule != "ring" and strategy != "burst":
+        raise ValueError(f"--schedule {cfg.schedule} is an option of --strategy burst, not {cfg.strategy!r}")
+    layout = cfg.layout or ("contiguous" if cfg.schedule == "distflash" else default_layout(strategy))
+    if cfg.schedule == "distflash" and layout != "contiguous":
+        raise ValueError(f"--schedule distflash balances the contiguous layout, got --layout {layout}")
     spec = STRATEGIES[strategy]
     if layout not in spec.layouts:
         raise ValueError(f"strategy {strategy!r} supports layout(s) {list(spec.layouts)}, got {layout!r}")

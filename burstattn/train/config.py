@@ -46,6 +46,10 @@ class TrainConfig:
     """Sequence layout over ``cp`` (``None``: the strategy's default)."""
     backend: str = "auto"
     """Local attention kernel (``burstattn.attention``'s ``backend``)."""
+    schedule: str = "ring"
+    """``burst`` only: ``ring`` or ``distflash`` (DistFlashAttn's load-balanced causal schedule over the
+    contiguous layout, the default layout with it). ``double`` needs a node topology the job does
+    not build: ``burstattn.attention(..., schedule="double", topology=...)``."""
     ulysses_degree: int = 0
     """``usp`` only: Ulysses ranks inside each ring group (0: the largest that divides cp and the heads)."""
     dp: Optional[int] = None

@@ -82,7 +82,9 @@ def build_job(cfg: TrainConfig) -> Job:
     mcfg = model_config(cfg)
     d, c, _ = dims.coords(dist.get_rank())
     grid = usp_mesh(dims, ulysses, device_type)["ring", "ulysses"] if attn_strategy == "usp" else None
-    attn = cp_attention(attn_strategy, mesh.get_group("cp"), layout, backend=cfg.backend, usp_mesh=grid)
+    options = {"schedule": cfg.schedule} if cfg.schedule != "ring" else None
+    attn = cp_attention(attn_strategy, mesh.get_group("cp"), layout, backend=cfg.backend, usp_mesh=grid,
+                        options=options)
     positions = shard_positions(cfg.seq_len, strategy=attn_strategy, layout=layout, cp_rank=c, cp_size=dims.cp,
                                 ulysses_degree=ulysses)
     torch.manual_seed(cfg.seed)

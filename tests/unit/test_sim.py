@@ -18,7 +18,7 @@ from burstattn.sim import net, plans
 from burstattn.sim.attention import AttnShape, attention_timeline
 from burstattn.sim.hardware import PRESETS, ClusterHW, preset
 from burstattn.sim.planner import max_seq_len, plan
-from burstattn.sim.step import SimConfig, memory_model
+from burstattn.sim.step import SimConfig, memory_model, simulate
 from burstattn.strategies import STRATEGIES
 
 HW = ClusterHW("test", 4, 100e12, 0.5, 0.5, 0.5, 1.0, 1e30, 80e9, intra_bw=100e9, intra_lat=2e-6,
@@ -170,8 +170,9 @@ def test_cli_json_keys(capsys, tmp_path):
     assert {"time_s", "compute_s", "exposed_comm_s", "idle_s", "peak_memory_bytes", "fits"} <= set(out)
     assert out["degrees"] == {"dp": 1, "cp": 8, "tp": 1} and (tmp_path / "t.png").stat().st_size > 1000
     out = _cli_json(capsys, ["sim", "--model", "llama-7b", "--seq-len", "32768", "--gpus", "16", "--cluster",
-                             "h100-nvlink-ib", "--strategy", "tp-v3", "--dp", "2", "--mode", "prefill", "--json"])
-    assert out["degrees"] == {"dp": 2, "cp": 1, "tp": 8}
+                             "h100-nvlink-ib", "--strategy", "tp-v3", "--dp", "2", "--batch", "2", "--mode", "prefill",
+                             "--json"])
+    assert out["degrees"] == {"dp": 2, "cp": 1, "tp": 8} and out["tokens_per_step"] == 2 * 32768
     out = _cli_json(capsys, ["sim", "--model", "llama3-8b", "--seq-len", "131072", "--gpus", "8", "--strategy",
                              "burst", "--mode", "decode", "--json", "--inter-gbps", "100"])
     assert out["time_s"] > 0
@@ -193,11 +194,75 @@ def test_cli_json_keys(capsys, tmp_path):
     (["--cp", "2", "--tp", "2", "--dp", "1"], "must multiply to the GPU count (--gpus 8)"),
     (["--tp", "3", "--cp", "1", "--dp", "1", "--gpus", "3"], "--tp (3) must divide the model's heads (32)"),
     (["--model", "llama-9b"], "unknown model preset 'llama-9b'"),
+    (["--gpus", "0"], "--gpus must be a positive int, got 0"),
+    (["--dp", "2", "--batch", "1"], "--batch (1) must be divisible by --dp (2): it is the global batch"),
 ])
 def test_cli_clear_errors(capsys, argv, message):
     base = ["sim", "--model", "llama-7b", "--seq-len", "32768", "--gpus", "8", "--strategy", "burst"]
     assert main(base + argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_plan_gpus_zero_names_gpus(capsys):
+    assert main(["plan", "--model", "tiny", "--seq-len", "1024", "--gpus", "0"]) == 2
+    assert "--gpus must be a positive int, got 0" in capsys.readouterr().err
+
+
+def test_batch_is_the_global_batch():
+    """``batch`` means what `burstattn train --batch` means: sequences per step over all replicas."""
+    m, hw = model_preset("llama-7b"), preset("a100-nvlink-ib")
+    one = simulate(SimConfig(m, 32768, hw, "burst", cp=8, dp=1, batch=1))
+    two = simulate(SimConfig(m, 32768, hw, "burst", cp=8, dp=2, batch=2))  # 16 devices, one sequence per replica
+    assert two.compute_s == pytest.approx(one.compute_s, rel=1e-12)
+    assert two.peak_memory_bytes == one.peak_memory_bytes
+    assert (one.tokens_per_step, two.tokens_per_step) == (32768, 65536)
+    assert two.tokens_per_s == pytest.approx(two.tokens_per_step / two.time_s) and two.tokens_per_s > one.tokens_per_s
+    with pytest.raises(ValueError, match=r"--batch \(1\) must be divisible by --dp \(2\)"):
+        simulate(SimConfig(m, 32768, hw, "burst", cp=8, dp=2, batch=1))
+
+
+def test_plan_ranks_by_time_per_token_at_one_global_batch():
+    """docs/simulation.md's case: at a global batch of 2, ulysses dp=2 x cp=16 (one sequence per
+    replica) beats ulysses cp=32 running both sequences; at batch 1 there is no data parallelism."""
+    model, hw = model_preset("llama-7b"), preset("a100-pcie-roce")
+    rows = [r for r in plan(model, 131072, 32, hw, batch=2) if r["fits"]]
+    assert all(r["tokens_per_step"] == 2 * 131072 and r["batch"] == 2 for r in rows)
+    per_token = [r["time_s"] / r["tokens_per_step"] for r in rows]
+    assert per_token == sorted(per_token)
+    assert all(r["tokens_per_s"] == pytest.approx(r["tokens_per_step"] / r["time_s"]) for r in rows)
+    where = {(r["strategy"], r["degrees"]["dp"], r["degrees"]["cp"]): i for i, r in enumerate(rows)}
+    assert where[("ulysses", 2, 16)] < where[("ulysses", 1, 32)]
+    assert {r["degrees"]["dp"] for r in plan(model, 131072, 32, hw, batch=1)} == {1}
+
+
+@pytest.mark.parametrize("model,seq_len,gpus,batch", [("tiny", 512, 4, 2), ("tiny", 1024, 6, 3), ("tiny", 768, 3, 1),
+                                                      ("small", 2048, 8, 4), ("llama-7b", 131072, 32, 2)])
+def test_every_printed_train_command_is_accepted_by_burstattn_train(model, seq_len, gpus, batch):
+    """Each row's `burstattn train` command parses and passes train's own checks at its --world-size
+    (the run itself: tests/dist/test_plan_train.py)."""
+    from burstattn.cli import build_parser
+    from burstattn.cli.train import config_of
+    from burstattn.train.checks import check_config
+
+    rows = plan(model_preset(model), seq_len, gpus, preset("a100-nvlink-ib"), batch=batch, model_name=model)
+    assert rows
+    parser = build_parser()
+    for r in rows:
+        argv = r["config"]["train"].split()
+        assert argv[:2] == ["burstattn", "train"]
+        ns = parser.parse_args(argv[1:])
+        assert ns.world_size == gpus and ns.batch == batch
+        check_config(config_of(ns), ns.world_size, "cuda")  # raises ValueError if train would refuse it
+
+
+def test_plan_of_a_tiny_model_prints_units_that_fit(capsys):
+    assert main(["plan", "--model", "tiny", "--seq-len", "4096", "--gpus", "4", "--top", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "0.000s" not in out and "0.0G" not in out
+    import re
+    rows = [line for line in out.splitlines() if re.match(r"\s+\d+ ", line)]
+    assert rows and all(re.search(r" \d[\d.]* (s|ms|us|ns) +[\d.]+[kMG]? +[\d.]+ (B|KiB|MiB|GiB|TiB) ", line)
+                        for line in rows), rows
 
 
 def test_a_thousand_devices_and_millions_of_tokens_in_seconds():
