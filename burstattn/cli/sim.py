@@ -56,6 +56,7 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeline", default=None, metavar="OUT.png", help="write one layer's Gantt chart")
     p.add_argument("--out", default="cluster-spec.json", help="calibrate: where to write the spec")
     p.add_argument("--seconds", type=float, default=1.0, help="calibrate: seconds per kernel measurement")
+    p.add_argument("--rounds", type=int, default=3, help="calibrate: rounds of kernel measurements (best kept)")
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
@@ -147,7 +148,12 @@ def _calibrate(ns) -> int:
     from ..sim.calibrate import calibrate, cluster_section
     from ..sim.hardware import save
 
-    cal = calibrate(seconds=ns.seconds)
+    if ns.seconds <= 0 or ns.rounds < 1:
+        raise ValueError(f"--seconds must be positive and --rounds at least 1, got {ns.seconds} and {ns.rounds}")
+    print(f"burstattn sim calibrate: measuring this machine, about {ns.rounds * 10 * ns.seconds + 5:.0f} s "
+          f"(--rounds {ns.rounds} x --seconds {ns.seconds} per kernel figure)", file=sys.stderr, flush=True)
+    cal = calibrate(seconds=ns.seconds, rounds=ns.rounds,
+                    progress=lambda text: print(f"  {text}", file=sys.stderr, flush=True))
     save(cal.hw, ns.out, {"cluster": cluster_section(cal), "rates": cal.rates, "link": cal.link})
     r, link = cal.rates, cal.link
     print(f"attention fwd {r['attn_fwd'] / 1e9:.1f} GFLOP/s, bwd {r['attn_bwd'] / 1e9:.1f}, matmul "

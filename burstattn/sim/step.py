@@ -143,6 +143,8 @@ def check(cfg: SimConfig) -> None:
         raise ValueError(f"strategy {cfg.strategy!r} is tensor parallelism only: give --tp/--dp, not --cp {cfg.cp}")
     if cfg.cp > 1 and cfg.seq_len % (2 * cfg.cp):
         raise ValueError(f"--seq-len ({cfg.seq_len}) must be divisible by 2 * cp ({2 * cfg.cp})")
+    if cfg.ulysses_degree is not None and cfg.strategy != "usp":
+        raise ValueError(f"--ulysses-degree is an option of --strategy usp, not {cfg.strategy!r}")
     if cfg.batch % cfg.dp:
         raise ValueError(f"--batch ({cfg.batch}) must be divisible by --dp ({cfg.dp}): it is the global batch "
                          "(sequences per step over all data-parallel replicas), as for `burstattn train`")

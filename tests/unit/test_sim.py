@@ -195,6 +195,8 @@ def test_cli_json_keys(capsys, tmp_path):
     (["--tp", "3", "--cp", "1", "--dp", "1", "--gpus", "3"], "--tp (3) must divide the model's heads (32)"),
     (["--model", "llama-9b"], "unknown model preset 'llama-9b'"),
     (["--gpus", "0"], "--gpus must be a positive int, got 0"),
+    (["--ulysses-degree", "2"], "--ulysses-degree is an option of --strategy usp, not 'burst'"),
+    (["--strategy", "usp", "--ulysses-degree", "3"], "--ulysses-degree (3) must divide cp (8)"),
     (["--dp", "2", "--batch", "1"], "--batch (1) must be divisible by --dp (2): it is the global batch"),
 ])
 def test_cli_clear_errors(capsys, argv, message):
@@ -290,3 +292,47 @@ def test_calibrated_spec_file_serves_sim_and_cluster(tmp_path):
     assert resolve(path, 2, 2).world_size == 4
     with pytest.raises(ValueError, match="unknown cluster preset"):
         load(str(tmp_path / "missing.json"))
+
+
+def test_sim_calibrate_shows_progress(capsys, monkeypatch, tmp_path):
+    """`sim calibrate` says what it measures while it measures (the measurement itself is replaced:
+    its stages are what `measure` reports from the spawned ranks)."""
+    import burstattn.sim.calibrate as cal
+
+    def fake_measure(ranks, seconds, rounds, progress=None):
+        for i in range(rounds):
+            progress(f"kernel rates, round {i + 1}/{rounds}")
+        progress("gloo point-to-point")
+        rates = {"attn_fwd": 1e11, "attn_bwd": 9e10, "causal_eff": 0.8, "matmul": 2e11, "mem_bw": 4e10,
+                 "backend": "cpu_flash", "plain_fwd": 1e8, "plain_bwd": 5e7}
+        return rates, {"latency_s": 1e-4, "bandwidth": 3e9}
+
+    monkeypatch.setattr(cal, "measure", fake_measure)
+    out = tmp_path / "spec.json"
+    assert main(["sim", "calibrate", "--seconds", "0.5", "--rounds", "2", "--out", str(out)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("burstattn sim calibrate: measuring this machine, about 15 s"), err
+    assert err[1:] == ["  kernel rates, round 1/2", "  kernel rates, round 2/2", "  gloo point-to-point"]
+    assert out.is_file()
+    assert main(["sim", "calibrate", "--rounds", "0"]) == 2
+    assert "--rounds at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 8])
+def test_timeline_legend_clear_of_the_x_label(ranks, tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from burstattn.sim.timeline import plot_timeline, timeline_figure
+
+    events = [(ph, r, kind, 0.1 * i, 0.1 * i + 0.08) for r in range(ranks) for i, (ph, kind) in
+              enumerate([("fwd", "compute"), ("fwd", "comm"), ("bwd", "compute"), ("bwd", "comm")])]
+    fig = timeline_figure(events, "one layer")
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    label, legend = ax.xaxis.label.get_window_extent(renderer), ax.get_legend().get_window_extent(renderer)
+    assert not label.overlaps(legend), (label, legend)
+    for tick in ax.get_xticklabels():
+        assert not tick.get_window_extent(renderer).overlaps(legend)
+    plt.close(fig)
+    assert plot_timeline(events, str(tmp_path / "t.png")) and (tmp_path / "t.png").stat().st_size > 1000
