@@ -30,11 +30,11 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ..config import torch_dtype
 from .memory import measure_peak
 from .progress import ProgressFile, run_with_progress
 from .timing import code_version, cpu_snapshot, machine_info, other_load, time_interleaved
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class RankResult:
 def _inputs(p: Point, world: int, rank: int):
     """Random local q [B, n, Hq, D], k/v [B, n, Hkv, D], grad_out [B, n, Hq, D] (n = N / world)."""
     gen = torch.Generator().manual_seed(1000 * rank + 7)
-    n, dt = p.seq_len // world, DTYPES[p.dtype]
+    n, dt = p.seq_len // world, torch_dtype(p.dtype)
     q = torch.randn(p.batch, n, p.heads, p.head_dim, generator=gen).to(dt).requires_grad_()
     k = torch.randn(p.batch, n, p.kv_heads, p.head_dim, generator=gen).to(dt).requires_grad_()
     v = torch.randn(p.batch, n, p.kv_heads, p.head_dim, generator=gen).to(dt).requires_grad_()
@@ -134,7 +134,7 @@ def _kernel_fns(p: Point, q, k, v, grad):
 def _ceiling_fns(p: Point, world: int, rank: int):
     """Raw kernel on this rank's share of the non-causal work: n local queries x all N keys."""
     gen = torch.Generator().manual_seed(rank)
-    n, dt = p.seq_len // world, DTYPES[p.dtype]
+    n, dt = p.seq_len // world, torch_dtype(p.dtype)
     q = torch.randn(p.batch, p.heads, n, p.head_dim, generator=gen).to(dt)          # [B, H, n, D]
     k, v = (torch.randn(p.batch, p.kv_heads, p.seq_len, p.head_dim, generator=gen).to(dt) for _ in range(2))
     grad = torch.randn_like(q)
@@ -235,7 +235,7 @@ def _record(p: Point, world: int, results: list[RankResult]) -> dict:
         used = results[0].extra["backward_used"]
         ring = formulas.ring_bytes(batch=p.batch, local_seq=p.seq_len // world, world_size=world,
                                    q_heads=p.heads, kv_heads=p.kv_heads, head_dim=p.head_dim,
-                                   dtype=DTYPES[p.dtype], backward=used)
+                                   dtype=torch_dtype(p.dtype), backward=used)
         expected = {f"{ph}/{op}": b for (ph, op), b in ring["ops"].items()}
         rec.update(backward_used=used, expected=expected,
                    sent_max={key: max(r.sent.get(key, 0) for r in results) for key in expected | results[0].sent},

@@ -19,7 +19,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .grid import DTYPES, OURS, GridPoint, contender
+from ..config import torch_dtype
+from .grid import OURS, GridPoint, contender
 from .progress import ProgressFile, run_with_progress
 from .timing import code_version, machine_info
 
@@ -48,7 +49,7 @@ def _probe(rank: int, world: int, p: GridPoint, progress_path: Optional[str]) ->
     from .memory import measure_peak
 
     ProgressFile(progress_path, rank).start(f"{p.contender} N={p.seq_len}")
-    n, dt = p.seq_len // world, DTYPES[p.dtype]
+    n, dt = p.seq_len // world, torch_dtype(p.dtype)
     try:
         c = contender(p, world)
 

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from ..config import torch_dtype
 from ..models import AttnCall, Llama
 from ..parallel import (IGNORE, ParallelDims, apply_fsdp, apply_tp, build_mesh, cp_attention, flat_mesh,
                         mixed_precision, shard_positions, shift_labels, usp_mesh)
@@ -21,7 +22,6 @@ from .checks import check_config, model_config
 from .config import TrainConfig
 from .data import make_data
 
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -91,7 +91,7 @@ def build_job(cfg: TrainConfig) -> Job:
     model = Llama(mcfg, attn=attn, checkpointing=cfg.checkpointing).to(device)
     if dims.tp > 1:
         apply_tp(model, mesh["tp"], variant)
-    dtype = TORCH_DTYPES[cfg.dtype]
+    dtype = torch_dtype(cfg.dtype)
     replica_mesh = flat_mesh(mesh, ("dp", "cp"))
     if cfg.fsdp:
         apply_fsdp(model, replica_mesh, zero=cfg.zero, mp_policy=mixed_precision(dtype))
