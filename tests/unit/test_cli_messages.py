@@ -11,7 +11,7 @@ from burstattn.cli import build_parser, main
 
 
 def _suites() -> list[str]:
-    bench = next(a for a in build_parser()._subparsers._group_actions[0].choices.items() if a[0] == "bench")[1]
+    bench = build_parser()._subparsers._group_actions[0].choices["bench"]
     sub = next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction))
     return list(sub.choices)
 
