@@ -181,6 +181,7 @@ def _run_point(p: Point, rank: int, world: int, repeats: int, warmup: int) -> Ra
         timings = time_interleaved(fns, repeats=repeats, warmup=warmup, barrier=barrier)
         res.samples = {name: t.samples for name, t in timings.items()}
         for name, fn in fns.items():
+            fn()  # the same history before each measurement: one call in this mode right before it
             if barrier:
                 barrier()
             res.peak[name] = measure_peak(fn)[1].peak_bytes
