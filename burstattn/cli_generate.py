@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .bench.generate_run import add_usp_arguments, usp_options
+
 
 def add_generate(sub) -> None:
     """Add ``burstattn generate`` to the subcommands ``sub``."""
@@ -16,6 +18,7 @@ def add_generate(sub) -> None:
                    help="a model preset (tiny, small, ...: random weights from --seed) or a save_pretrained directory")
     p.add_argument("--world-size", type=int, default=1, metavar="P")
     p.add_argument("--strategy", default="burst", metavar="S", help="prefill strategy (burst, ring, ulysses, ...)")
+    add_usp_arguments(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt-len", type=int, default=None, metavar="N", help="synthetic prompt of N tokens (--seed)")
     src.add_argument("--prompt-file", default=None, metavar="F", help="prompt text file (bytes as tokens)")
@@ -39,12 +42,23 @@ def run_generate_command(ns: argparse.Namespace) -> int:
     if ns.world_size < 1:
         print(f"burstattn generate: --world-size must be >= 1, got {ns.world_size}", file=sys.stderr)
         return 2
+    options, problem = usp_options(ns.strategy, ns.ulysses_degree, ns.ring_degree, ns.world_size)
+    if problem:
+        print(f"burstattn generate: {problem}", file=sys.stderr)
+        return 2
+    from .bench.generate_run import is_hf_dir, missing_transformers
+
+    if is_hf_dir(ns.model) and missing_transformers():
+        print(f"burstattn generate: --model {ns.model} is a Hugging Face directory, which needs transformers: "
+              "pip install 'burstattn[hf]'", file=sys.stderr)
+        return 2
     budget = None if ns.kv_budget_mb is None else int(ns.kv_budget_mb * 2**20)
     cfg = GenerateConfig(model=ns.model, world_size=ns.world_size, strategy=ns.strategy,
                          prompt_len=ns.prompt_len if ns.prompt_file is None and ns.prompt_len is not None else 64,
                          prompt_file=ns.prompt_file, max_new_tokens=ns.max_new_tokens, seed=ns.seed,
                          backend=ns.backend, kv_budget_bytes=budget, measure_memory=not ns.no_memory,
-                         warmup=not ns.no_warmup, threads_per_rank=ns.threads_per_rank)
+                         warmup=not ns.no_warmup, threads_per_rank=ns.threads_per_rank,
+                         strategy_options=tuple(sorted(options.items())))
     try:
         report = run_generate(cfg)
     except LocalGroupError as e:
@@ -70,7 +84,11 @@ def run_bench_infer(ns: argparse.Namespace) -> int:
     from .bench.infer_report import infer_markdown, plot_infer
     from .bench.report import update_document
 
-    cfg = infer.config_from_args(ns)
+    options, problem = usp_options(ns.strategies, ns.ulysses_degree, ns.ring_degree, ns.world_size)
+    if problem:
+        print(f"burstattn bench infer: {problem}", file=sys.stderr)
+        return 2
+    cfg = infer.replace(infer.config_from_args(ns), usp_options=tuple(sorted(options.items())))
     if ns.on_cluster:
         import json
 

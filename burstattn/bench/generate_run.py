@@ -14,6 +14,7 @@ untimed warm-up run.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import time
 from dataclasses import dataclass
@@ -45,10 +46,46 @@ class GenerateConfig:
     warmup: bool = True
     """Run the whole generation once untimed first (first calls pay one-off setup costs)."""
     threads_per_rank: int = 1
+    strategy_options: tuple = ()
+    """``(name, value)`` pairs of strategy options (usp's ``ulysses_degree`` / ``ring_degree``)."""
+
+
+def add_usp_arguments(p: argparse.ArgumentParser) -> None:
+    """``--ulysses-degree`` and ``--ring-degree``: the degrees of ``--strategy usp``."""
+    p.add_argument("--ulysses-degree", type=int, default=None, metavar="U",
+                   help="usp: ranks per Ulysses (all-to-all) group; U x R = the world size")
+    p.add_argument("--ring-degree", type=int, default=None, metavar="R", help="usp: ranks per ring")
+
+
+def usp_options(strategies, ulysses_degree, ring_degree, world_size: int) -> tuple[dict, str]:
+    """The strategy options the usp flags give (``{}`` without usp) and what is wrong with them, if anything."""
+    usp = "usp" in ([strategies] if isinstance(strategies, str) else list(strategies))
+    given = {k: v for k, v in (("ulysses_degree", ulysses_degree), ("ring_degree", ring_degree)) if v is not None}
+    if not usp:
+        return {}, ("--ulysses-degree and --ring-degree are options of --strategy usp" if given else "")
+    if not given:
+        return {}, ("--strategy usp needs --ulysses-degree U and/or --ring-degree R (U x R = --world-size "
+                    f"{world_size})")
+    if any(not isinstance(v, int) or v < 1 for v in given.values()):
+        return {}, f"--ulysses-degree and --ring-degree must be positive, got {given}"
+    u = given.get("ulysses_degree", world_size // given.get("ring_degree", 1))
+    r = given.get("ring_degree", world_size // max(u, 1))
+    if u * r != world_size:
+        return {}, f"usp: --ulysses-degree x --ring-degree must equal --world-size {world_size}, got {u} x {r}"
+    return given, ""
 
 
 def is_hf_dir(model: str) -> bool:
     return os.path.isdir(model)
+
+
+def missing_transformers() -> bool:
+    """Whether transformers (the ``hf`` extra) cannot be imported here."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return True
+    return False
 
 
 def _prompt(cfg: GenerateConfig, vocab: int, tokenizer_dir: Optional[str] = None) -> torch.Tensor:
@@ -84,7 +121,7 @@ def _run_preset(cfg: GenerateConfig):
 
     def once():
         return generate(model, prompt, cfg.max_new_tokens, strategy=cfg.strategy, backend=cfg.backend,
-                        kv_budget_bytes=cfg.kv_budget_bytes)
+                        kv_budget_bytes=cfg.kv_budget_bytes, **dict(cfg.strategy_options))
 
     return once, int(prompt.shape[1])
 
@@ -96,7 +133,7 @@ def _run_hf(cfg: GenerateConfig):
 
     from ..infer.generate import GenerationResult, check_every_rank
 
-    bhf.register(strategy=cfg.strategy, backend=cfg.backend)
+    bhf.register(strategy=cfg.strategy, backend=cfg.backend, **dict(cfg.strategy_options))
     model = transformers.AutoModelForCausalLM.from_pretrained(cfg.model, attn_implementation="burst",
                                                               dtype=torch.float32).eval()
     prompt = _prompt(cfg, model.config.vocab_size, cfg.model)
@@ -110,15 +147,16 @@ def _run_hf(cfg: GenerateConfig):
             problem = f"max_new_tokens must be an int >= 0, got {cfg.max_new_tokens}"
         check_every_rank("burstattn generate", problem, [int(prompt.shape[1]), cfg.max_new_tokens], None)
         cache = bhf.ShardedCache()
+        kw = bhf.cache_kwargs(model, cache)  # `cache` (transformers >= 5.24) or `past_key_values`
         if cfg.max_new_tokens == 0:
             return GenerationResult(prompt[:, :0], 0.0, 0.0, cache)
         t0 = time.perf_counter()
         with comm_stats():  # its own meter: the caller's counts the decode steps only
-            token = model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1)
+            token = model(input_ids=prompt, use_cache=True, **kw).logits[:, -1].argmax(-1)
         t1 = time.perf_counter()
         out = [token]
         for _ in range(cfg.max_new_tokens - 1):
-            token = model(input_ids=token[:, None], past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1)
+            token = model(input_ids=token[:, None], use_cache=True, **kw).logits[:, -1].argmax(-1)
             out.append(token)
         t2 = time.perf_counter()
         rate = (cfg.max_new_tokens - 1) / (t2 - t1) if cfg.max_new_tokens > 1 else 0.0

@@ -51,6 +51,8 @@ class InferBenchConfig:
     backend: str = "auto"
     seed: int = 0
     out: str = "bench-out"
+    usp_options: tuple = ()
+    """``(name, value)`` pairs given to ``strategy="usp"`` (``--ulysses-degree`` / ``--ring-degree``)."""
 
 
 def _model(name: str, seed: int, kv_heads: Optional[int] = None):
@@ -86,7 +88,7 @@ def prefill_rank(rank: int, world: int, cfg: InferBenchConfig, strategies: tuple
         for s in strategies:
             def once():
                 return prefill(model, prompt, ShardedKVCache(rank, world, model.config.n_layers), strategy=s,
-                               backend=cfg.backend)
+                               backend=cfg.backend, **(dict(cfg.usp_options) if s == "usp" else {}))
             t = time_repeats(once, repeats=cfg.repeats, warmup=1, barrier=_barrier)
             with comm_stats() as stats:
                 once()
@@ -204,6 +206,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="instead: the prefill suite on an emulated cluster (root), e.g. a100-pcie-roce")
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--ranks-per-node", type=int, default=1)
+    from .generate_run import add_usp_arguments
+
+    add_usp_arguments(p)
 
 
 def config_from_args(ns: argparse.Namespace) -> InferBenchConfig:

@@ -6,6 +6,9 @@
 * :func:`shard_batch`, :func:`sync_gradients`, :func:`gather_logits` — sequence-parallel
   training and scoring: loss, gradients and logits equal the single-process model's.
 * :class:`ShardedCache` — generation over a KV cache that stays sharded across the ranks.
+* :class:`ContextParallelTrainer`, :class:`ContextParallelMixin` — ``transformers.Trainer`` (or any
+  subclass, e.g. TRL's ``SFTTrainer``) over a ``dp x cp`` mesh (imported on first use: they need
+  ``accelerate``, as the Trainer does).
 
 Importing :mod:`burstattn` never imports transformers; importing this package does.
 """
@@ -17,8 +20,17 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("burstattn.hf needs transformers 5.x: pip install 'burstattn[hf]'") from e
 
 from .attention import BurstMask, BurstOptions, register
-from .batch import GlobalItemCount, gather_logits, shard_batch, sync_gradients
-from .cache import ShardedCache
+from .batch import GlobalItemCount, ShardSpec, gather_logits, shard_batch, shard_inputs, sync_gradients
+from .cache import ShardedCache, cache_kwargs
 
-__all__ = ["register", "shard_batch", "sync_gradients", "gather_logits", "ShardedCache", "BurstOptions",
-           "BurstMask", "GlobalItemCount"]
+__all__ = ["register", "shard_batch", "shard_inputs", "sync_gradients", "gather_logits", "ShardedCache",
+           "cache_kwargs", "BurstOptions", "BurstMask", "GlobalItemCount", "ShardSpec", "ContextParallelTrainer",
+           "ContextParallelMixin"]
+
+
+def __getattr__(name: str):
+    if name in ("ContextParallelTrainer", "ContextParallelMixin"):
+        from . import trainer
+
+        return getattr(trainer, name)
+    raise AttributeError(f"module 'burstattn.hf' has no attribute {name!r}")

@@ -37,6 +37,9 @@ def test_loss_logits_gradients_generate(pools, case):
         # every layer: (P-1) * B*Hq*(D+1)*4 bytes per token fed (prompt included), 2 layers
         expected = 2 * decode_bytes(batch=1, new_tokens=cached, world_size=case.world, q_heads=4, head_dim=16)
         assert res["decode_sent"] == expected, (rank, res["decode_sent"], expected)
+        # plus the ranks' token agreement check: one all-gather of 3 float64 per row and forward
+        forwards = 1 + case.new_tokens - 1
+        assert res["agree_sent"] == forwards * (case.world - 1) * 1 * 3 * 8, res["agree_sent"]
         assert res["other_ops"] == [], res["other_ops"]
     lengths = [res["shard_len"] for res in results]
     assert sum(lengths) == cached and max(lengths) - min(lengths) <= 1, lengths
