@@ -16,7 +16,10 @@ and nothing else:
   (:func:`burstattn.hf.register` under ``attn_implementation``, default ``"burst_cp"``); ``save_model``
   writes the model's original implementation;
 * evaluation and ``predict``: the loss is made equal on the cp ranks of a replica and the logits are
-  gathered over cp, then metrics are gathered over the replicas only.
+  gathered over cp, then metrics are gathered over the replicas only. As with plain DDP, accelerate
+  repeats samples to even out the last batch over dp > 1 replicas, and those repeats count in that
+  batch's loss: the evaluation loss is the single-process one when the evaluation set is a multiple of
+  ``dp x per_device_eval_batch_size`` (always at dp = 1).
 
 Refused with ``ValueError`` (on every rank, at construction): a world not divisible by ``cp_size``,
 label smoothing, ``compute_loss_func`` (both shift labels themselves), models whose forward takes no
@@ -74,7 +77,6 @@ class ContextParallelMixin:
                                    group=self.cp_group, **(strategy_options or {}))
         self._original_attn = getattr(self.model.config, "_attn_implementation", None)
         self.model.set_attn_implementation(attn_implementation)
-        self.gather_function = self._gather_for_metrics
 
     def _refuse_unsupported(self) -> None:
         problem = None
@@ -98,6 +100,8 @@ class ContextParallelMixin:
         sampler = getattr(dataloader, "batch_sampler", None)
         if isinstance(sampler, BatchSamplerShard):
             sampler.num_processes, sampler.process_index = self.dp_size, self.dp_rank
+            # one replica: the batches of one process, the last one left short (as without accelerate)
+            sampler.even_batches = sampler.even_batches and self.dp_size > 1
         dataset = getattr(dataloader, "dataset", None)
         if isinstance(dataset, IterableDatasetShard):
             dataset.num_processes, dataset.process_index = self.dp_size, self.dp_rank
@@ -181,6 +185,11 @@ class ContextParallelMixin:
 
             logits = tuple(full(x) for x in logits) if isinstance(logits, tuple) else full(logits)
         return loss, logits, full_labels
+
+    def evaluation_loop(self, *args, **kwargs):
+        # the Trainer resets gather_function to accelerate's after every loop: set ours for each
+        self.gather_function = self._gather_for_metrics
+        return super().evaluation_loop(*args, **kwargs)
 
     def _gather_for_metrics(self, data, use_gather_object: bool = False):
         """accelerate's ``gather_for_metrics`` over the dp replicas only (the cp ranks of a replica
