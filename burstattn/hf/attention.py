@@ -190,8 +190,12 @@ def make_attention_function(opts: BurstOptions):
         window = _window(module, kwargs)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         cache = attention_mask.cache if isinstance(attention_mask, BurstMask) else None
-        # [B, H, S, D] -> [B, S, H, D]: burstattn's layout
-        q, k, v = (x.transpose(1, 2) for x in (query, key, value))
+        # [B, H, S, D] -> [B, S, H, D]: burstattn's layout; under autocast RoPE can leave q/k in float32
+        # next to a 16-bit v: one dtype, autocast's (as SDPA does), else the query's
+        dtype = query.dtype
+        if len({query.dtype, key.dtype, value.dtype}) > 1 and torch.is_autocast_enabled(query.device.type):
+            dtype = torch.get_autocast_dtype(query.device.type)
+        q, k, v = (x.transpose(1, 2).to(dtype) for x in (query, key, value))
         if cache is not None:
             if dropout:
                 raise ValueError(f"attn_implementation='burst' has no attention dropout; got dropout={dropout}")

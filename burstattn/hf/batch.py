@@ -31,8 +31,9 @@ from .packing import IGNORE_INDEX, BatchPlan, flatten_rows, plan_batch, rope_pos
 
 SHARD_KEY = "burst_shard"  # the model kwarg that carries the ShardSpec to the attention function
 # collated keys shard_batch understands (max_length_* are flash-attn's and only describe cu_seq_lens)
+# (TRL's padding-free collator adds seq_idx, the document index of every token of a packed row)
 BATCH_KEYS = ("input_ids", "labels", "attention_mask", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k",
-              "max_length_q", "max_length_k")
+              "max_length_q", "max_length_k", "seq_idx")
 
 
 class _SumOverRanks(torch.autograd.Function):
@@ -231,6 +232,13 @@ def shard_inputs(inputs: Mapping, *, group: Optional[dist.ProcessGroup] = None, 
     if "input_ids" not in inputs:
         raise ValueError("shard_batch: the batch has no input_ids (inputs_embeds are not supported)")
     kw = {k: inputs.get(k) for k in ("labels", "attention_mask", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k")}
+    seq_idx = inputs.get("seq_idx")
+    if seq_idx is not None and kw["cu_seq_lens_q"] is None:  # documents = runs of equal seq_idx
+        row = torch.as_tensor(seq_idx).reshape(-1).to("cpu")
+        if torch.as_tensor(seq_idx).dim() != 2 or torch.as_tensor(seq_idx).shape[0] != 1:
+            raise ValueError(f"shard_batch: seq_idx must be [1, seq] (one packed row), got {tuple(seq_idx.shape)}")
+        change = torch.nonzero(row[1:] != row[:-1]).flatten() + 1
+        kw["cu_seq_lens_q"] = torch.cat([torch.tensor([0]), change, torch.tensor([row.numel()])])
     return shard_batch(inputs["input_ids"], kw.pop("labels"), **kw, group=group, layout=layout, name=name)
 
 

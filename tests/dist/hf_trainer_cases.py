@@ -152,3 +152,43 @@ def refusal(rank: int, world: int, what: str) -> str:
         except ValueError as e:
             return str(e)
     return "no error"
+
+
+def tokenizer():
+    """A word-level tokenizer over the ids ``"0" .. str(VOCAB - 1)`` (SFTTrainer needs one; no download)."""
+    import transformers as tf
+    from tokenizers import Tokenizer, models
+
+    vocab = {str(i): i for i in range(VOCAB)}
+    return tf.PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="0")),
+                                      pad_token="0", eos_token="1")
+
+
+def sft(rank: int, world: int, context_parallel: bool) -> list:
+    """TRL's SFTTrainer, plain (eager, padded, one process) or through ContextParallelMixin (padding-free
+    packed rows over the pool): the logged (loss, grad_norm) of 3 steps."""
+    import datasets
+    import trl
+
+    import burstattn.hf as bhf
+
+    case = TrainerCase()
+    model = build("llama", case.seed).train()
+    with tempfile.TemporaryDirectory() as out:
+        kw = dict(output_dir=out, per_device_train_batch_size=3, max_steps=3, learning_rate=1e-4, logging_steps=1,
+                  save_strategy="no", report_to="none", use_cpu=True, seed=0, disable_tqdm=True, bf16=False,
+                  max_length=None)
+        common = dict(train_dataset=datasets.Dataset.from_list(dataset(case)), processing_class=tokenizer())
+        if context_parallel:
+            _reset_accelerate(rank, world)
+
+            class SFT(bhf.ContextParallelMixin, trl.SFTTrainer):
+                pass
+
+            trainer = SFT(model=model, args=trl.SFTConfig(**kw, padding_free=True, ddp_backend="gloo"), **common,
+                          backend="reference")
+        else:
+            model.set_attn_implementation("eager")
+            trainer = trl.SFTTrainer(model=model, args=trl.SFTConfig(**kw), **common)
+        trainer.train()
+    return [(h["loss"], h["grad_norm"]) for h in trainer.state.log_history if "loss" in h and "train_loss" not in h]

@@ -65,3 +65,12 @@ def test_trainer_equals_single_process(pools, case):
 def test_trainer_refusals_on_every_rank(pools, what, expect):
     for rank, msg in enumerate(pools.get(2).run(tc.refusal, what)):
         assert expect in msg, (rank, msg)
+
+
+def test_trl_sft_trainer_through_the_mixin(pools):
+    """TRL's SFTTrainer with ContextParallelMixin (padding-free packed rows) equals the plain SFTTrainer."""
+    pytest.importorskip("trl", reason="TRL is optional: pip install 'burstattn[trl]'")
+    pytest.importorskip("datasets", reason="TRL's datasets")
+    ref = tc.sft(0, 1, False)
+    for rank, got in enumerate(pools.get(2).run(tc.sft, True)):
+        assert len(got) == 3 and _rel(got, ref) <= 1e-5, (rank, got, ref)
