@@ -8,6 +8,7 @@
     burstattn bench train [--seq-lens ...] [--plots docs/img] [--cluster PRESET]  # training steps: strategies, FSDP, checkpointing
     burstattn bench --cluster PRESET|SPEC [flags]   # the strategies on an emulated cluster (root)
     burstattn bench infer [--quick] [--plots DIR] [--docs FILE]   # first-token latency, decode, pass-KV/Q
+    burstattn bench hf [--quick] [--docs docs/hf.md]   # HF Trainer: context parallel vs one process vs DDP
     burstattn cluster up --nodes N --ranks-per-node R --inter BW[,LAT] --intra BW[,LAT] | --preset NAME
     burstattn cluster down | status | run -- ARGS   # tear down / describe / torchrun ARGS on every node
     burstattn sim --model M --seq-len N --gpus G --cluster PRESET --strategy S --mode train|prefill|decode
@@ -90,6 +91,12 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     i = suites.add_parser("infer", help="first-token latency per strategy, sharded decoding, pass-KV vs pass-Q")
     infer.add_arguments(i)
     i.set_defaults(handler=_run_bench_infer)
+    from .bench import hf
+
+    h = suites.add_parser("hf", help="Hugging Face Trainer steps on packed long documents: context parallel vs "
+                                     "one process vs DDP, longest row under a budget, work balance")
+    hf.add_arguments(h)
+    h.set_defaults(handler=_run_bench_hf)
 
 
 def _run_bench_cluster(ns: argparse.Namespace) -> int:
@@ -240,6 +247,12 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     from .cli_generate import add_generate
 
     add_generate(sub)
+
+
+def _run_bench_hf(ns: argparse.Namespace) -> int:
+    from .cli_generate import run_bench_hf
+
+    return run_bench_hf(ns)
 
 
 def _run_bench_infer(ns: argparse.Namespace) -> int:

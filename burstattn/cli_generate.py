@@ -1,5 +1,5 @@
-"""The inference subcommands of ``burstattn``: ``generate`` and ``bench infer`` (imported only when
-they run)."""
+"""The inference and Hugging Face subcommands of ``burstattn``: ``generate``, ``bench infer`` and
+``bench hf`` (imported only when they run)."""
 from __future__ import annotations
 
 import argparse
@@ -114,5 +114,24 @@ def run_bench_infer(ns: argparse.Namespace) -> int:
         update_document(ns.docs, md)
     for path in plot_infer(doc, ns.plots) if ns.plots else []:
         print(f"wrote {path}")
+    print(md)
+    return 0
+
+
+def run_bench_hf(ns: argparse.Namespace) -> int:
+    """``burstattn bench hf``: Trainer steps with and without context parallelism (needs ``burstattn[hf]``)."""
+    from .bench import hf
+    from .bench.generate_run import missing_transformers
+    from .bench.hf_report import hf_markdown, replace_section
+
+    if missing_transformers():
+        print("burstattn bench hf: needs transformers and accelerate: pip install 'burstattn[hf]'", file=sys.stderr)
+        return 2
+    cfg = hf.config_from_args(ns)
+    doc = hf.run_hf_bench(cfg)
+    md = hf_markdown(doc)
+    (hf.Path(cfg.out) / "hf.md").write_text(md)
+    if ns.docs:
+        replace_section(ns.docs, md)
     print(md)
     return 0

@@ -93,12 +93,9 @@ def reference(case: TrainerCase) -> dict:
 
 
 def _reset_accelerate(rank: int, world: int) -> None:
-    from accelerate.state import AcceleratorState, GradientState, PartialState
+    from burstattn.hf.trainer import local_group_environment
 
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
+    local_group_environment(rank, world)
 
 
 def context_parallel(rank: int, world: int, case: TrainerCase) -> dict:
