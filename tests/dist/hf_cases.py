@@ -28,9 +28,10 @@ class HfCase:
     batch: int = 2
     new_tokens: int = 6
     seed: int = 0
+    options: tuple = ()  # the strategy's own options, as (name, value) pairs
 
     def id(self) -> str:
-        return f"{self.kind}-w{self.world}-{self.strategy}-{self.layout}-n{self.seq}"
+        return f"{self.kind}-w{self.world}-{self.strategy}-{self.layout}-n{self.seq}{dict(self.options) or ''}"
 
 
 def build(kind: str, seed: int = 0):
@@ -60,7 +61,7 @@ def _layout(case: HfCase) -> str:
 def train_and_generate(rank: int, world: int, case: HfCase) -> dict:
     """Loss, logits and gradients of a sequence-parallel forward/backward, and greedy generation over a
     ShardedCache, each against the eager single-process model; plus the decode bytes and shard sizes."""
-    bhf.register(strategy=case.strategy, layout=case.layout, backend="reference")
+    bhf.register(strategy=case.strategy, layout=case.layout, backend="reference", **dict(case.options))
     model = build(case.kind, case.seed)
     ids = _tokens(case)
     model.set_attn_implementation("eager")

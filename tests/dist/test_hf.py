@@ -23,7 +23,8 @@ TOL = 1e-4
 CASES = [hc.HfCase("llama", 1), hc.HfCase("llama", 2), hc.HfCase("mistral", 3, strategy="ring"),
          hc.HfCase("qwen3", 4, strategy="ulysses", layout="zigzag"), hc.HfCase("qwen2", 2, strategy="allgather"),
          hc.HfCase("mistral", 4, strategy="burst", layout="striped", seq=30),
-         hc.HfCase("llama", 2, strategy="tp", seq=17)]
+         hc.HfCase("llama", 2, strategy="tp", seq=17),
+         hc.HfCase("qwen2", 4, strategy="usp", options=(("ulysses_degree", 2), ("ring_degree", 2)))]
 
 
 @pytest.mark.parametrize("case", CASES, ids=hc.HfCase.id)
@@ -68,6 +69,11 @@ def test_register_rejects_bad_options():
         bhf.register(strategy="nope")
     with pytest.raises(ValueError, match="supports layout"):
         bhf.register(strategy="ring", layout="diagonal")  # not a layout name
+    with pytest.raises(ValueError, match="needs ulysses_degree"):  # issue 17.9: usp's degrees are options
+        bhf.register(strategy="usp")
+    with pytest.raises(ValueError, match="unknown option"):
+        bhf.register(strategy="ring", ulysses_degree=2)
+    assert bhf.register(strategy="usp", ulysses_degree=2).options == {"ulysses_degree": 2}
 
 
 def test_single_process_refusals():

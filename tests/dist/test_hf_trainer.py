@@ -74,3 +74,15 @@ def test_trl_sft_trainer_through_the_mixin(pools):
     ref = tc.sft(0, 1, False)
     for rank, got in enumerate(pools.get(2).run(tc.sft, True)):
         assert len(got) == 3 and _rel(got, ref) <= 1e-5, (rank, got, ref)
+
+
+@pytest.mark.parametrize("contender", ["cp-burst", "ddp"])
+def test_bench_hf_points(pools, contender):
+    """bench hf's per-rank work on the session pool: timed steps and a measured peak."""
+    from burstattn.bench.hf import HfBenchConfig, trainer_rank
+
+    cfg = HfBenchConfig(hidden=32, heads=4, kv_heads=2, vocab=64, mean_doc=40, steps=2, warmup=1)
+    timed = pools.get(2).run(trainer_rank, cfg, contender, 128, True)
+    peaks = pools.get(2).run(trainer_rank, cfg, contender, 128, False)
+    assert all(len(r["times"]) == 2 and min(r["times"]) > 0 for r in timed), timed
+    assert all(r["peak"] > 0 for r in peaks), peaks
