@@ -167,6 +167,8 @@ def _position_problem(opts: BurstOptions, spec, kwargs: dict, query, rank: int, 
             "shard); generate with burstattn.hf.ShardedCache()")
     if world > 1 and pos is None:
         return f"a forward at world size {world} without position_ids or burst_shard cannot be checked: {hint}"
+    if pos is not None and pos.shape[-1] != n:
+        return f"position_ids hold {pos.shape[-1]} positions for {n} tokens: {hint}"
     if world > 1 and split_error(n * world, world, layout):
         return f"{n} tokens on this rank are not a shard of layout {layout!r} over {world} ranks: {hint}"
     expected = local_positions(n * world, rank, world, layout) if world > 1 else torch.arange(n)
