@@ -22,7 +22,7 @@ _EXPORTS = {
     "two_level_groups": ".groups",
     "AttnMask": ".masks",
     "Partition": ".partition", "document_partition": ".partition",
-    "StepTrace": ".trace", "trace_steps": ".trace",
+    "StepTrace": ".comm.trace", "trace_steps": ".comm.trace",
 }
 
 __all__ = ["attention", "burst_attn_func", "BurstAttention", "shard_sequence", "gather_sequence",
@@ -59,4 +59,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .masks import AttnMask  # noqa: F401
     from .partition import Partition, document_partition  # noqa: F401
     from .strategies import attention  # noqa: F401
-    from .trace import StepTrace, trace_steps  # noqa: F401
+    from .comm.trace import StepTrace, trace_steps  # noqa: F401

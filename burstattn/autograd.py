@@ -25,7 +25,7 @@ from .kernels import get_kernel
 from .layout import local_positions
 from .masks.blocks import op_mask
 from .masks.setup import GuardedMaskMod, effective_mask, raise_mask_failures
-from .trace import StepTrace, active_trace
+from .comm.trace import StepTrace, active_trace
 
 
 @dataclass(frozen=True)

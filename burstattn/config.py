@@ -2,12 +2,26 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    import torch
 
 LAYOUTS = ("contiguous", "zigzag", "striped")
 BACKENDS = ("auto", "reference", "cpu_flash", "sdpa", "flash_attn")
 BACKWARDS = ("auto", "burst", "kv")
 SCHEDULES = ("ring", "distflash", "double")
+LOW_DTYPES = ("float32", "bfloat16", "float16")  # what models train and benchmarks run in, by name
+DTYPE_NAMES = LOW_DTYPES + ("float64",)          # float64: the exact checks
+
+
+def torch_dtype(name: str) -> "torch.dtype":
+    """The torch dtype named ``name`` (one of :data:`DTYPE_NAMES`); ``ValueError`` otherwise."""
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"dtype must be one of {list(DTYPE_NAMES)}, got {name!r}")
+    import torch
+
+    return getattr(torch, name)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 import burstattn
-from burstattn.reference import reference_rows
+from burstattn.testing.reference import reference_rows
 
 
 def parse() -> argparse.Namespace:

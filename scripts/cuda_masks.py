@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import burstattn  # noqa: E402
 from burstattn.masks import AttnMask  # noqa: E402
-from burstattn.reference import reference_attention  # noqa: E402
+from burstattn.testing.reference import reference_attention  # noqa: E402
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 

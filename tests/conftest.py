@@ -1,4 +1,4 @@
-"""Session-wide local process groups: one :class:`~burstattn.launch.LocalPool` per world size.
+"""Session-wide local process groups: one :class:`~burstattn.testing.launch.LocalPool` per world size.
 
 Starting ranks costs seconds (spawn + import torch), a case costs milliseconds, so every
 multi-process test runs its cases inside these shared pools: ``pools.get(world_size)``
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from burstattn.launch import LocalPool
+from burstattn.testing.launch import LocalPool
 
 POOL_TIMEOUT_S = 300.0  # one case, all ranks
 PG_TIMEOUT_S = 30.0  # one collective: a hung ring errors instead of stalling the suite
@@ -32,6 +32,17 @@ class Pools:
         for pool in self._pools.values():
             pool.close()
         self._pools.clear()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``timed`` assert a time bound: they run only when selected (``-m timed``), since a
+    noisy shared machine makes any time bound flaky; everything else asserts counts, bytes or values."""
+    if "timed" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="asserts a time bound: run with -m timed on a quiet machine")
+    for item in items:
+        if "timed" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 from burstattn.layout import local_positions
-from burstattn.reference import reference_attention
+from burstattn.testing.reference import reference_attention
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "float64": torch.float64}

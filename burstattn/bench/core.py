@@ -20,7 +20,6 @@ world sizes 3 and 4 only count bytes, where oversubscription does not matter).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
@@ -31,11 +30,11 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ..config import torch_dtype
 from .memory import measure_peak
 from .progress import ProgressFile, run_with_progress
 from .timing import code_version, cpu_snapshot, machine_info, other_load, time_interleaved
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,7 @@ class RankResult:
 def _inputs(p: Point, world: int, rank: int):
     """Random local q [B, n, Hq, D], k/v [B, n, Hkv, D], grad_out [B, n, Hq, D] (n = N / world)."""
     gen = torch.Generator().manual_seed(1000 * rank + 7)
-    n, dt = p.seq_len // world, DTYPES[p.dtype]
+    n, dt = p.seq_len // world, torch_dtype(p.dtype)
     q = torch.randn(p.batch, n, p.heads, p.head_dim, generator=gen).to(dt).requires_grad_()
     k = torch.randn(p.batch, n, p.kv_heads, p.head_dim, generator=gen).to(dt).requires_grad_()
     v = torch.randn(p.batch, n, p.kv_heads, p.head_dim, generator=gen).to(dt).requires_grad_()
@@ -135,7 +134,7 @@ def _kernel_fns(p: Point, q, k, v, grad):
 def _ceiling_fns(p: Point, world: int, rank: int):
     """Raw kernel on this rank's share of the non-causal work: n local queries x all N keys."""
     gen = torch.Generator().manual_seed(rank)
-    n, dt = p.seq_len // world, DTYPES[p.dtype]
+    n, dt = p.seq_len // world, torch_dtype(p.dtype)
     q = torch.randn(p.batch, p.heads, n, p.head_dim, generator=gen).to(dt)          # [B, H, n, D]
     k, v = (torch.randn(p.batch, p.kv_heads, p.seq_len, p.head_dim, generator=gen).to(dt) for _ in range(2))
     grad = torch.randn_like(q)
@@ -236,7 +235,7 @@ def _record(p: Point, world: int, results: list[RankResult]) -> dict:
         used = results[0].extra["backward_used"]
         ring = formulas.ring_bytes(batch=p.batch, local_seq=p.seq_len // world, world_size=world,
                                    q_heads=p.heads, kv_heads=p.kv_heads, head_dim=p.head_dim,
-                                   dtype=DTYPES[p.dtype], backward=used)
+                                   dtype=torch_dtype(p.dtype), backward=used)
         expected = {f"{ph}/{op}": b for (ph, op), b in ring["ops"].items()}
         rec.update(backward_used=used, expected=expected,
                    sent_max={key: max(r.sent.get(key, 0) for r in results) for key in expected | results[0].sent},
@@ -272,7 +271,7 @@ def run_core(cfg: CoreConfig, console=None) -> int:
     """Run every point, write ``core.json`` and ``core.md`` under ``cfg.out``; return 0."""
     from rich.console import Console
 
-    from ..launch import run_local
+    from ..testing.launch import run_local
     from .report import publish, update_document, write_markdown
 
     console = console or Console()
@@ -307,21 +306,3 @@ def run_core(cfg: CoreConfig, console=None) -> int:
            "config": asdict(eff), "records": records}
     publish(out_dir, "core", doc, write_markdown(doc), eff.docs, update_document, console)
     return 0
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags of ``burstattn bench core``."""
-    d = CoreConfig()
-    p.add_argument("--out", default=d.out, help="output directory (default: %(default)s)")
-    p.add_argument("--quick", action="store_true", help="small sizes and fewer repeats (smoke run)")
-    p.add_argument("--docs", default=None, metavar="FILE",
-                   help="also write the tables into FILE (e.g. docs/benchmarks.md), keeping its reading")
-    p.add_argument("--seq-len", type=int, default=d.seq_len, help="sequence length of overhead/speedup points")
-    p.add_argument("--repeats", type=int, default=d.repeats)
-    p.add_argument("--warmup", type=int, default=d.warmup)
-
-
-def config_from_args(ns: argparse.Namespace) -> CoreConfig:
-    """A :class:`CoreConfig` from parsed flags."""
-    return CoreConfig(out=ns.out, docs=ns.docs, quick=ns.quick, seq_len=ns.seq_len, repeats=ns.repeats,
-                      warmup=ns.warmup)

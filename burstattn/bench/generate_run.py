@@ -14,7 +14,6 @@ untimed warm-up run.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from dataclasses import dataclass
@@ -48,31 +47,6 @@ class GenerateConfig:
     threads_per_rank: int = 1
     strategy_options: tuple = ()
     """``(name, value)`` pairs of strategy options (usp's ``ulysses_degree`` / ``ring_degree``)."""
-
-
-def add_usp_arguments(p: argparse.ArgumentParser) -> None:
-    """``--ulysses-degree`` and ``--ring-degree``: the degrees of ``--strategy usp``."""
-    p.add_argument("--ulysses-degree", type=int, default=None, metavar="U",
-                   help="usp: ranks per Ulysses (all-to-all) group; U x R = the world size")
-    p.add_argument("--ring-degree", type=int, default=None, metavar="R", help="usp: ranks per ring")
-
-
-def usp_options(strategies, ulysses_degree, ring_degree, world_size: int) -> tuple[dict, str]:
-    """The strategy options the usp flags give (``{}`` without usp) and what is wrong with them, if anything."""
-    usp = "usp" in ([strategies] if isinstance(strategies, str) else list(strategies))
-    given = {k: v for k, v in (("ulysses_degree", ulysses_degree), ("ring_degree", ring_degree)) if v is not None}
-    if not usp:
-        return {}, ("--ulysses-degree and --ring-degree are options of --strategy usp" if given else "")
-    if not given:
-        return {}, ("--strategy usp needs --ulysses-degree U and/or --ring-degree R (U x R = --world-size "
-                    f"{world_size})")
-    if any(not isinstance(v, int) or v < 1 for v in given.values()):
-        return {}, f"--ulysses-degree and --ring-degree must be positive, got {given}"
-    u = given.get("ulysses_degree", world_size // given.get("ring_degree", 1))
-    r = given.get("ring_degree", world_size // max(u, 1))
-    if u * r != world_size:
-        return {}, f"usp: --ulysses-degree x --ring-degree must equal --world-size {world_size}, got {u} x {r}"
-    return given, ""
 
 
 def is_hf_dir(model: str) -> bool:
@@ -183,7 +157,7 @@ def generate_rank(rank: int, world: int, cfg: GenerateConfig) -> dict:
 
 def run_generate(cfg: GenerateConfig) -> dict:
     """Run ``burstattn generate`` over ``cfg.world_size`` local ranks; the report (JSON keys)."""
-    from ..launch import run_local
+    from ..testing.launch import run_local
 
     per_rank = run_local(generate_rank, cfg.world_size, cfg, threads_per_rank=cfg.threads_per_rank,
                          timeout_s=3600.0)

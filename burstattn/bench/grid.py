@@ -1,14 +1,14 @@
 """``burstattn bench grid``: every strategy and peer over a grid of shapes, in real processes.
 
 A config file (TOML, :class:`GridConfig`; flags override it) names contenders x sequence lengths x
-world sizes x causal x dtypes. One :class:`~burstattn.launch.LocalPool` per world size (threads set
+world sizes x causal x dtypes. One :class:`~burstattn.testing.launch.LocalPool` per world size (threads set
 with ``torch.set_num_threads(threads_per_rank)`` in every rank; ranks x threads must not exceed the
 cores); every point is one ``pool.run``, so a point that fails costs only itself. Per point, in
 every rank:
 
 1. correctness first: the same contender on a small instance of the same config (``check_seq_len``
    tokens, same heads/dtype/causal/layout), output and dQ/dK/dV against the float64
-   :mod:`burstattn.reference` on the global tensors, as ``max|x - ref| / max|ref|`` over every rank's rows;
+   :mod:`burstattn.testing.reference` on the global tensors, as ``max|x - ref| / max|ref|`` over every rank's rows;
 2. bytes per rank: one forward and one forward+backward under :func:`.distmeter.dist_meter` (which wraps
    ``torch.distributed`` and so counts the peers too) and, for burstattn's strategies,
    :func:`burstattn.comm_stats` (the two must agree), next to the contender's formula;
@@ -21,7 +21,6 @@ point once when that exceeded ``busy_cores``.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -33,10 +32,10 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ..config import torch_dtype
 from .progress import ProgressFile, run_with_progress
 from .timing import code_version, cpu_snapshot, machine_info, other_load, time_interleaved
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 OURS = ("burst", "ring", "rsa", "ulysses", "allgather", "usp", "tp", "burst-distflash", "burst-double")
 LAYOUT_OF = {"burst": "zigzag", "usp": "zigzag", "burst-distflash": "contiguous",
              "burst-double": "zigzag"}  # else contiguous
@@ -175,14 +174,14 @@ def _global(p: GridPoint, seq_len: int, seed: int):
 
 def _check(c, p: GridPoint, rank: int, world: int) -> dict:
     """Relative errors of out, dq, dk, dv on this rank's rows vs the float64 reference."""
-    from ..reference import reference_attention
+    from ..testing.reference import reference_attention
 
     q, k, v, do = _global(p, p.check_seq_len, 1234)
     ref = [x.clone().requires_grad_() for x in (q, k, v)]
     out_ref = reference_attention(*ref, causal=p.causal)[0]
     out_ref.backward(do)
     pos = c.positions(p.check_seq_len, rank, world)
-    dt = DTYPES[p.dtype]
+    dt = torch_dtype(p.dtype)
     loc = [x[:, pos].to(dt).contiguous().requires_grad_() for x in (q, k, v)]
     out = c.fn(*loc)
     out.backward(do[:, pos].to(dt))
@@ -229,7 +228,7 @@ def grid_point(rank: int, world: int, p: GridPoint, progress_path: Optional[str]
         rec["errors"] = _check(c, p, rank, world)
     except Exception as e:  # noqa: BLE001 - a peer that cannot run this point is a result
         return {**rec, "failed": f"{type(e).__name__}: {e}"[:500]}
-    n, dt = p.seq_len // world, DTYPES[p.dtype]
+    n, dt = p.seq_len // world, torch_dtype(p.dtype)
     gen = torch.Generator().manual_seed(1000 * rank + 7)
     q = torch.randn(p.batch, n, p.heads, p.head_dim, generator=gen).to(dt).requires_grad_()
     k, v = (torch.randn(p.batch, n, p.kv_heads, p.head_dim, generator=gen).to(dt).requires_grad_() for _ in "kv")
@@ -299,7 +298,7 @@ def run_grid(cfg: GridConfig, *, docs: Optional[str] = None, console=None) -> li
     """Run the grid; write ``<out>/<name>.json`` and ``.md``; return the records."""
     from rich.console import Console
 
-    from ..launch import LocalGroupError, LocalPool
+    from ..testing.launch import LocalGroupError, LocalPool
     from .report import grid_markdown, ratios_markdown
 
     console = console or Console()
@@ -373,20 +372,3 @@ def _versions() -> dict:
         except PackageNotFoundError:
             out[pkg] = None
     return out
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags of ``burstattn bench grid`` (override the config file)."""
-    p.add_argument("--config", default=None, metavar="FILE", help="TOML config (bench/configs/*.toml)")
-    p.add_argument("--contenders", nargs="+", default=None, help="e.g. burst ring torch_cp:allgather")
-    p.add_argument("--seq-lens", nargs="+", type=int, default=None)
-    p.add_argument("--world-sizes", nargs="+", type=int, default=None)
-    p.add_argument("--repeats", type=int, default=None)
-    p.add_argument("--out", default=None, help="output directory")
-    p.add_argument("--name", default=None, help="output file stem")
-    p.add_argument("--plots", default=None, metavar="DIR", help="also write PNG plots into DIR")
-
-
-def config_from_args(ns: argparse.Namespace) -> GridConfig:
-    return GridConfig.load(ns.config, contenders=ns.contenders, seq_lens=ns.seq_lens, world_sizes=ns.world_sizes,
-                           repeats=ns.repeats, out=ns.out, name=ns.name)

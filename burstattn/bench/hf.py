@@ -22,10 +22,9 @@ one step, optimizer creation included), allocator events on CPU. Writes ``hf.jso
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -166,7 +165,7 @@ def trainer_rank(rank: int, world: int, cfg: HfBenchConfig, contender: str, seq_
 
 def _pools(cfg: HfBenchConfig):
     """``{contender: pool}``: world P (1 thread per rank) for cp and ddp, one process with P threads for single."""
-    from ..launch import LocalPool
+    from ..testing.launch import LocalPool
 
     pools, made = {}, {}
     for c in cfg.contenders:
@@ -179,7 +178,7 @@ def _pools(cfg: HfBenchConfig):
 
 
 def _run(pool, *args) -> Optional[list[dict]]:
-    from ..launch import LocalGroupError
+    from ..testing.launch import LocalGroupError
 
     try:
         return pool.run(trainer_rank, *args)
@@ -277,29 +276,3 @@ def run_hf_bench(cfg: HfBenchConfig, console=None) -> dict:
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     (Path(cfg.out) / "hf.json").write_text(json.dumps(doc, indent=1, default=str))
     return doc
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = HfBenchConfig()
-    p.add_argument("--world-size", type=int, default=d.world_size)
-    p.add_argument("--seq-lens", nargs="+", type=int, default=list(d.seq_lens))
-    p.add_argument("--contenders", nargs="+", default=list(d.contenders), choices=CONTENDERS)
-    p.add_argument("--steps", type=int, default=d.steps, help="timed optimizer steps (after --warmup)")
-    p.add_argument("--warmup", type=int, default=d.warmup)
-    p.add_argument("--mem-budget-mib", type=float, default=d.mem_budget_mib, help="per-rank budget of maxlen")
-    p.add_argument("--maxlen-cap", type=int, default=d.maxlen_cap)
-    p.add_argument("--suites", nargs="+", default=list(d.suites), choices=SUITES)
-    p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
-    p.add_argument("--out", default=d.out)
-    p.add_argument("--docs", default=None, metavar="FILE", help="also write the tables into this Markdown file")
-
-
-def config_from_args(ns: argparse.Namespace) -> HfBenchConfig:
-    cfg = replace(HfBenchConfig(), world_size=ns.world_size, seq_lens=tuple(ns.seq_lens),
-                  contenders=tuple(ns.contenders), steps=ns.steps, warmup=ns.warmup, mem_budget_mib=ns.mem_budget_mib,
-                  maxlen_cap=ns.maxlen_cap, suites=tuple(ns.suites), out=ns.out)
-    if ns.quick:
-        cfg = replace(cfg, seq_lens=(256,), steps=1, warmup=0, hidden=64, heads=4, kv_heads=2, vocab=256,
-                      mean_doc=64, mem_budget_mib=24.0, maxlen_start=256, maxlen_cap=1024, granule=256,
-                      bisect_steps=0, balance_seq_len=4096, balance_world_sizes=(2, 4), block_size=128)
-    return cfg

@@ -18,7 +18,6 @@ Writes ``infer.json`` / ``infer.md`` (and PNG plots with ``--plots``) under ``--
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import time
@@ -163,7 +162,7 @@ def _max_over_ranks(per_rank: list[list[dict]]) -> list[dict]:
 
 def run_infer(cfg: InferBenchConfig, console=None) -> dict:
     """Run the suites; write ``<out>/infer.json`` and ``infer.md``; return the document."""
-    from ..launch import LocalPool
+    from ..testing.launch import LocalPool
 
     out_dir = Path(cfg.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -184,39 +183,3 @@ def run_infer(cfg: InferBenchConfig, console=None) -> dict:
     doc["duration_s"] = round(time.perf_counter() - t0, 1)
     (out_dir / "infer.json").write_text(json.dumps(doc, indent=1))
     return doc
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = InferBenchConfig()
-    p.add_argument("--model", default=d.model)
-    p.add_argument("--world-size", type=int, default=d.world_size)
-    p.add_argument("--strategies", nargs="+", default=list(d.strategies))
-    p.add_argument("--prompt-lens", nargs="+", type=int, default=list(d.prompt_lens))
-    p.add_argument("--decode-cache", type=int, default=d.decode_cache)
-    p.add_argument("--decode-tokens", type=int, default=d.decode_tokens)
-    p.add_argument("--crossover-cache", type=int, default=d.crossover_cache)
-    p.add_argument("--crossover-new", nargs="+", type=int, default=list(d.crossover_new))
-    p.add_argument("--repeats", type=int, default=d.repeats)
-    p.add_argument("--suites", nargs="+", default=list(d.suites), choices=SUITES)
-    p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run in seconds)")
-    p.add_argument("--out", default=d.out)
-    p.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots here")
-    p.add_argument("--docs", default=None, metavar="FILE", help="also write the tables into this Markdown file")
-    p.add_argument("--on-cluster", default=None, metavar="PRESET|SPEC",
-                   help="instead: the prefill suite on an emulated cluster (root), e.g. a100-pcie-roce")
-    p.add_argument("--nodes", type=int, default=2)
-    p.add_argument("--ranks-per-node", type=int, default=1)
-    from .generate_run import add_usp_arguments
-
-    add_usp_arguments(p)
-
-
-def config_from_args(ns: argparse.Namespace) -> InferBenchConfig:
-    cfg = replace(InferBenchConfig(), model=ns.model, world_size=ns.world_size, strategies=tuple(ns.strategies),
-                  prompt_lens=tuple(ns.prompt_lens), decode_cache=ns.decode_cache, decode_tokens=ns.decode_tokens,
-                  crossover_cache=ns.crossover_cache, crossover_new=tuple(ns.crossover_new), repeats=ns.repeats,
-                  suites=tuple(ns.suites), out=ns.out)
-    if ns.quick:
-        cfg = replace(cfg, model="tiny", prompt_lens=(64, 128), decode_cache=128, decode_tokens=4,
-                      crossover_cache=64, crossover_new=(8, 64), repeats=1)
-    return cfg

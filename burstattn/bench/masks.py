@@ -12,7 +12,7 @@ Suites (select with ``--suites``):
   over contiguous (unbalanced), zigzag and striped, ``schedule="distflash"``, and the non-causal
   ring. Target: DistFlashAttn's causal time <= 0.6x the non-causal time (fwd+bwd).
 
-Per point, in every rank (one :class:`~burstattn.launch.LocalPool` per world size, one
+Per point, in every rank (one :class:`~burstattn.testing.launch.LocalPool` per world size, one
 ``pool.run`` per point, so a failing point costs only itself):
 
 1. correctness: the same point on ``check_seq_len`` tokens (same mask shape, layout, schedule),
@@ -30,7 +30,6 @@ actually run (:func:`burstattn.masks.rank_work`, ``engine.schedule.rank_cost``, 
 """
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from dataclasses import asdict, dataclass, replace
@@ -40,12 +39,12 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ..config import torch_dtype
 from ..layout import local_positions
 from .mask_points import MaskPoint, packed_documents, point_layout, point_mask  # noqa: F401  (re-exported)
 from .progress import ProgressFile, run_with_progress
 from .timing import code_version, cpu_snapshot, machine_info, other_load, time_interleaved
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SUITES = ("masks", "distflash")
 
 
@@ -116,7 +115,7 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def _check_small(p: MaskPoint, rank: int, world: int) -> dict:
     """Relative errors of out, dq, dk, dv on this rank's rows at ``check_seq_len`` vs float64."""
-    from ..reference import reference_attention
+    from ..testing.reference import reference_attention
 
     n_chk = p.check_seq_len
     fn, layout, mask = _call(p, n_chk, world)
@@ -124,7 +123,7 @@ def _check_small(p: MaskPoint, rank: int, world: int) -> dict:
     ref = [x.clone().requires_grad_() for x in (q, k, v)]
     out_ref = reference_attention(*ref, mask=_visible(mask, torch.arange(n_chk), n_chk, p.causal))[0]
     out_ref.backward(do)
-    pos, dt = local_positions(n_chk, rank, world, layout), DTYPES[p.dtype]
+    pos, dt = local_positions(n_chk, rank, world, layout), torch_dtype(p.dtype)
     loc = [x[:, pos].to(dt).requires_grad_() for x in (q, k, v)]
     out = fn(*loc)
     out.backward(do[:, pos].to(dt))
@@ -134,7 +133,7 @@ def _check_small(p: MaskPoint, rank: int, world: int) -> dict:
 
 def _check_rows(p: MaskPoint, mask, glob, pos, out, dq) -> dict:
     """Out and dQ of sampled rows of the full-size call against float64 with the mask."""
-    from ..reference import reference_rows
+    from ..testing.reference import reference_rows
 
     n = pos.numel()
     idx = torch.linspace(0, n - 1, p.check_rows).round().long().unique()
@@ -152,7 +151,7 @@ def _formula(p: MaskPoint, world: int, rank: int, layout, mask) -> dict:
     from ..masks import AttnMask, choose_mask_backward, mask_bytes, mask_plan
 
     shape = dict(batch=p.batch, local_seq=p.seq_len // world, q_heads=p.heads, kv_heads=p.kv_heads,
-                 head_dim=p.head_dim, dtype=DTYPES[p.dtype])
+                 head_dim=p.head_dim, dtype=torch_dtype(p.dtype))
     if p.schedule == "distflash":
         used, f = "distflash", formulas.distflash_bytes(rank=rank, world_size=world, **shape)
     elif mask is not None or not isinstance(layout, str):
@@ -180,7 +179,7 @@ def _mask_point(rank: int, world: int, p: MaskPoint, progress_path: Optional[str
         return {"unavailable": f"{type(e).__name__}: {e}"}
     rec: dict = {"check": _check_small(p, rank, world)}
     glob = _global(p, p.seq_len, 7, torch.float32)  # float32: 4 ranks hold it at N = 32K
-    pos, dt = local_positions(p.seq_len, rank, world, layout), DTYPES[p.dtype]
+    pos, dt = local_positions(p.seq_len, rank, world, layout), torch_dtype(p.dtype)
     q, k, v = (x[:, pos].to(dt).requires_grad_() for x in glob[:3])
     grad = glob[3][:, pos].to(dt)
 
@@ -240,7 +239,7 @@ def run_masks(cfg: MasksConfig, console=None) -> dict:
     ``cfg.docs``); return the JSON document."""
     from rich.console import Console
 
-    from ..launch import LocalGroupError, LocalPool
+    from ..testing.launch import LocalGroupError, LocalPool
     from .masks_report import combine, derive, masks_markdown, update_section
     from .report import publish
 
@@ -278,29 +277,3 @@ def run_masks(cfg: MasksConfig, console=None) -> dict:
            "config": asdict(eff), "records": records}
     publish(out_dir, "masks", doc, masks_markdown(doc), eff.docs, update_section, console)
     return doc
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags of ``burstattn bench masks``."""
-    d = MasksConfig()
-    p.add_argument("--out", default=d.out, help="output directory (default: %(default)s)")
-    p.add_argument("--quick", action="store_true", help="N=1024, P<=4, 1 repeat: a smoke run (not for the docs)")
-    p.add_argument("--docs", default=None, metavar="FILE",
-                   help="also write the section into FILE (e.g. docs/benchmarks.md), keeping its '### Reading'")
-    p.add_argument("--suites", nargs="+", choices=SUITES, default=list(d.suites))
-    p.add_argument("--world-size", type=int, default=d.world_size, help="ranks of the masks suite")
-    p.add_argument("--seq-len", type=int, default=d.seq_len, help="N of the masks suite")
-    p.add_argument("--distflash-world-sizes", nargs="+", type=int, default=list(d.distflash_world_sizes))
-    p.add_argument("--distflash-seq-len", type=int, default=d.distflash_seq_len)
-    p.add_argument("--documents", type=int, default=d.documents)
-    p.add_argument("--doc-seed", type=int, default=d.doc_seed)
-    p.add_argument("--repeats", type=int, default=d.repeats)
-    p.add_argument("--warmup", type=int, default=d.warmup)
-
-
-def config_from_args(ns: argparse.Namespace) -> MasksConfig:
-    """A :class:`MasksConfig` from parsed flags."""
-    return MasksConfig(out=ns.out, docs=ns.docs, quick=ns.quick, suites=tuple(ns.suites), world_size=ns.world_size,
-                       seq_len=ns.seq_len, distflash_world_sizes=tuple(ns.distflash_world_sizes),
-                       distflash_seq_len=ns.distflash_seq_len, documents=ns.documents, doc_seed=ns.doc_seed,
-                       repeats=ns.repeats, warmup=ns.warmup)

@@ -9,7 +9,6 @@ that raises (out of memory, unsupported length) counts as a miss.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -20,7 +19,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .grid import DTYPES, OURS, GridPoint, contender
+from ..config import torch_dtype
+from .grid import OURS, GridPoint, contender
 from .progress import ProgressFile, run_with_progress
 from .timing import code_version, machine_info
 
@@ -49,7 +49,7 @@ def _probe(rank: int, world: int, p: GridPoint, progress_path: Optional[str]) ->
     from .memory import measure_peak
 
     ProgressFile(progress_path, rank).start(f"{p.contender} N={p.seq_len}")
-    n, dt = p.seq_len // world, DTYPES[p.dtype]
+    n, dt = p.seq_len // world, torch_dtype(p.dtype)
     try:
         c = contender(p, world)
 
@@ -88,7 +88,7 @@ def search_longest(fits, *, start: int, cap: int, granule: int, bisect_steps: in
 
 
 def _search(pool, cfg: MaxlenConfig, name: str, path: str) -> dict:
-    from ..launch import LocalGroupError
+    from ..testing.launch import LocalGroupError
 
     budget = cfg.mem_budget_mib * 2**20
     probes: list[tuple[int, Optional[int]]] = []
@@ -112,7 +112,7 @@ def run_maxlen(cfg: MaxlenConfig, console=None) -> int:
     """Search every contender; write ``<out>/maxlen.json`` and ``.md``; return 0."""
     from rich.console import Console
 
-    from ..launch import LocalPool
+    from ..testing.launch import LocalPool
     from .report import maxlen_markdown
 
     console = console or Console()
@@ -134,23 +134,3 @@ def run_maxlen(cfg: MaxlenConfig, console=None) -> int:
     (out_dir / "maxlen.md").write_text(md)
     console.print(md)
     return 0
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = MaxlenConfig()
-    p.add_argument("--mem-budget", type=float, default=d.mem_budget_mib, metavar="MiB",
-                   help="per-rank budget for the measured peak of one fwd+bwd (default: %(default)s)")
-    p.add_argument("--contenders", nargs="+", default=list(d.contenders),
-                   help=f"ours ({', '.join(OURS)}) and peers as peer:variant")
-    p.add_argument("--world-size", type=int, default=d.world_size)
-    p.add_argument("--non-causal", action="store_true")
-    p.add_argument("--start", type=int, default=d.start)
-    p.add_argument("--cap", type=int, default=d.cap)
-    p.add_argument("--bisect-steps", type=int, default=d.bisect_steps)
-    p.add_argument("--out", default=d.out)
-
-
-def config_from_args(ns: argparse.Namespace) -> MaxlenConfig:
-    return replace(MaxlenConfig(), mem_budget_mib=ns.mem_budget, contenders=tuple(ns.contenders),
-                   world_size=ns.world_size, causal=not ns.non_causal, start=ns.start, cap=ns.cap,
-                   bisect_steps=ns.bisect_steps, out=ns.out)

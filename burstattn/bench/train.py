@@ -13,7 +13,6 @@ Hold the machine-wide lock around it: ``flock /tmp/burstattn-bench.lock burstatt
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -126,7 +125,7 @@ def combine(cfg: TrainBenchConfig, per_rank: list[list[dict]]) -> list[dict]:
 
 def run_train_bench(cfg: TrainBenchConfig) -> dict:
     """Run every point in one local group; write ``out/train.json`` and ``out/train.md`` (and the plots)."""
-    from ..launch import run_local
+    from ..testing.launch import run_local
     from ..train.launcher import torchrun_env
     from .timing import cpu_snapshot
 
@@ -193,35 +192,3 @@ def _under_torchrun(cfg: TrainBenchConfig, pts: list[dict]):
         return (gathered if dist.get_rank() == 0 else None), cfg
     finally:
         dist.destroy_process_group()
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = TrainBenchConfig()
-    p.add_argument("--model", default=d.model)
-    p.add_argument("--seq-lens", type=int, nargs="+", default=list(d.seq_lens))
-    p.add_argument("--strategies", nargs="*", default=list(d.strategies),
-                   help="contenders of the sweep (none: only the checkpointing modes)")
-    p.add_argument("--no-fsdp-sweep", action="store_true", help="only without FSDP")
-    p.add_argument("--mode-seq-len", type=int, default=0)
-    p.add_argument("--mode-strategies", nargs="*", default=list(d.mode_strategies))
-    p.add_argument("--batch", type=int, default=d.batch)
-    p.add_argument("--world-size", type=int, default=d.world_size)
-    p.add_argument("--threads", type=int, default=d.threads)
-    p.add_argument("--repeats", type=int, default=d.repeats)
-    p.add_argument("--warmup", type=int, default=d.warmup)
-    p.add_argument("--out", default=d.out)
-    p.add_argument("--plots", default=None, help="directory of the PNG plots")
-    p.add_argument("--curve", default=None, help="a `burstattn train --metrics` file to plot")
-    p.add_argument("--cluster", default=None, metavar="PRESET|SPEC",
-                   help="run on an emulated cluster (needs root): a preset (a100-pcie-roce, ...), "
-                        "'inter=BW[,LAT];intra=BW[,LAT]' or a spec file; writes train-cluster.json/.md")
-    p.add_argument("--nodes", type=int, default=2, help="emulated nodes (with --cluster)")
-    p.add_argument("--ranks-per-node", type=int, default=2, help="ranks per emulated node (with --cluster)")
-
-
-def config_from_args(ns: argparse.Namespace) -> TrainBenchConfig:
-    return TrainBenchConfig(model=ns.model, seq_lens=tuple(ns.seq_lens), strategies=tuple(ns.strategies),
-                            fsdp=(False,) if ns.no_fsdp_sweep else (False, True), mode_seq_len=ns.mode_seq_len,
-                            mode_strategies=tuple(ns.mode_strategies), batch=ns.batch, world_size=ns.world_size,
-                            threads=ns.threads, repeats=ns.repeats, warmup=ns.warmup, out=ns.out, plots=ns.plots,
-                            curve=ns.curve)

@@ -34,7 +34,7 @@ def task_grid(cfg: dict) -> dict:
     import torch.distributed as dist
 
     from ..bench.grid import GridPoint, contender, grid_point
-    from ..trace import trace_steps
+    from ..comm.trace import trace_steps
     from .netns import iface_tx
 
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -1,4 +1,4 @@
-"""``burstattn bench infer --on-cluster PRESET``: first-token latency per strategy on an emulated cluster.
+"""``burstattn bench infer --cluster PRESET``: first-token latency per strategy on an emulated cluster.
 
 Like :mod:`.bench`: the parent brings the cluster up, runs ``python -m burstattn.cluster.worker
 infer`` under one ``torchrun`` agent per node, collects every rank's JSON and tears the cluster
@@ -41,7 +41,7 @@ def run_infer_cluster(cluster: str, *, nodes: int = 2, ranks_per_node: int = 1, 
     world = nodes * ranks_per_node
     local = calibrate() * min(1.0, (os.cpu_count() or 1) / world)
     spec = resolve(cluster, nodes, ranks_per_node, local_flops=local)
-    say(f"bench infer --on-cluster: {spec.describe()}")
+    say(f"bench infer --cluster: {spec.describe()}")
     cfg = dict(model=model, strategies=list(strategies), prompt_lens=list(prompt_lens), repeats=repeats,
                crossover_cache=crossover_cache, crossover_new=list(crossover_new), pg_timeout_s=1800, threads=1)
     t0 = time.perf_counter()

@@ -39,7 +39,7 @@ def _inputs(cfg: dict, seed: int = 0):
 
 def task_check(cfg: dict) -> dict:
     import burstattn
-    from burstattn.reference import reference_attention
+    from burstattn.testing.reference import reference_attention
 
     q, k, v, dout = _inputs(cfg)
     layout = cfg.get("layout", "zigzag")

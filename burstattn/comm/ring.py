@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..trace import StepTrace, now_ns
+from .trace import StepTrace, now_ns
 from .stats import CommStats
 
 

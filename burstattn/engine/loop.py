@@ -17,7 +17,7 @@ from typing import Callable, Optional, Protocol
 
 import torch
 
-from ..trace import now_ns
+from ..comm.trace import now_ns
 from .plan import Pair, Plan
 
 Payload = tuple[torch.Tensor, ...]

@@ -239,7 +239,7 @@ class ContextParallelTrainer(ContextParallelMixin, Trainer):
 
 def local_group_environment(rank: int, world_size: int) -> None:
     """Make accelerate (and so the Trainer) see a process group that was started without torchrun, e.g. by
-    :class:`burstattn.launch.LocalPool`: the ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` variables torchrun
+    :class:`burstattn.testing.launch.LocalPool`: the ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` variables torchrun
     would set (``LOCAL_RANK`` left out at world size 1: a plain single process), and accelerate's cached
     state reset, so that a process can run several Trainers one after another."""
     import os

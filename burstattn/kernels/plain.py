@@ -1,6 +1,6 @@
 """The ``"reference"`` backend: a plain PyTorch tiled attention kernel, the fallback everywhere.
 
-(Not to be confused with :func:`burstattn.reference.reference_attention`, the float64 test oracle
+(Not to be confused with :func:`burstattn.testing.reference.reference_attention`, the float64 test oracle
 over whole sequences; this is a kernel of the local-attention seam.)
 
 Keys are processed in tiles of ``tile`` rows with an online softmax, so memory is

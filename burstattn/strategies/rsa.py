@@ -36,7 +36,7 @@ from ..engine.ring import ring_loop
 from ..engine.schedule import ring_plan
 from ..formulas import accum_dtype, byte_totals, element_size, meta_bytes
 from ..layout import local_positions
-from ..trace import active_trace
+from ..comm.trace import active_trace
 from .base import start
 
 

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-DTYPES = ("float32", "bfloat16", "float16")
+from ..config import LOW_DTYPES as DTYPES  # names only: no torch at import
 DATA_FORMATS = ("auto", "uint16", "uint32", "text")
 TARGETS = ("all", "answer")
 

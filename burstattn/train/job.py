@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from ..config import torch_dtype
 from ..models import AttnCall, Llama, preset
 from ..parallel import (IGNORE, TP_STRATEGIES, ParallelDims, apply_fsdp, apply_tp, build_mesh, cp_attention,
                         default_layout, flat_mesh, mixed_precision, resolve_dims, shard_positions, shift_labels,
@@ -22,7 +23,6 @@ from ..strategies import STRATEGIES
 from .config import TrainConfig
 from .data import make_data
 
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -96,7 +96,7 @@ def build_job(cfg: TrainConfig) -> Job:
         ValueError: on every rank, for degrees, layouts, batch or model shapes that do not fit.
     """
     if not dist.is_initialized():
-        raise ValueError("build_job: torch.distributed is not initialized (use burstattn.launch or torchrun)")
+        raise ValueError("build_job: torch.distributed is not initialized (use burstattn.testing.launch or torchrun)")
     dims = resolve_dims(dist.get_world_size(), cfg.strategy, cfg.dp, cfg.cp, cfg.tp)
     attn_strategy = "burst" if cfg.strategy in TP_STRATEGIES else cfg.strategy
     variant = cfg.strategy[3:] if cfg.strategy in TP_STRATEGIES else cfg.tp_variant
@@ -116,7 +116,7 @@ def build_job(cfg: TrainConfig) -> Job:
     model = Llama(mcfg, attn=attn, checkpointing=cfg.checkpointing).to(device)
     if dims.tp > 1:
         apply_tp(model, mesh["tp"], variant)
-    dtype = TORCH_DTYPES[cfg.dtype]
+    dtype = torch_dtype(cfg.dtype)
     replica_mesh = flat_mesh(mesh, ("dp", "cp"))
     if cfg.fsdp:
         apply_fsdp(model, replica_mesh, zero=cfg.zero, mp_policy=mixed_precision(dtype))

@@ -9,7 +9,7 @@ from typing import Mapping, Optional
 import torch
 import torch.distributed as dist
 
-from ..launch import run_local
+from ..testing.launch import run_local
 from .config import TrainConfig
 from .loop import train
 
@@ -45,7 +45,7 @@ def run_training(cfg: TrainConfig, world_size: Optional[int] = None, *, threads_
 
     Raises:
         ValueError: ``world_size`` given under torchrun with another value, or not positive.
-        burstattn.launch.LocalGroupError: a local rank failed (its traceback inside).
+        burstattn.testing.launch.LocalGroupError: a local rank failed (its traceback inside).
     """
     environ = os.environ if environ is None else environ
     if torchrun_env(environ):

@@ -8,7 +8,7 @@ import torch
 
 import burstattn
 from burstattn.masks import AttnMask, mask_bytes, mask_plan
-from burstattn.reference import reference_attention
+from burstattn.testing.reference import reference_attention
 from tests.helpers import Case, full_inputs
 
 

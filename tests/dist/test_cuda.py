@@ -11,7 +11,7 @@ import torch
 
 import burstattn
 from burstattn.kernels import get_kernel
-from burstattn.reference import reference_attention
+from burstattn.testing.reference import reference_attention
 from tests.helpers import Case, full_inputs, reference_results, rel_err
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -1,4 +1,4 @@
-"""burstattn.launch: results in rank order, errors with tracebacks, nothing left behind,
+"""burstattn.testing.launch: results in rank order, errors with tracebacks, nothing left behind,
 and a pool that survives clean failures and tears itself down on hangs and deaths."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from burstattn.launch import LocalGroupError, LocalPool, run_local
+from burstattn.testing.launch import LocalGroupError, LocalPool, run_local
 
 
 def _info(rank, world, offset):
@@ -64,12 +64,11 @@ def test_pool_survives_clean_failures_and_recovers_from_hangs_and_deaths():
             pool.run(_raise_on, 0)
         assert [r[0] for r in pool.run(_info, 0)] == [0, 1]
 
-        start = time.monotonic()
         with pytest.raises(LocalGroupError) as info:
             pool.run(_raise_then_others_hang)
-        assert time.monotonic() - start < 30
         assert "ValueError" in info.value.errors[0].type_names
-        assert "RuntimeError" in info.value.errors[1].type_names  # the collective timed out
+        # the collective's own timeout (pg_timeout_s) fired, not the pool's: a hang would end there
+        assert "RuntimeError" in info.value.errors[1].type_names
         assert {r[5] for r in pool.run(_info, 0)} == pids  # same processes, fresh group
 
         with pytest.raises(LocalGroupError, match="exited with code 5"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from burstattn.launch import LocalGroupError
+from burstattn.testing.launch import LocalGroupError
 from burstattn.train import TrainConfig
 from tests.dist.train_cases import run_training
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from burstattn.launch import run_local
+from burstattn.testing.launch import run_local
 from burstattn.train import TrainConfig
 from tests.dist.train_cases import soak
 

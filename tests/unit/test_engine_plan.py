@@ -166,7 +166,7 @@ def test_head_groups_give_the_same_result(heads, causal):
     from burstattn.engine.passes import BlockCalls
     from burstattn.engine.run import attention_backward, attention_forward
     from burstattn.kernels import get_kernel
-    from burstattn.reference import reference_attention
+    from burstattn.testing.reference import reference_attention
 
     hq, hkv = heads
     gen = torch.Generator().manual_seed(1)

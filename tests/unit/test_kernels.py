@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from burstattn.kernels import available_backends, get_kernel, resolve_backend
-from burstattn.reference import reference_rows
+from burstattn.testing.reference import reference_rows
 from tests.helpers import TOL, rel_err
 
 KERNELS = ["reference", "cpu_flash"]

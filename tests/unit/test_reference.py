@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from burstattn.reference import reference_attention, reference_rows
+from burstattn.testing.reference import reference_attention, reference_rows
 from tests.helpers import rel_err
 
 

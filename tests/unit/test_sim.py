@@ -200,14 +200,21 @@ def test_cli_clear_errors(capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
-def test_a_thousand_devices_and_millions_of_tokens_in_seconds():
+def test_a_thousand_devices_and_millions_of_tokens():
     model = model_preset("llama-7b")
-    start = time.process_time()  # CPU seconds: the wall clock counts other processes on a shared machine
     rows = plan(model, 1 << 21, 1024, preset("h100-nvlink-ib"))
     longest = max_seq_len(model, 1024, preset("tpuv4"))
-    elapsed = time.process_time() - start
     assert rows[0]["fits"] and longest["burst"]["tokens"] > 1 << 22
-    assert elapsed < 10, elapsed
+
+
+@pytest.mark.timed
+def test_a_thousand_devices_in_seconds():
+    """The planner's speed at 1,024 devices (CPU seconds: the wall clock counts other processes)."""
+    model = model_preset("llama-7b")
+    start = time.process_time()
+    plan(model, 1 << 21, 1024, preset("h100-nvlink-ib"))
+    max_seq_len(model, 1024, preset("tpuv4"))
+    assert time.process_time() - start < 10
 
 
 def test_calibrated_spec_file_serves_sim_and_cluster(tmp_path):

@@ -1,12 +1,11 @@
-"""Argument handling of ``burstattn sim``, ``burstattn sim calibrate`` and ``burstattn plan``
-(parsers and handlers; :mod:`burstattn.cli` registers them)."""
+"""``burstattn sim``, ``burstattn sim calibrate`` and ``burstattn plan``: flags and handlers."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 
-from .names import CHECKPOINTING, MODES, SCHEDULES, STRATEGIES
+from ..sim.names import CHECKPOINTING, MODES, SCHEDULES, STRATEGIES
 
 _OWN_DIM = {"tp-v1": "tp", "tp-v3": "tp"}
 
@@ -22,6 +21,20 @@ def _common(p: argparse.ArgumentParser, with_strategy: bool) -> None:
     for flag, text in (("--inter-gbps", "inter-node Gbit/s"), ("--intra-gbps", "intra-node Gbit/s"),
                        ("--gpu-tflops", "peak TFLOP/s per device"), ("--gpu-mem-gib", "memory per device, GiB")):
         p.add_argument(flag, type=float, default=None, help=f"override the cluster's {text}")
+
+
+SIM_HELP = "simulate a strategy on a cluster (time, memory, timeline); `sim calibrate`"
+PLAN_HELP = "rank every strategy and degree choice on a cluster; --max-seq-len"
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    """Add ``burstattn sim`` and ``burstattn plan`` to the subcommands ``sub``."""
+    p = sub.add_parser("sim", help=SIM_HELP)
+    add_sim_arguments(p)
+    p.set_defaults(handler=run_sim)
+    q = sub.add_parser("plan", help=PLAN_HELP)
+    add_plan_arguments(q)
+    q.set_defaults(handler=run_plan)
 
 
 def add_sim_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,7 +63,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _hw(ns):
-    from .hardware import load
+    from ..sim.hardware import load
 
     return load(ns.cluster).with_overrides(inter_gbps=ns.inter_gbps, intra_gbps=ns.intra_gbps,
                                            gpu_tflops=ns.gpu_tflops, gpu_mem_gib=ns.gpu_mem_gib)
@@ -82,7 +95,7 @@ def degrees(strategy: str, gpus: int, cp, tp, dp) -> tuple[int, int, int]:
 
 def run_sim(ns) -> int:
     from ..models.config import preset as model_preset
-    from .step import SimConfig, simulate
+    from ..sim.step import SimConfig, simulate
 
     try:
         if ns.action == "calibrate":
@@ -102,7 +115,7 @@ def run_sim(ns) -> int:
     out = {"model": ns.model, "seq_len": ns.seq_len, "gpus": ns.gpus, "cluster": hw.name, "strategy": ns.strategy,
            "mode": ns.mode, "degrees": {"dp": dp, "cp": cp, "tp": tp}, **res.to_dict()}
     if ns.timeline:
-        from .timeline import plot_timeline
+        from ..sim.timeline import plot_timeline
 
         plot_timeline(res.layer_events, ns.timeline,
                       f"{ns.model}, one layer: {ns.strategy} cp={cp} tp={tp}, N={ns.seq_len}, {hw.name}")
@@ -123,8 +136,8 @@ def run_sim(ns) -> int:
 
 
 def _calibrate(ns) -> int:
-    from .calibrate import calibrate, cluster_section
-    from .hardware import save
+    from ..sim.calibrate import calibrate, cluster_section
+    from ..sim.hardware import save
 
     cal = calibrate(seconds=ns.seconds)
     save(cal.hw, ns.out, {"cluster": cluster_section(cal), "rates": cal.rates, "link": cal.link})
@@ -138,7 +151,7 @@ def _calibrate(ns) -> int:
 
 def run_plan(ns) -> int:
     from ..models.config import preset as model_preset
-    from .planner import max_seq_len, plan
+    from ..sim.planner import max_seq_len, plan
 
     try:
         hw, model = _hw(ns), model_preset(ns.model)

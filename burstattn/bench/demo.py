@@ -1,7 +1,7 @@
 """``burstattn demo``: burst attention forward + backward on a long sequence, checked and measured.
 
 Spawns ``world_size`` local ranks (gloo on CPU; NCCL when there is one GPU per rank) with
-:func:`burstattn.launch.run_local`. Every rank builds the same full q/k/v from one seed (so no rank
+:func:`burstattn.testing.launch.run_local`. Every rank builds the same full q/k/v from one seed (so no rank
 needs anyone's data for the check), keeps its shard (``shard_sequence``) and runs
 ``burst_attn_func`` forward and backward. Then:
 
@@ -19,7 +19,6 @@ A dense reference at these lengths would need ``N x N`` scores; the row sample d
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 import os
@@ -31,11 +30,11 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .bench.memory import measure_peak
-from .bench.progress import ProgressFile, run_with_progress
-from .bench.timing import default_threads_per_rank, time_repeats
+from ..config import torch_dtype
+from .memory import measure_peak
+from .progress import ProgressFile, run_with_progress
+from .timing import default_threads_per_rank, time_repeats
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-2}  # relative Frobenius error
 _STAGES = 5
 
@@ -134,7 +133,7 @@ def _check(cfg: DemoConfig, world: int, full, positions, held, sample_idx, grad_
     and dq already restricted to the held sampled rows [B, r, Hq, D].
     """
     import burstattn
-    from burstattn.reference import reference_rows
+    from burstattn.testing.reference import reference_rows
 
     q_full, k_full, v_full = full
     q_rows = q_full[:, positions[held]].double().requires_grad_()          # [B, r, Hq, D]
@@ -178,7 +177,7 @@ def _demo_rank(rank: int, world: int, cfg: DemoConfig, progress_path: Optional[s
     progress.start("building inputs, first call (checked, bytes counted)")
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
         else torch.device("cpu")
-    dtype = DTYPES[cfg.dtype]
+    dtype = torch_dtype(cfg.dtype)
     q_full, k_full, v_full, rows, grad_rows = _full_inputs(cfg, dtype)
     positions = burstattn.sequence_positions(cfg.seq_len, layout=cfg.layout)  # [n]
     shard = lambda x: burstattn.shard_sequence(x, layout=cfg.layout).to(device).contiguous()  # noqa: E731
@@ -284,38 +283,9 @@ def summarize(cfg: DemoConfig, reports: list[RankReport], console) -> bool:
     return ok
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The demo's flags (defaults from :class:`DemoConfig`)."""
-    d = DemoConfig()
-    p.add_argument("--world-size", type=int, default=d.world_size, help="local ranks to spawn")
-    p.add_argument("--seq-len", type=int, default=d.seq_len, help="global sequence length")
-    p.add_argument("--heads", type=int, default=d.heads, help="query heads")
-    p.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default: --heads)")
-    p.add_argument("--head-dim", type=int, default=d.head_dim)
-    p.add_argument("--batch", type=int, default=d.batch)
-    p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=d.causal)
-    p.add_argument("--layout", choices=("contiguous", "zigzag", "striped"), default=d.layout)
-    p.add_argument("--dtype", choices=tuple(DTYPES), default=d.dtype)
-    p.add_argument("--backend", choices=("auto", "reference", "cpu_flash", "sdpa", "flash_attn"),
-                   default=d.backend)
-    p.add_argument("--backward", choices=("auto", "burst", "kv"), default=d.backward,
-                   help="backward ring: burst (query ring) or kv (RingAttention); auto picks fewer bytes")
-    p.add_argument("--threads-per-rank", type=int, default=None, help="default: max(1, cores // world size)")
-    p.add_argument("--check-rows", type=int, default=d.check_rows, help="query rows checked in float64")
-    p.add_argument("--repeats", type=int, default=d.repeats, help="timed repeats (median reported)")
-    p.add_argument("--warmup", type=int, default=d.warmup,
-                   help="extra untimed calls before timing (the first, checked call already warms up)")
-    p.add_argument("--seed", type=int, default=d.seed)
-
-
-def config_from_args(ns: argparse.Namespace) -> DemoConfig:
-    """A :class:`DemoConfig` from parsed flags."""
-    return DemoConfig(**{f: getattr(ns, f) for f in DemoConfig.__dataclass_fields__})
-
-
 def config_error(cfg: DemoConfig) -> Optional[str]:
     """Why ``cfg`` cannot run (checked before spawning anything), or ``None``."""
-    from .layout import split_error
+    from ..layout import split_error
 
     if cfg.world_size < 1:
         return f"--world-size must be >= 1, got {cfg.world_size}"
@@ -323,12 +293,12 @@ def config_error(cfg: DemoConfig) -> Optional[str]:
         return "--heads, --kv-heads, --head-dim, --batch, --repeats and --check-rows must be >= 1"
     if cfg.heads % cfg.n_kv_heads:
         return f"--heads ({cfg.heads}) must be a multiple of --kv-heads ({cfg.n_kv_heads})"
-    from .kernels import resolve_backend
+    from ..kernels import resolve_backend
 
     device = torch.device("cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= cfg.world_size
                           else "cpu")  # what the ranks will use (launch picks nccl only then)
     try:
-        resolve_backend(cfg.backend, device, DTYPES[cfg.dtype])
+        resolve_backend(cfg.backend, device, torch_dtype(cfg.dtype))
     except ValueError as e:
         return f"--backend {cfg.backend}: {e}"
     return split_error(cfg.seq_len, cfg.world_size, cfg.layout)
@@ -338,7 +308,7 @@ def run_demo(cfg: DemoConfig, console=None) -> int:
     """Run the demo; print the tables; return the exit code (0 PASS, 1 FAIL, 2 bad options)."""
     from rich.console import Console
 
-    from .launch import run_local
+    from ..testing.launch import run_local
 
     console = console or Console()
     err = config_error(cfg)

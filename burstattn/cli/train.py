@@ -10,6 +10,7 @@ import dataclasses
 import signal
 import sys
 
+HELP = "train a LLaMA-style model with sequence / tensor parallelism"
 # flag -> (type, help); every one overrides the TrainConfig field of the same name
 FLAGS = {
     "model": (str, "model preset (tiny, small, llama-7b, ...)"),
@@ -46,8 +47,8 @@ SWITCHES = {"fsdp": "shard parameters/gradients/optimizer state with FSDP2 over 
             "resume": "continue from the newest complete checkpoint in --ckpt-dir"}
 
 
-def add_train(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train a LLaMA-style model with sequence / tensor parallelism",
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help=HELP,
                        description="Train on local processes (--world-size) or under torchrun (detected). "
                                    "Flags override the fields of --config.")
     p.add_argument("--config", help="TOML file of TrainConfig fields (see configs/train/)")
@@ -59,21 +60,21 @@ def add_train(sub: argparse._SubParsersAction) -> None:
         p.add_argument(flag, dest=name, type=kind, default=argparse.SUPPRESS, help=text)
     for name, text in SWITCHES.items():
         p.add_argument("--" + name, dest=name, action="store_true", default=argparse.SUPPRESS, help=text)
-    p.set_defaults(handler=run_train)
+    p.set_defaults(handler=run)
 
 
 def config_of(ns: argparse.Namespace):
     """The TrainConfig of the parsed flags (``--config`` first, flags on top)."""
-    from .train.config import TrainConfig, config_from_mapping, load_config
+    from ..train.config import TrainConfig, config_from_mapping, load_config
 
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     overrides = {k: v for k, v in vars(ns).items() if k in names}
     return load_config(ns.config, **overrides) if ns.config else config_from_mapping(overrides)
 
 
-def run_train(ns: argparse.Namespace) -> int:
-    from .launch import LocalGroupError
-    from .train.launcher import run_training
+def run(ns: argparse.Namespace) -> int:
+    from ..testing.launch import LocalGroupError
+    from ..train.launcher import run_training
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the local ranks are stopped too
     try:

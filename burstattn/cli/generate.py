@@ -1,16 +1,40 @@
-"""The inference and Hugging Face subcommands of ``burstattn``: ``generate``, ``bench infer`` and
-``bench hf`` (imported only when they run)."""
+"""``burstattn generate``: greedy generation over a sharded KV cache on local ranks."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .bench.generate_run import add_usp_arguments, usp_options
+HELP = "greedy generation over a sharded KV cache on local ranks"
 
 
-def add_generate(sub) -> None:
+def add_usp_arguments(p: argparse.ArgumentParser) -> None:
+    """``--ulysses-degree`` and ``--ring-degree``: the degrees of ``--strategy usp``."""
+    p.add_argument("--ulysses-degree", type=int, default=None, metavar="U",
+                   help="usp: ranks per Ulysses (all-to-all) group; U x R = the world size")
+    p.add_argument("--ring-degree", type=int, default=None, metavar="R", help="usp: ranks per ring")
+
+
+def usp_options(strategies, ulysses_degree, ring_degree, world_size: int) -> tuple[dict, str]:
+    """The strategy options the usp flags give (``{}`` without usp) and what is wrong with them, if anything."""
+    usp = "usp" in ([strategies] if isinstance(strategies, str) else list(strategies))
+    given = {k: v for k, v in (("ulysses_degree", ulysses_degree), ("ring_degree", ring_degree)) if v is not None}
+    if not usp:
+        return {}, ("--ulysses-degree and --ring-degree are options of --strategy usp" if given else "")
+    if not given:
+        return {}, ("--strategy usp needs --ulysses-degree U and/or --ring-degree R (U x R = --world-size "
+                    f"{world_size})")
+    if any(not isinstance(v, int) or v < 1 for v in given.values()):
+        return {}, f"--ulysses-degree and --ring-degree must be positive, got {given}"
+    u = given.get("ulysses_degree", world_size // given.get("ring_degree", 1))
+    r = given.get("ring_degree", world_size // max(u, 1))
+    if u * r != world_size:
+        return {}, f"usp: --ulysses-degree x --ring-degree must equal --world-size {world_size}, got {u} x {r}"
+    return given, ""
+
+
+def add(sub: argparse._SubParsersAction) -> None:
     """Add ``burstattn generate`` to the subcommands ``sub``."""
-    p = sub.add_parser("generate", help="greedy generation over a sharded KV cache on local ranks",
+    p = sub.add_parser("generate", help=HELP,
                        description="Prefill the prompt sharded over P local ranks (any strategy), decode over the "
                                    "KV cache that stays sharded; print first-token latency, decode tokens/s, peak "
                                    "memory per rank, bytes per token and the tokens.")
@@ -30,14 +54,14 @@ def add_generate(sub) -> None:
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run")
     p.add_argument("--threads-per-rank", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(handler=run_generate_command)
+    p.set_defaults(handler=run)
 
 
-def run_generate_command(ns: argparse.Namespace) -> int:
+def run(ns: argparse.Namespace) -> int:
     import json
 
-    from .bench.generate_run import GenerateConfig, run_generate
-    from .launch import LocalGroupError
+    from ..bench.generate_run import GenerateConfig, run_generate
+    from ..testing.launch import LocalGroupError
 
     if ns.world_size < 1:
         print(f"burstattn generate: --world-size must be >= 1, got {ns.world_size}", file=sys.stderr)
@@ -46,7 +70,7 @@ def run_generate_command(ns: argparse.Namespace) -> int:
     if problem:
         print(f"burstattn generate: {problem}", file=sys.stderr)
         return 2
-    from .bench.generate_run import is_hf_dir, missing_transformers
+    from ..bench.generate_run import is_hf_dir, missing_transformers
 
     if is_hf_dir(ns.model) and missing_transformers():
         print(f"burstattn generate: --model {ns.model} is a Hugging Face directory, which needs transformers: "
@@ -75,63 +99,4 @@ def run_generate_command(ns: argparse.Namespace) -> int:
           f"tokens/s; bytes sent per token per rank {report['bytes_per_token']}")
     print(f"peak memory per rank (MiB) {mib}; K/V cache per rank (bytes) {report['kv_cache_bytes']}")
     print(f"tokens {report['tokens']}")
-    return 0
-
-
-def run_bench_infer(ns: argparse.Namespace) -> int:
-    """``burstattn bench infer``: here, or on the emulated cluster with ``--on-cluster``."""
-    from .bench import infer
-    from .bench.infer_report import infer_markdown, plot_infer
-    from .bench.report import update_document
-
-    options, problem = usp_options(ns.strategies, ns.ulysses_degree, ns.ring_degree, ns.world_size)
-    if problem:
-        print(f"burstattn bench infer: {problem}", file=sys.stderr)
-        return 2
-    cfg = infer.replace(infer.config_from_args(ns), usp_options=tuple(sorted(options.items())))
-    if ns.on_cluster:
-        import json
-
-        from .bench.infer_report import cluster_markdown, infer_markdown_crossover
-        from .cluster.infer_bench import run_infer_cluster
-
-        res = run_infer_cluster(ns.on_cluster, nodes=ns.nodes, ranks_per_node=ns.ranks_per_node, model=cfg.model,
-                                strategies=cfg.strategies, prompt_lens=cfg.prompt_lens, repeats=cfg.repeats,
-                                crossover_cache=cfg.crossover_cache,
-                                crossover_new=cfg.crossover_new if "crossover" in cfg.suites else ())
-        infer.Path(ns.out).mkdir(parents=True, exist_ok=True)
-        (infer.Path(ns.out) / "infer-cluster.json").write_text(json.dumps(res, indent=1, default=str))
-        md = cluster_markdown(res, cfg.model)
-        if res["crossover"]:
-            md += "\n" + infer_markdown_crossover(res, cfg)
-        (infer.Path(ns.out) / "infer-cluster.md").write_text(md)
-        print(md)
-        return 0
-    doc = infer.run_infer(cfg)
-    md = infer_markdown(doc)
-    (infer.Path(ns.out) / "infer.md").write_text(md)
-    if ns.docs:
-        update_document(ns.docs, md)
-    for path in plot_infer(doc, ns.plots) if ns.plots else []:
-        print(f"wrote {path}")
-    print(md)
-    return 0
-
-
-def run_bench_hf(ns: argparse.Namespace) -> int:
-    """``burstattn bench hf``: Trainer steps with and without context parallelism (needs ``burstattn[hf]``)."""
-    from .bench import hf
-    from .bench.generate_run import missing_transformers
-    from .bench.hf_report import hf_markdown, replace_section
-
-    if missing_transformers():
-        print("burstattn bench hf: needs transformers and accelerate: pip install 'burstattn[hf]'", file=sys.stderr)
-        return 2
-    cfg = hf.config_from_args(ns)
-    doc = hf.run_hf_bench(cfg)
-    md = hf_markdown(doc)
-    (hf.Path(cfg.out) / "hf.md").write_text(md)
-    if ns.docs:
-        replace_section(ns.docs, md)
-    print(md)
     return 0
