@@ -6,6 +6,7 @@
     torchrun --nproc-per-node 2 examples/hf_trainer_long_context.py --trl
     # 2 replicas x 2 context-parallel ranks
     torchrun --nproc-per-node 4 examples/hf_trainer_long_context.py --cp-size 2
+    # GPUs: accelerate launch --multi_gpu --num_processes 8 examples/hf_trainer_long_context.py --cp-size 4
 
 A small Llama-architecture model built from a config (random weights: no download) learns synthetic
 long documents (each counts up with its own stride, so a token follows from the two before it; lengths
@@ -17,6 +18,7 @@ the single-process loss. The change from a plain Trainer script is three lines (
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 
@@ -59,9 +61,10 @@ def model_from_config() -> transformers.PreTrainedModel:
 
 
 def trainer(args, model, data, out: str):
+    cpu_group = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
     common = dict(output_dir=out, per_device_train_batch_size=args.batch, max_steps=args.steps, learning_rate=3e-3,
                   logging_steps=4, save_strategy="no", report_to="none", use_cpu=not torch.cuda.is_available(),
-                  ddp_backend="gloo" if not torch.cuda.is_available() else None, disable_tqdm=True, seed=0)
+                  ddp_backend="gloo" if cpu_group else None, disable_tqdm=True, seed=0)
     cp = dict(cp_size=args.cp_size, strategy=args.strategy)  # burstattn (2/3): the context-parallel options
     if args.trl:
         import datasets
