@@ -21,8 +21,7 @@ from tests.dist.hf_cases import VOCAB  # noqa: E402
 TC = tc.TrainerCase
 CASES = [TC(accumulation=2), TC(kind="qwen3", strategy="ring", data="right"),
          TC(kind="mistral", strategy="ulysses", data="left"),
-         TC(kind="qwen2", world=4, cp=2, per_device=2), TC(kind="llama", world=4, cp=4, data="right", accumulation=2),
-         TC(kind="mistral", strategy="burst", world=4, cp=2, data="left", per_device=2)]
+         TC(kind="qwen2", world=4, cp=2, per_device=2), TC(kind="llama", world=4, cp=4, data="right", accumulation=2)]
 
 
 def _rel(a, b) -> float:
@@ -76,7 +75,7 @@ def test_trl_sft_trainer_through_the_mixin(pools):
         assert len(got) == 3 and _rel(got, ref) <= 1e-5, (rank, got, ref)
 
 
-@pytest.mark.parametrize("contender", ["cp-burst", "ddp"])
+@pytest.mark.parametrize("contender", ["cp-burst"])
 def test_bench_hf_points(pools, contender):
     """bench hf's per-rank work on the session pool: timed steps and a measured peak."""
     from burstattn.bench.hf import HfBenchConfig, trainer_rank
