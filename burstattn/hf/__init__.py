@@ -2,9 +2,10 @@
 
 * :func:`register` — ``attn_implementation="burst"`` for any model that dispatches through
   transformers' attention interface (Llama, Qwen2/3, Mistral, ...), with its mask function
-  (padding masks are refused with a clear error, never dropped).
-* :func:`shard_batch`, :func:`sync_gradients`, :func:`gather_logits` — sequence-parallel
-  training and scoring: loss, gradients and logits equal the single-process model's.
+  (a padding mask handed straight to the model is refused with a clear error, never dropped).
+* :func:`shard_batch`, :func:`shard_inputs`, :func:`sync_gradients`, :func:`gather_logits` —
+  sequence-parallel training and scoring, packed documents and padding included: loss, gradients and
+  logits equal the single-process model's.
 * :class:`ShardedCache` — generation over a KV cache that stays sharded across the ranks.
 * :class:`ContextParallelTrainer`, :class:`ContextParallelMixin` — ``transformers.Trainer`` (or any
   subclass, e.g. TRL's ``SFTTrainer``) over a ``dp x cp`` mesh (imported on first use: they need

@@ -75,8 +75,9 @@ class ContextParallelMixin:
         self.cp_attn_implementation = attn_implementation
         self.cp_options = register(attn_implementation, strategy=strategy, layout=layout, backend=backend,
                                    group=self.cp_group, **(strategy_options or {}))
-        self._original_attn = getattr(self.model.config, "_attn_implementation", None)
-        self.model.set_attn_implementation(attn_implementation)
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # PEFT
+        self._original_attn = getattr(base.config, "_attn_implementation", None)
+        base.set_attn_implementation(attn_implementation)
 
     def _refuse_unsupported(self) -> None:
         problem = None
@@ -222,6 +223,7 @@ class ContextParallelMixin:
     def save_model(self, output_dir: Optional[str] = None, _internal_call: bool = False) -> None:
         """As the Trainer's, with the model's original ``attn_implementation`` in the saved config."""
         model = self.accelerator.unwrap_model(self.model)
+        model = model.get_base_model() if hasattr(model, "get_base_model") else model
         restore = self._original_attn not in (None, self.cp_attn_implementation)
         if restore:
             model.config._attn_implementation = self._original_attn
