@@ -45,7 +45,6 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cluster-repeats", type=int, default=3)
     p.add_argument("--cluster-out", default="bench-out")
     p.add_argument("--cluster-docs", default=None, help="also write the tables into this Markdown file")
-    p.set_defaults(handler=run_cluster)
     suites = p.add_subparsers(dest="suite", metavar="SUITE", required=False)
     handlers = {"core": run_core, "grid": run_grid, "maxlen": run_maxlen, "masks": run_masks, "train": run_train,
                 "infer": run_infer, "hf": run_hf}
@@ -55,7 +54,33 @@ def add(sub: argparse._SubParsersAction) -> None:
     for name, text in SUITE_HELP.items():
         s = suites.add_parser(name, help=text)
         flags[name](s)
-        s.set_defaults(handler=handlers[name])
+        s.set_defaults(handler=guarded(handlers[name], name))
+    p.set_defaults(handler=guarded(run_cluster, None))
+
+
+def guarded(handler, suite):
+    """``handler`` with bad input as one line: a ``--cluster`` value that names no preset, spec file or
+    ``inter=...;intra=...`` pair is refused before anything is measured; any ``ValueError`` (a flag's
+    value) prints ``burstattn bench [SUITE]: error: ...`` and exits 2."""
+    def run(ns: argparse.Namespace) -> int:
+        try:
+            if getattr(ns, "cluster", None):
+                check_cluster(ns.cluster, getattr(ns, "nodes", 2), getattr(ns, "ranks_per_node", 2))
+            return handler(ns)
+        except ValueError as exc:
+            print(f"burstattn bench{' ' + suite if suite else ''}: error: {exc}", file=sys.stderr)
+            return 2
+    return run
+
+
+def check_cluster(text: str, nodes: int, ranks_per_node: int) -> None:
+    """``ValueError`` naming ``--cluster`` unless ``text`` resolves to a cluster (no calibration run)."""
+    from ..cluster.spec import resolve
+
+    try:
+        resolve(text, nodes, ranks_per_node, local_flops=1.0)
+    except ValueError as exc:
+        raise ValueError(f"--cluster {text!r}: {exc}") from None
 
 
 def run_cluster(ns: argparse.Namespace) -> int:

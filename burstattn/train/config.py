@@ -17,6 +17,9 @@ class TrainConfig:
 
     model: str = "tiny"
     """Model preset name (``burstattn.models.PRESETS``)."""
+    vocab_size: Optional[int] = None
+    """Token ids of the model (``None``: the preset's; the small presets have 256, the byte-level
+    tokenizer's): set it to a tokenizer's vocabulary to train on its ``--data`` token file."""
     seq_len: int = 256
     """Tokens per global sequence (split over the ``cp`` ranks)."""
     batch: int = 2
@@ -43,6 +46,10 @@ class TrainConfig:
     """Sequence layout over ``cp`` (``None``: the strategy's default)."""
     backend: str = "auto"
     """Local attention kernel (``burstattn.attention``'s ``backend``)."""
+    schedule: str = "ring"
+    """``burst`` only: ``ring`` or ``distflash`` (DistFlashAttn's load-balanced causal schedule over the
+    contiguous layout, the default layout with it). ``double`` needs a node topology the job does
+    not build: ``burstattn.attention(..., schedule="double", topology=...)``."""
     ulysses_degree: int = 0
     """``usp`` only: Ulysses ranks inside each ring group (0: the largest that divides cp and the heads)."""
     dp: Optional[int] = None
@@ -76,7 +83,11 @@ class TrainConfig:
     keep: int = 3
     """Keep the newest this many checkpoints."""
     resume: bool = False
-    """Continue from the newest complete checkpoint in ``ckpt_dir``."""
+    """Continue from the newest checkpoint in ``ckpt_dir`` that loads (damaged ones are skipped, with
+    the reason); ``ckpt_dir`` must exist."""
+    allow_changes: bool = False
+    """With ``resume``: accept a run whose data or optimisation settings (seed, lr, batch, ...)
+    differ from the checkpoint's (warned; the new values apply); without it they are refused."""
     metrics: Optional[str] = None
     """JSON-lines file: one object per step (``step, loss, tokens_per_s, peak_mem_bytes, lr`` ...)."""
     log_every: int = 1
@@ -106,6 +117,9 @@ class TrainConfig:
             raise ValueError(f"lr must be positive, got {self.lr!r}")
         if self.resume and not self.ckpt_dir:
             raise ValueError("resume needs ckpt_dir")
+        if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or isinstance(self.vocab_size, bool)
+                                            or self.vocab_size < 1):
+            raise ValueError(f"vocab_size must be a positive int, got {self.vocab_size!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

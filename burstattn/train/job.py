@@ -15,11 +15,10 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from ..config import torch_dtype
-from ..models import AttnCall, Llama, preset
-from ..parallel import (IGNORE, TP_STRATEGIES, ParallelDims, apply_fsdp, apply_tp, build_mesh, cp_attention,
-                        default_layout, flat_mesh, mixed_precision, resolve_dims, shard_positions, shift_labels,
-                        tp_problem, usp_mesh)
-from ..strategies import STRATEGIES
+from ..models import AttnCall, Llama
+from ..parallel import (IGNORE, ParallelDims, apply_fsdp, apply_tp, build_mesh, cp_attention, flat_mesh,
+                        mixed_precision, shard_positions, shift_labels, usp_mesh)
+from .checks import check_config, model_config
 from .config import TrainConfig
 from .data import make_data
 
@@ -62,29 +61,6 @@ def lr_lambda(cfg: TrainConfig):
     return factor
 
 
-def choose_ulysses(cp: int, heads: int, given: int) -> int:
-    """USP's Ulysses degree: ``given``, or the largest divisor of ``cp`` that divides ``heads``."""
-    if given:
-        return given
-    return max(u for u in range(1, cp + 1) if cp % u == 0 and heads % u == 0)
-
-
-def check_job(cfg: TrainConfig, dims: ParallelDims, strategy: str, layout: str, variant: str) -> None:
-    """Raise ``ValueError`` (the same on every rank: it reads only the config) for bad combinations."""
-    spec = STRATEGIES[strategy]
-    if layout not in spec.layouts:
-        raise ValueError(f"strategy {strategy!r} supports layout(s) {list(spec.layouts)}, got {layout!r}")
-    if cfg.batch % dims.dp:
-        raise ValueError(f"batch ({cfg.batch}) must be divisible by dp ({dims.dp})")
-    mcfg = preset(cfg.model)
-    if dims.tp > 1:
-        problem = tp_problem(mcfg, dims.tp, cfg.seq_len // dims.cp, variant)
-        if problem:
-            raise ValueError(problem)
-    if cfg.dtype == "float16" and _device_type() == "cpu":
-        raise ValueError("dtype float16 needs a GPU (use bfloat16 on CPU)")
-
-
 def _device_type() -> str:
     return "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
 
@@ -93,23 +69,22 @@ def build_job(cfg: TrainConfig) -> Job:
     """The job of ``cfg`` on this rank (every rank of the default group must call it).
 
     Raises:
-        ValueError: on every rank, for degrees, layouts, batch or model shapes that do not fit.
+        ValueError: on every rank, for degrees, layouts, batch or model shapes that do not fit
+            (:func:`~burstattn.train.checks.check_config`).
     """
     if not dist.is_initialized():
         raise ValueError("build_job: torch.distributed is not initialized (use burstattn.testing.launch or torchrun)")
-    dims = resolve_dims(dist.get_world_size(), cfg.strategy, cfg.dp, cfg.cp, cfg.tp)
-    attn_strategy = "burst" if cfg.strategy in TP_STRATEGIES else cfg.strategy
-    variant = cfg.strategy[3:] if cfg.strategy in TP_STRATEGIES else cfg.tp_variant
-    layout = cfg.layout or default_layout(attn_strategy)
-    check_job(cfg, dims, attn_strategy, layout, variant)
     device_type = _device_type()
+    plan = check_config(cfg, dist.get_world_size(), device_type)
+    dims, attn_strategy, variant, layout, ulysses = plan.dims, plan.strategy, plan.variant, plan.layout, plan.ulysses
     device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
     mesh = build_mesh(dims, device_type)
-    mcfg = preset(cfg.model)
+    mcfg = model_config(cfg)
     d, c, _ = dims.coords(dist.get_rank())
-    ulysses = choose_ulysses(dims.cp, mcfg.n_heads // dims.tp, cfg.ulysses_degree) if attn_strategy == "usp" else 1
     grid = usp_mesh(dims, ulysses, device_type)["ring", "ulysses"] if attn_strategy == "usp" else None
-    attn = cp_attention(attn_strategy, mesh.get_group("cp"), layout, backend=cfg.backend, usp_mesh=grid)
+    options = {"schedule": cfg.schedule} if cfg.schedule != "ring" else None
+    attn = cp_attention(attn_strategy, mesh.get_group("cp"), layout, backend=cfg.backend, usp_mesh=grid,
+                        options=options)
     positions = shard_positions(cfg.seq_len, strategy=attn_strategy, layout=layout, cp_rank=c, cp_size=dims.cp,
                                 ulysses_degree=ulysses)
     torch.manual_seed(cfg.seed)
@@ -127,9 +102,6 @@ def build_job(cfg: TrainConfig) -> Job:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     b = cfg.batch // dims.dp
     data = make_data(cfg.data, cfg.data_format, cfg.seed, cfg.batch, cfg.seq_len)
-    if cfg.data and data.max_id() >= mcfg.vocab_size:
-        raise ValueError(f"--data holds token id {data.max_id()} but model {cfg.model!r} has vocab_size "
-                         f"{mcfg.vocab_size}")
     return Job(cfg, dims, mesh, model, optimizer, scheduler, attn, positions.to(device), slice(d * b, (d + 1) * b),
                replica_mesh.get_group(), data, device, attn_strategy, variant, layout)
 
