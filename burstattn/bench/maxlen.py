@@ -65,6 +65,28 @@ def _probe(rank: int, world: int, p: GridPoint, progress_path: Optional[str]) ->
         return None
 
 
+def search_longest(fits, *, start: int, cap: int, granule: int, bisect_steps: int) -> tuple[Optional[int], Optional[str]]:
+    """The longest length ``fits(n)`` accepts: double from ``start`` up to ``cap``, then bisect between
+    the last fit and the first miss to a multiple of ``granule``, at most ``bisect_steps`` probes.
+    Returns ``(longest or None, note or None)``."""
+    lo, hi, seq = None, None, start
+    while seq <= cap:
+        if not fits(seq):
+            hi = seq
+            break
+        lo, seq = seq, seq * 2
+    if lo is None:
+        return None, f"even N={start} does not fit"
+    if hi is None:
+        return lo, f"reached the cap N={cap}"
+    for _ in range(bisect_steps):
+        mid = (lo + hi) // 2 // granule * granule
+        if mid in (lo, hi):
+            break
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo, None
+
+
 def _search(pool, cfg: MaxlenConfig, name: str, path: str) -> dict:
     from ..testing.launch import LocalGroupError
 
@@ -81,23 +103,7 @@ def _search(pool, cfg: MaxlenConfig, name: str, path: str) -> dict:
         probes.append((seq, peak))
         return peak is not None and peak <= budget
 
-    lo, hi, seq = None, None, cfg.start
-    while seq <= cfg.cap:
-        if not fits(seq):
-            hi = seq
-            break
-        lo, seq = seq, seq * 2
-    note = None
-    if lo is None:
-        note = f"even N={cfg.start} does not fit"
-    elif hi is None:
-        note = f"reached the cap N={cfg.cap}"
-    else:
-        for _ in range(cfg.bisect_steps):
-            mid = (lo + hi) // 2 // cfg.granule * cfg.granule
-            if mid in (lo, hi):
-                break
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    lo, note = search_longest(fits, start=cfg.start, cap=cfg.cap, granule=cfg.granule, bisect_steps=cfg.bisect_steps)
     peak_lo = next((b for n, b in probes if n == lo), None)
     return {"contender": name, "longest": lo, "peak_at_longest": peak_lo, "probes": probes, "note": note}
 

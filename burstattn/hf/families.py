@@ -35,7 +35,8 @@ PASSIVE = frozenset({"position_ids", "use_cache", "output_attentions", "output_r
                      "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "output_hidden_states",
                      "return_dict", "past_key_values", "cache", "token_type_ids", "kwargs",
                      # the loss's arguments, which models pass down with every other forward keyword
-                     "num_items_in_batch", "shift_labels", "logits_to_keep"})
+                     "num_items_in_batch", "shift_labels", "logits_to_keep",
+                     "burst_shard"})  # burstattn.hf.shard_batch's ShardSpec, read by the attention function
 APPLIED = frozenset({"softcap", "s_aux", "sliding_window", "is_causal"})
 TESTED = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gpt_oss", "deepseek_v3", "t5gemma")
 

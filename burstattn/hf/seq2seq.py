@@ -16,7 +16,8 @@ import torch.distributed as dist
 
 from ..infer.sharded import rank_world
 from ..layout import local_positions
-from .batch import IGNORE_INDEX, GlobalItemCount
+from .batch import GlobalItemCount
+from .packing import IGNORE_INDEX
 
 
 def _ids(name: str, x) -> None:

@@ -53,12 +53,22 @@ def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window=None, causal: bool 
 
 def partial_attention(q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       k_pos: torch.Tensor, *, scale: float, backend: str = "auto", window=None,
-                      causal: bool = True, softcap: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      causal: bool = True, softcap: Optional[float] = None,
+                      key_mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of ``q [B, Sq, Hq, D]`` to the local keys ``k [B, Sk, Hkv, D]``, ``v [B, Sk, Hkv, Dv]`` only.
+
+    ``key_mask`` (bool ``[B, Sk]``, True = attend): per batch row, keys that are padding are never
+    attended (rows then differ, so each row runs on its own).
 
     Returns ``out [B, Hq, Sq, Dv]`` and ``lse [B, Hq, Sq]``, both float32 (float64 for float64
     inputs), ``out = 0`` and ``lse = -inf`` on rows that see no local key (also when ``Sk == 0``).
     """
+    if key_mask is not None and not bool(key_mask.all()):
+        parts = [partial_attention(q[b:b + 1], q_pos, k[b:b + 1, key_mask[b]], v[b:b + 1, key_mask[b]],
+                                   k_pos[key_mask[b].to(k_pos.device)], scale=scale, backend=backend, window=window,
+                                   causal=causal, softcap=softcap)
+                 for b in range(q.shape[0])]
+        return torch.cat([o for o, _ in parts]), torch.cat([l for _, l in parts])
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     b, sq, hq, d = q.shape
     out = torch.zeros(b, hq, sq, v.shape[-1], dtype=acc, device=q.device)
@@ -107,17 +117,18 @@ def rank_world(group: Optional[dist.ProcessGroup]) -> tuple[Optional[dist.Proces
 def replicated_attention(q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          k_pos: torch.Tensor, *, group: Optional[dist.ProcessGroup] = None, scale: float,
                          backend: str = "auto", window=None, causal: bool = True, softcap: Optional[float] = None,
-                         sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+                         sinks: Optional[torch.Tensor] = None, key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Exact attention of queries held by EVERY rank (``q [B, Sq, Hq, D]``, the same on every rank)
     to the whole sharded cache (this rank's ``k [B, S_r, Hkv, D]``, ``v [B, S_r, Hkv, Dv]`` at
-    ``k_pos [S_r]``); ``sinks [Hq]`` join every row's softmax once, after the merge.
+    ``k_pos [S_r]``; ``key_mask [B, S_r]``: False for padded keys, never attended); ``sinks [Hq]`` join
+    every row's softmax once, after the merge.
 
     Returns ``[B, Sq, Hq, Dv]`` in q's dtype, identical on every rank. Sends
     ``(P-1) * B*Hq*Sq*(Dv+1) * 4`` bytes (op ``"decode"``).
     """
     group, _, world = rank_world(group)
     out, lse = partial_attention(q, q_pos, k, v, k_pos, scale=scale, backend=backend, window=window, causal=causal,
-                                 softcap=softcap)
+                                 softcap=softcap, key_mask=key_mask)
     if world > 1:
         packed = torch.cat([out, lse.unsqueeze(-1)], dim=-1)  # [B, Hq, Sq, Dv+1]
         parts = Collectives(group, "forward", active_stats()).all_gather(packed, "decode")

@@ -85,7 +85,7 @@ def decoder_only(rank: int, world: int, kind: str, seq: int = 21, new_tokens: in
     out = model(**batch)
     out.loss.backward()
     bhf.sync_gradients(model)
-    logits = bhf.gather_logits(out.logits.detach())[:, :seq]
+    logits = bhf.gather_logits(out.logits.detach(), shard=batch["burst_shard"])
     with torch.no_grad():
         tokens = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                                 past_key_values=bhf.ShardedCache())
