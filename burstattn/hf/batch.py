@@ -27,6 +27,7 @@ from ..masks import AttnMask
 from ..partition import document_partition
 from ..strategies import STRATEGIES
 from .attention import registered_options
+from .families import check_model
 from .packing import IGNORE_INDEX, BatchPlan, flatten_rows, plan_batch, rope_positions, shifted_labels
 
 SHARD_KEY = "burst_shard"  # the model kwarg that carries the ShardSpec to the attention function
@@ -261,7 +262,11 @@ def sync_gradients(model: torch.nn.Module, group: Optional[dist.ProcessGroup] = 
     """Sum every parameter's gradient over ``group`` (in place, one flat all-reduce per dtype).
 
     After ``model(**shard_batch(...)).loss.backward()`` on every rank, the gradients then equal the
-    single-process gradients. A parameter without a gradient counts as zeros (and gets them)."""
+    single-process gradients. A parameter without a gradient counts as zeros (and gets them).
+    Raises ``ValueError`` (every rank alike, before any collective) for a model whose attention never
+    reaches ``attn_implementation="burst"`` (:func:`~burstattn.hf.families.check_model`): its loss was
+    computed from each rank's shard alone."""
+    check_model(model.get_base_model() if hasattr(model, "get_base_model") else model)
     group, _, world = rank_world(group)
     params = [p for p in model.parameters() if p.requires_grad]
     if world == 1:

@@ -116,8 +116,10 @@ def check_model(model) -> None:
     Models whose classes do not dispatch attention through transformers' ``AttentionInterface``
     (``_supports_attention_backend = False``: T5, BART, BLOOM, MPT, Falcon, ... in transformers 5.x)
     accept any registered name and then run their own attention: under sequence parallelism each
-    rank would attend within its own shard only, a silently wrong result. Call this once after
-    building the model (every rank). Families that do dispatch are checked call by call
+    rank would attend within its own shard only, a silently wrong result. :class:`ContextParallelTrainer`
+    calls it when it is built and :func:`~burstattn.hf.sync_gradients` before its first collective, so a
+    training step never gets past the backward with such a model; call it yourself after building the
+    model for other uses (every rank). Families that do dispatch are checked call by call
     (:func:`describe`)."""
     cls = type(model)
     if not getattr(cls, "_supports_attention_backend", False):

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from transformers import Trainer
 
 from .attention import register
+from .families import check_model
 from .batch import SHARD_KEY, gather_logits, shard_inputs
 
 IGNORE_INDEX = -100
@@ -76,6 +77,7 @@ class ContextParallelMixin:
         self.cp_options = register(attn_implementation, strategy=strategy, layout=layout, backend=backend,
                                    group=self.cp_group, **(strategy_options or {}))
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # PEFT
+        check_model(base)  # a model that never calls the registered attention would train silently wrong
         self._original_attn = getattr(base.config, "_attn_implementation", None)
         base.set_attn_implementation(attn_implementation)
 

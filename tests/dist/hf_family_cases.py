@@ -145,6 +145,21 @@ def refused(rank: int, world: int, what: str) -> str:
     try:
         if what == "bloom":
             bhf.check_model(tf.BloomForCausalLM(tf.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=1, n_head=2)))
+        elif what == "bloom_sync":  # the manual loop, without check_model: refused before the optimizer step
+            bhf.register(strategy="burst", backend="auto")
+            model = tf.BloomForCausalLM(tf.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=1, n_head=2))
+            model.set_attn_implementation("burst")  # transformers warns and keeps its own attention
+            ids = _tokens(1, 8 * world, 0)
+            batch = bhf.shard_batch(ids, labels=ids)
+            batch.pop("burst_shard", None)  # Bloom's forward takes no such keyword
+            model(**batch).loss.backward()
+            bhf.sync_gradients(model)
+        elif what == "t5gemma_generate":  # every rank runs the same tokens: no shard to attend to
+            bhf.register(strategy="burst", backend="auto")
+            model = build("t5gemma")
+            model.set_attn_implementation("burst")
+            with torch.no_grad():
+                model.generate(_tokens(1, 16, 3), max_new_tokens=2, do_sample=False)
         elif what == "ulysses_sinks":
             bhf.register(strategy="ulysses", backend="auto")
             model = build("gpt_oss")

@@ -36,6 +36,8 @@ def test_encoder_decoder_with_cross_attention_matches_eager(pools):
 
 @pytest.mark.parametrize("what,needle", [
     ("bloom", "'bloom' (BloomForCausalLM) does not dispatch its attention through transformers' AttentionInterface"),
+    ("bloom_sync", "'bloom' (BloomForCausalLM) does not dispatch its attention through transformers' AttentionInterface"),
+    ("t5gemma_generate", "position_ids are not its share of layout"),
     ("ulysses_sinks", "strategy 'ulysses' does not take ['sinks']"),
     ("unknown_kwarg", "passes ['position_bias'] to its attention, which burstattn does not know how to apply"),
 ])

@@ -60,6 +60,7 @@ def test_trainer_equals_single_process(pools, case):
 
 @pytest.mark.parametrize("what,expect", [("cp_size", "cp_size must be a positive divisor"),
                                          ("label_smoothing", "label smoothing"),
+                                         ("bloom", "does not dispatch its attention through transformers'"),
                                          ("usp_padding", "cannot honour packed documents or padding")])
 def test_trainer_refusals_on_every_rank(pools, what, expect):
     for rank, msg in enumerate(pools.get(2).run(tc.refusal, what)):
