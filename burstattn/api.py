@@ -16,7 +16,7 @@ from .layout import layout_or_default
 from .masks.plan import choose_mask_backward
 from .masks.setup import build_mask, topology_problem
 from .ops import call_attention, checked_plan
-from .validate import check_inputs, local_problem, scale_value
+from .validate import call_needs, check_inputs, dropout_problem, local_problem, scale_value, softcap_value
 
 
 def ring_context(group: Optional[dist.ProcessGroup]) -> RingContext:
@@ -30,20 +30,23 @@ def ring_context(group: Optional[dist.ProcessGroup]) -> RingContext:
     return RingContext(group, dist.get_rank(group), dist.get_world_size(group))
 
 
-def resolved(cfg: AttnConfig, q: torch.Tensor, k: torch.Tensor, world_size: int) -> AttnConfig:
-    """``cfg`` with a concrete backend and backward mode (``"auto"`` resolved by shapes)."""
+def resolved(cfg: AttnConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world_size: int) -> AttnConfig:
+    """``cfg`` with a concrete backend (one that supports the call's modifiers) and backward mode
+    (``"auto"`` resolved by shapes: the one that sends fewer bytes)."""
     mode = cfg.backward
     shape = dict(batch=q.shape[0], local_seq=q.shape[1], q_heads=q.shape[2], kv_heads=k.shape[2],
-                 head_dim=q.shape[3], dtype=q.dtype)
+                 head_dim=q.shape[3], dtype=q.dtype, kv_local_seq=k.shape[1], v_head_dim=v.shape[3])
     if mode == "auto" and cfg.sparse:
         mode = choose_mask_backward(**shape)
     elif mode == "auto" and cfg.schedule in ("ring", "double"):
         mode = choose_backward(world_size=world_size, **shape)
-    return replace(cfg, backend=resolve_backend(cfg.backend, q.device, q.dtype), backward=mode)
+    return replace(cfg, backend=resolve_backend(cfg.backend, q.device, q.dtype, call_needs(cfg, q, v)), backward=mode)
 
 
 def attend(fn: str, q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backward="auto",
-           schedule="ring", topology=None, mask_args: Optional[dict] = None) -> tuple[torch.Tensor, torch.Tensor]:
+           schedule="ring", topology=None, mask_args: Optional[dict] = None, kv_layout=None, softcap=None,
+           alibi_slopes=None, sinks=None, dropout_p=0.0, deterministic=False,
+           grad_partials="float32") -> tuple[torch.Tensor, torch.Tensor]:
     """``out, lse`` of one call of the engine (``fn`` names the caller in error messages): the
     options are checked here (a problem raises on every rank), then the custom op runs, with the
     cross-rank check inside it (:mod:`burstattn.ops`). A ``mask_mod`` call runs the eager
@@ -51,17 +54,21 @@ def attend(fn: str, q, k, v, *, group, causal, softmax_scale, layout, backend="a
     ring = ring_context(group)
     amask, problem = build_mask(**(mask_args or {}))
     cfg = AttnConfig(causal=causal, softmax_scale=scale_value(softmax_scale), layout=layout_or_default(layout),
-                     backend=backend, backward=backward, schedule=schedule, mask=amask, topology=topology)
-    if problem is None and all(isinstance(x, torch.Tensor) for x in (q, k, v)):
-        problem = local_problem(q, k, v, cfg)
+                     backend=backend, backward=backward, schedule=schedule, mask=amask, topology=topology,
+                     kv_layout=kv_layout, softcap=softcap_value(softcap), alibi=alibi_slopes is not None,
+                     sinks=sinks is not None, deterministic=deterministic, grad_partials=grad_partials)
+    problem = problem or dropout_problem(dropout_p)
+    tensors = all(isinstance(x, torch.Tensor) for x in (q, k, v))
+    if problem is None and tensors:
+        problem = local_problem(q, k, v, cfg, alibi_slopes, sinks)
     problem = problem or topology_problem(cfg, ring.world_size)
-    if problem is not None or not all(isinstance(x, torch.Tensor) for x in (q, k, v)):
-        check_inputs(q, k, v, cfg, ring.group, ring.world_size, fn=fn, extra=problem)  # raises on every rank
-    cfg = resolved(cfg, q, k, ring.world_size)
+    if problem is not None or not tensors:  # raises on every rank
+        check_inputs(q, k, v, cfg, ring.group, ring.world_size, fn=fn, extra=problem, alibi=alibi_slopes, sinks=sinks)
+    cfg = resolved(cfg, q, k, v, ring.world_size)
     if amask is not None and amask.mask_mod is not None:
-        plan = checked_plan(q, k, v, ring, cfg, fn)
-        return BurstAttnFunction.apply(q, k, v, ring, cfg, plan)
-    return call_attention(q, k, v, ring, cfg, fn)
+        plan = checked_plan(q, k, v, ring, cfg, fn, alibi_slopes, sinks)
+        return BurstAttnFunction.apply(q, k, v, alibi_slopes, sinks, ring, cfg, plan)
+    return call_attention(q, k, v, ring, cfg, fn, alibi_slopes, sinks)
 
 
 def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -69,7 +76,11 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                     softmax_scale: Optional[float] = None, layout: str = "zigzag",
                     return_lse: bool = False, backend: str = "auto", backward: str = "auto",
                     schedule: str = "ring", window=None, cu_seqlens=None, document_ids=None,
-                    mask_mod=None, mask=None, topology=None):
+                    mask_mod=None, mask=None, topology=None, kv_layout=None, cu_seqlens_q=None,
+                    cu_seqlens_k=None, max_seqlen=None, max_seqlen_q=None, max_seqlen_k=None,
+                    softcap: Optional[float] = None, alibi_slopes: Optional[torch.Tensor] = None,
+                    sinks: Optional[torch.Tensor] = None, dropout_p: float = 0.0, deterministic: bool = False,
+                    grad_partials: str = "float32"):
     """Exact softmax attention over a sequence sharded across the ranks of ``group``.
 
     Every rank passes its own shard (see :func:`burstattn.shard_sequence`); K/V circulate
@@ -79,47 +90,82 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     see it (calls with ``mask_mod`` run eagerly).
 
     Args:
-        q: ``[batch, local_seq, q_heads, head_dim]``.
-        k, v: ``[batch, local_seq, kv_heads, head_dim]``; ``q_heads % kv_heads == 0``
-            (GQA/MQA: K/V travel at kv_heads size).
+        q: ``[batch, local_seq, q_heads, head_dim]``: this rank's shard of ``Nq = local_seq * P`` queries.
+        k: ``[batch, kv_local_seq, kv_heads, head_dim]``, v: ``[batch, kv_local_seq, kv_heads, v_head_dim]``:
+            this rank's shard of ``Nk = kv_local_seq * P`` keys; ``q_heads % kv_heads == 0`` (GQA/MQA:
+            K/V travel at kv_heads size). ``kv_local_seq`` may differ from ``local_seq`` (cross-attention,
+            a query block against a longer cache) and ``v_head_dim`` from ``head_dim`` (MLA): K and V
+            travel at their own sizes and ``out`` has V's head size.
         group: process group (default: the world; a world of one if torch.distributed is
             not initialised).
-        causal: ``True`` or ``False`` (a bool, nothing else): global token at position i attends
-            to positions j <= i (positions per ``layout``).
+        causal: ``True`` or ``False`` (a bool, nothing else): global query i attends to keys
+            ``j <= i + Nk - Nq`` (positions per ``layout``; flash-attn's bottom-right alignment, i.e.
+            ``j <= i`` for one sequence). Queries aligned before the first key see nothing.
         softmax_scale: scale of ``q @ k^T`` (a positive real: float, int, NumPy float or 0-d
             tensor; not a bool); default ``head_dim ** -0.5``.
         layout: ``"zigzag"`` (default, balanced causal), ``"striped"`` or ``"contiguous"``:
             how the global sequence was split; must match how the inputs were sharded. Or an
             explicit :class:`burstattn.Partition` (e.g. :func:`burstattn.document_partition`);
             ``None`` means ``"zigzag"`` (as everywhere).
+        kv_layout: the key/value sequence's own layout (``None``: ``layout``, applied to its own
+            length).
         return_lse: also return the log-sum-exp ``[batch, q_heads, local_seq]``, float32
             (float64 for float64 inputs, which are accumulated in float64 throughout)
-            (not differentiable).
-        backend: local kernel: ``"auto"``, ``"cpu_flash"``, ``"sdpa"`` (CUDA),
-            ``"flash_attn"`` (CUDA, optional package), ``"reference"`` (plain PyTorch).
+            (not differentiable). A row that sees no key has output 0 and LSE ``-inf`` (with
+            ``sinks``: the sink's logit), never NaN.
+        backend: local kernel: ``"auto"`` (the fastest that supports the call: softcap and ALiBi run
+            on ``"reference"`` on CPU), ``"cpu_flash"``, ``"sdpa"`` (CUDA), ``"flash_attn"`` (CUDA,
+            optional package; takes softcap), ``"reference"`` (plain PyTorch, every modifier).
         backward: ``"burst"`` (query ring), ``"kv"`` (K/V ring) or ``"auto"`` (fewer bytes).
         schedule: ``"ring"`` (default); ``"distflash"``: DistFlashAttn's load-balanced
             schedule for causal attention over the contiguous layout (idle early ranks compute
             blocks of the overloaded late ranks; K/V and queries go straight to the rank that
-            needs them; needs ``causal=True``, ``layout="contiguous"``, ``backward="auto"``);
-            ``"double"``: the two-level ring over ``topology`` (inner rings inside nodes, an outer
-            ring across them; dense attention only).
+            needs them; needs ``causal=True``, ``layout="contiguous"``, ``backward="auto"`` and one
+            sequence); ``"double"``: the two-level ring over ``topology`` (inner rings inside nodes,
+            an outer ring across them; dense attention only).
         window: ``(left, right)`` sliding window: query i sees keys ``i - left <= j <= i + right``
-            (``None`` for an unbounded side); with ``causal=True`` right is cut at i.
+            (``None`` or ``-1`` for an unbounded side, ``(-1, -1)``: no window, as flash-attn's
+            ``window_size``); with ``causal=True`` right is cut at i. Aligned like ``causal``.
         cu_seqlens: packed documents as cumulative lengths (flash-attn varlen style, global
-            positions, starting at 0 and ending at the global length): a token sees its own
-            document only. Excludes ``document_ids``.
+            positions, starting at 0 and ending at ``Nq``): a token sees its own document only.
+            Excludes ``document_ids``.
+        cu_seqlens_q: flash-attn's name for ``cu_seqlens`` (give one of the two).
+        cu_seqlens_k: the keys' documents when the key sequence differs (ending at ``Nk``, as many
+            documents): query document d sees key document d, aligned bottom-right per document.
+        max_seqlen: accepted for flash-attn compatibility (nothing is sized by it): ``None`` or an
+            int; one shorter than the longest document raises ``ValueError``.
+        max_seqlen_q: the same for the query documents.
+        max_seqlen_k: the same for the key documents.
         document_ids: packed documents as one id per global position (``[seq]``, non-decreasing).
         mask_mod: ``mask_mod(q_pos, k_pos) -> bool tensor`` over global positions (broadcast
-            ``[R, 1] x [1, C]``, True = visible), combined with the above; the ranks must pass the
-            same predicate (checked by its values). Runs eagerly (not as the custom op).
+            ``[R, 1] x [1, C]``, True = visible; each in its own sequence's positions), combined with
+            the above; the ranks must pass the same predicate (checked by its values). Runs eagerly
+            (not as the custom op).
         mask: a prebuilt :class:`burstattn.AttnMask` (caches its block summaries: build it once and
-            reuse it); excludes the four mask keywords above.
+            reuse it); excludes window, cu_seqlens (_q, _k), document_ids and mask_mod.
         topology: ``burstattn.two_level_groups(ranks_per_node)`` (built once, on every rank) for
             ``schedule="double"``; refused with any other schedule.
+        softcap: Gemma 2 / Grok logit capping ``softcap * tanh(s / softcap)`` of the scaled scores
+            (``None`` or ``0.0``: off). Applied inside every block: empty blocks stay skipped.
+        alibi_slopes: ``[q_heads]`` or ``[batch, q_heads]`` floats (used in float32): the score of
+            query i and key j gets ``-slope * |i + Nk - Nq - j|`` from GLOBAL positions (flash-attn's
+            bias; per document with ``cu_seqlens_k``).
+        sinks: ``[q_heads]`` attention-sink logits (gpt-oss): each joins its head's softmax
+            denominator once, at the final merge, with no value. Differentiable: each rank's
+            ``sinks.grad`` is its own rows' share (sum it over the group, as for any replicated
+            parameter; :func:`burstattn.hf.sync_gradients` does).
+        dropout_p: must be 0 (accepted for flash-attn compatibility; attention dropout is refused).
+        deterministic: accepted for flash-attn compatibility: results are always bitwise
+            repeatable for the same inputs and world size (fixed merge and accumulation order; on
+            CUDA it also selects a deterministic kernel: flash-attn's deterministic backward or the
+            plain one, never SDPA's atomics).
+        grad_partials: ``"float32"`` (default): every kernel's gradient partial of 16-bit inputs is
+            float32 from the start (kernels run on float32 copies of one tile at a time), within
+            flash-attn's accuracy rule; ``"kernel"``: the kernel's own output dtype (faster; each
+            partial rounded to 16 bits before the float32 accumulation).
 
     Returns:
-        ``out [batch, local_seq, q_heads, head_dim]`` in q's dtype (and ``lse``). Under
+        ``out [batch, local_seq, q_heads, v_head_dim]`` in q's dtype (and ``lse``). Under
         ``torch.autocast`` the inputs are used in their own dtype (attention is not an autocast
         op here; cast q, k, v yourself), and ``out`` has q's dtype: every strategy does the same.
 
@@ -131,35 +177,55 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     out, lse = attend("burst_attn_func", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
                       layout=layout, backend=backend, backward=backward, schedule=schedule, topology=topology,
                       mask_args=dict(window=window, cu_seqlens=cu_seqlens, document_ids=document_ids,
-                                     mask_mod=mask_mod, mask=mask))
+                                     mask_mod=mask_mod, mask=mask, cu_seqlens_q=cu_seqlens_q,
+                                     cu_seqlens_k=cu_seqlens_k, max_seqlen=max_seqlen, max_seqlen_q=max_seqlen_q,
+                                     max_seqlen_k=max_seqlen_k),
+                      kv_layout=kv_layout, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                      dropout_p=dropout_p, deterministic=deterministic, grad_partials=grad_partials)
     return (out, lse) if return_lse else out
 
 
 class BurstAttention(nn.Module):
-    """:func:`burst_attn_func` as a module (no parameters): ``forward(q, k, v) -> out`` (or
-    ``(out, lse)`` with ``return_lse=True``). Takes every keyword of :func:`burst_attn_func`; the
-    mask keywords are built into one :class:`~burstattn.AttnMask` for the module's lifetime."""
+    """:func:`burst_attn_func` as a module: ``forward(q, k, v) -> out`` (or ``(out, lse)`` with
+    ``return_lse=True``). Takes every keyword of :func:`burst_attn_func`; the mask keywords are built
+    into one :class:`~burstattn.AttnMask` for the module's lifetime (so a mask's block summary is built
+    once per shape). ``sinks`` given as an ``nn.Parameter`` becomes the module's parameter (learned
+    sinks); ``alibi_slopes`` is kept as a buffer."""
 
     def __init__(self, *, group: Optional[dist.ProcessGroup] = None, causal: bool = False,
                  softmax_scale: Optional[float] = None, layout: str = "zigzag", return_lse: bool = False,
                  backend: str = "auto", backward: str = "auto", schedule: str = "ring", window=None,
-                 cu_seqlens=None, document_ids=None, mask_mod=None, mask=None, topology=None) -> None:
+                 cu_seqlens=None, document_ids=None, mask_mod=None, mask=None, topology=None, kv_layout=None,
+                 cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen=None, max_seqlen_q=None, max_seqlen_k=None,
+                 softcap: Optional[float] = None, alibi_slopes: Optional[torch.Tensor] = None,
+                 sinks: Optional[torch.Tensor] = None, dropout_p: float = 0.0, deterministic: bool = False,
+                 grad_partials: str = "float32") -> None:
         super().__init__()
         self.group, self.causal, self.softmax_scale = group, causal, softmax_scale
         self.layout, self.backend, self.backward, self.schedule = layout, backend, backward, schedule
         self.return_lse, self.topology = return_lse, topology
+        self.options = dict(kv_layout=kv_layout, softcap=softcap, dropout_p=dropout_p, deterministic=deterministic,
+                            grad_partials=grad_partials)
+        if isinstance(sinks, nn.Parameter):
+            self.sinks = sinks
+        else:
+            self.register_buffer("sinks", sinks, persistent=False)
+        self.register_buffer("alibi_slopes", alibi_slopes, persistent=False)
         # one AttnMask for the module's lifetime: its block summaries are built once per shape
-        amask, problem = build_mask(window, cu_seqlens, document_ids, mask_mod, mask)
+        amask, problem = build_mask(window, cu_seqlens, document_ids, mask_mod, mask, cu_seqlens_q, cu_seqlens_k,
+                                    max_seqlen, max_seqlen_q, max_seqlen_k)
         if problem:
             raise problem[0](f"BurstAttention: {problem[1]}")
         self.mask = amask
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """``q [B, n, Hq, D]``, ``k, v [B, n, Hkv, D]`` -> ``[B, n, Hq, D]`` (and ``lse [B, Hq, n]``)."""
+        """``q [B, n, Hq, D]``, ``k [B, n_k, Hkv, D]``, ``v [B, n_k, Hkv, Dv]`` -> ``[B, n, Hq, Dv]`` (and
+        ``lse [B, Hq, n]``)."""
         return burst_attn_func(q, k, v, group=self.group, causal=self.causal,
                                softmax_scale=self.softmax_scale, layout=self.layout, return_lse=self.return_lse,
                                backend=self.backend, backward=self.backward, schedule=self.schedule,
-                               mask=self.mask, topology=self.topology)
+                               mask=self.mask, topology=self.topology, alibi_slopes=self.alibi_slopes,
+                               sinks=self.sinks, **self.options)
 
     def extra_repr(self) -> str:
         return (f"causal={self.causal}, layout={self.layout!r}, backend={self.backend!r}, "

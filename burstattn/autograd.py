@@ -21,7 +21,7 @@ from .config import AttnConfig
 from .engine.double import TwoLevelComm
 from .engine.passes import BlockCalls
 from .engine.run import attention_backward, attention_forward, build_plan, head_groups
-from .kernels import get_kernel
+from .kernels import ScoreMods, get_kernel, resolve_backend
 from .layout import local_positions
 from .masks.blocks import op_mask
 from .masks.setup import GuardedMaskMod, effective_mask, raise_mask_failures
@@ -82,51 +82,100 @@ def guarded(cfg: AttnConfig):
     return replace(mask, mask_mod=guard), guard
 
 
-def block_calls(cfg: AttnConfig, plan, local_len: int, scale: float, mask=None) -> BlockCalls:
+@dataclass(frozen=True)
+class CallPositions:
+    """Every rank's positions of one call: ``q`` (global query positions per rank), ``aligned`` (the
+    same in the keys' coordinates, :meth:`burstattn.AttnMask.aligned`), ``k`` (global key positions
+    per rank), and the two global lengths."""
+
+    q: list
+    aligned: list
+    k: list
+    q_len: int
+    k_len: int
+
+
+def call_positions(cfg: AttnConfig, world: int, n_q: int, n_k: int, mask=None) -> CallPositions:
+    """The :class:`CallPositions` of a call with ``n_q`` query and ``n_k`` key rows per rank."""
+    q_len, k_len = n_q * world, n_k * world
+    q = [local_positions(q_len, r, world, cfg.layout) for r in range(world)]
+    k = [local_positions(k_len, r, world, cfg.keys_layout) for r in range(world)]
+    m = effective_mask(cfg) if mask is None else mask
+    return CallPositions(q, [m.aligned(x, q_len, k_len) for x in q], k, q_len, k_len)
+
+
+def kernel_needs(cfg: AttnConfig, head_dim: int, v_head_dim: int) -> frozenset:
+    """What the call asks of its kernel (see :data:`burstattn.kernels.NEEDS`)."""
+    return frozenset(n for n, on in (("softcap", cfg.softcap is not None), ("alibi", cfg.alibi),
+                                     ("v_head_dim", v_head_dim != head_dim), ("deterministic", cfg.deterministic))
+                     if on)
+
+
+def block_calls(cfg: AttnConfig, plan, pos: CallPositions, scale: float, q: torch.Tensor, v: torch.Tensor,
+                alibi: Optional[torch.Tensor] = None, mask=None) -> BlockCalls:
     """The kernel calls of a call; with a mask ``plan`` (:class:`~burstattn.masks.plan.MaskPlan`)
     PARTIAL ops get their bool block from the mask (``mask``: the mask to evaluate, default the
-    call's own)."""
-    kernel = get_kernel(cfg.backend)
+    call's own); ``alibi``: the ``[B or 1, Hq]`` slopes (float32)."""
+    kernel = get_kernel(cfg.backend, deterministic=cfg.deterministic)
+    mods = None
+    if cfg.softcap is not None or alibi is not None:
+        mods = ScoreMods(softcap=cfg.softcap, alibi=alibi)
+    grad_kernel = kernel
+    if not kernel.float32:  # flash-attn: the float32 partials run on a kernel that takes float32
+        needs = kernel_needs(cfg, q.shape[-1], v.shape[-1])
+        grad_kernel = get_kernel(resolve_backend("auto", q.device, torch.float32, needs))
+    calls = BlockCalls(kernel, scale, mods=mods, positions=(pos.aligned, pos.k) if alibi is not None else None,
+                       fp32_grads=cfg.grad_partials == "float32", grad_kernel=grad_kernel)
     if plan is None:
-        return BlockCalls(kernel, scale)
+        return calls
     mask = effective_mask(cfg) if mask is None else mask
-    seq_len, world = local_len * plan.world_size, plan.world_size
-    pos = [local_positions(seq_len, r, world, cfg.layout) for r in range(world)]
 
     def mask_of(op, q_owner: int, k_owner: int):
-        return op_mask(mask, cfg.causal, seq_len, pos[q_owner], pos[k_owner], op)
-    fallback = kernel if kernel.supports_mask else get_kernel("sdpa")  # flash-attn: no explicit masks
-    return BlockCalls(kernel, scale, mask_of, fallback)
+        return op_mask(mask, cfg.causal, pos.q_len, pos.q[q_owner], pos.k[k_owner], op, pos.k_len)
+    # flash-attn: no explicit masks (the sdpa kernel, or the plain one for modifiers sdpa lacks)
+    fallback = kernel if kernel.supports_mask else get_kernel(
+        resolve_backend("auto", q.device, q.dtype, kernel_needs(cfg, q.shape[-1], v.shape[-1]) | {"mask"}))
+    return replace(calls, mask_of=mask_of, fallback=fallback)
 
 
-def engine_pass(ring: RingContext, cfg: AttnConfig, n: int, travelling: str, mask_plan, scale: float, mask=None):
+def engine_pass(ring: RingContext, cfg: AttnConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                travelling: str, mask_plan, scale: float, alibi=None, mask=None):
     """The plan and the kernel calls of one pass (``travelling``: ``"kv"`` or ``"q"``)."""
     p = ring.world_size
-    positions = [local_positions(n * p, r, p, cfg.layout) for r in range(p)]
+    pos = call_positions(cfg, p, q.shape[1], k.shape[1])
     per_node = cfg.topology.ranks_per_node if cfg.schedule == "double" and p > 1 else 1
-    plan = build_plan(ring.rank, p, positions=positions, causal=cfg.causal, travelling=travelling,
-                      schedule=cfg.schedule, ranks_per_node=per_node, mask_plan=mask_plan)
-    return plan, block_calls(cfg, mask_plan, n, scale, mask)
+    plan = build_plan(ring.rank, p, positions=pos.aligned, kv_positions=pos.k, causal=cfg.causal,
+                      travelling=travelling, schedule=cfg.schedule, ranks_per_node=per_node, mask_plan=mask_plan)
+    return plan, block_calls(cfg, mask_plan, pos, scale, q, v, alibi, mask)
+
+
+def _slopes(alibi: Optional[torch.Tensor], batch: int) -> Optional[torch.Tensor]:
+    """ALiBi slopes ``[Hq]`` or ``[B, Hq]`` -> ``[1 or B, Hq]`` float32."""
+    if alibi is None:
+        return None
+    return (alibi if alibi.dim() == 2 else alibi.unsqueeze(0)).float()
 
 
 @without_autocast
 def forward_pass(ring: RingContext, cfg: AttnConfig, plan, q: torch.Tensor, k: torch.Tensor,
-                 v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                 v: torch.Tensor, alibi: Optional[torch.Tensor] = None,
+                 sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The distributed forward on this rank's shard.
 
     Args:
-        q: ``[B, n, Hq, D]``; k, v: ``[B, n, Hkv, D]``; ``cfg`` resolved (concrete backend and
-            backward mode); ``plan``: the mask plan of a sparse call, else ``None``.
+        q: ``[B, n, Hq, D]``; k: ``[B, n_k, Hkv, D]``; v: ``[B, n_k, Hkv, Dv]``; ``cfg`` resolved
+            (concrete backend and backward mode); ``plan``: the mask plan of a sparse call, else
+            ``None``; ``alibi``: slopes ``[Hq]`` or ``[B, Hq]``; ``sinks``: logits ``[Hq]``.
     Returns:
-        ``out [B, n, Hq, D]`` (q's dtype) and ``lse [B, Hq, n]`` (float32; float64 for float64).
-        The backward needs the inputs, ``out`` and ``lse`` (nothing else is kept).
+        ``out [B, n, Hq, Dv]`` (q's dtype) and ``lse [B, Hq, n]`` (float32; float64 for float64;
+        sinks included). The backward needs the inputs, ``out`` and ``lse`` (nothing else is kept).
     """
     b, n, hq, d = q.shape
     scale = cfg.scale_for(d)
     comm = ring.comm("forward", active_stats(), active_trace(), cfg.topology)
     mask, guard = guarded(cfg) if plan is not None else (None, None)
-    eplan, calls = engine_pass(ring, cfg, n, "kv", plan, scale, mask)
-    out, lse = attention_forward(comm, eplan, calls, q, k, v, head_groups(b, n, hq, k.shape[2], d))
+    eplan, calls = engine_pass(ring, cfg, q, k, v, "kv", plan, scale, _slopes(alibi, b), mask)
+    out, lse = attention_forward(comm, eplan, calls, q, k, v, head_groups(b, n, hq, k.shape[2], d), sinks)
     raise_mask_failures(guard, ring)
     return out, lse
 
@@ -134,32 +183,35 @@ def forward_pass(ring: RingContext, cfg: AttnConfig, plan, q: torch.Tensor, k: t
 @without_autocast
 def backward_pass(ring: RingContext, cfg: AttnConfig, plan, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                   v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, stats: Optional[CommStats] = None,
-                  trace: Optional[StepTrace] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The distributed backward: ``dout, out [B, n, Hq, D]``, ``q [B, n, Hq, D]``, ``k, v [B, n, Hkv, D]``,
-    ``lse [B, Hq, n]`` -> ``dq [B, n, Hq, D]``, ``dk, dv [B, n, Hkv, D]`` in the inputs' dtype.
-    Bytes and steps go to the active meter and trace (else ``stats`` / ``trace``)."""
+                  trace: Optional[StepTrace] = None, alibi: Optional[torch.Tensor] = None,
+                  sinks: Optional[torch.Tensor] = None):
+    """The distributed backward: ``dout, out [B, n, Hq, Dv]``, ``q [B, n, Hq, D]``, ``k [B, n_k, Hkv, D]``,
+    ``v [B, n_k, Hkv, Dv]``, ``lse [B, Hq, n]`` -> ``dq, dk, dv`` in the inputs' dtypes and shapes, and
+    ``dsinks [Hq]`` (float32; ``None`` without sinks; this rank's share). Bytes and steps go to the
+    active meter and trace (else ``stats`` / ``trace``)."""
     stats, trace = active_stats() or stats, active_trace() or trace
     b, n, hq, d = q.shape
     comm = ring.comm("backward", stats, trace, cfg.topology)
     mask, guard = guarded(cfg) if plan is not None else (None, None)
     travelling = "kv" if cfg.backward == "kv" else "q"
-    eplan, calls = engine_pass(ring, cfg, n, travelling, plan, cfg.scale_for(d), mask)
-    grads = attention_backward(comm, eplan, calls, dout, q, k, v, out, lse, head_groups(b, n, hq, k.shape[2], d))
+    eplan, calls = engine_pass(ring, cfg, q, k, v, travelling, plan, cfg.scale_for(d), _slopes(alibi, b), mask)
+    grads = attention_backward(comm, eplan, calls, dout, q, k, v, out, lse, head_groups(b, n, hq, k.shape[2], d),
+                               sinks)
     raise_mask_failures(guard, ring)
     return grads
 
 
 class BurstAttnFunction(torch.autograd.Function):
-    """``out, lse = f(q, k, v)`` distributed over ``ring`` (eager; ``cfg`` resolved). Used where the
-    custom op cannot carry the call (a ``mask_mod``, a Python function) and for local masked attention.
-    Second-order gradients are refused (:func:`refuse_double_backward`)."""
+    """``out, lse = f(q, k, v, alibi, sinks)`` distributed over ``ring`` (eager; ``cfg`` resolved).
+    Used where the custom op cannot carry the call (a ``mask_mod``, a Python function) and for local
+    masked attention. Second-order gradients are refused (:func:`refuse_double_backward`)."""
 
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: RingContext,
-                cfg: AttnConfig, plan=None):
-        out, lse = forward_pass(ring, cfg, plan, q, k, v)
-        if any(ctx.needs_input_grad[:3]):
-            ctx.save_for_backward(q, k, v, out, lse)
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi: Optional[torch.Tensor],
+                sinks: Optional[torch.Tensor], ring: RingContext, cfg: AttnConfig, plan=None):
+        out, lse = forward_pass(ring, cfg, plan, q, k, v, alibi, sinks)
+        if any(ctx.needs_input_grad[:3]) or (sinks is not None and ctx.needs_input_grad[4]):
+            ctx.save_for_backward(q, k, v, out, lse, alibi, sinks)
             ctx.ring, ctx.cfg, ctx.plan = ring, cfg, plan
             ctx.stats, ctx.trace = active_stats(), active_trace()
         ctx.mark_non_differentiable(lse)
@@ -168,6 +220,7 @@ class BurstAttnFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout: torch.Tensor, _dlse):
         refuse_double_backward()
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = backward_pass(ctx.ring, ctx.cfg, ctx.plan, dout, q, k, v, out, lse, ctx.stats, ctx.trace)
-        return dq, dk, dv, None, None, None
+        q, k, v, out, lse, alibi, sinks = ctx.saved_tensors
+        dq, dk, dv, dsinks = backward_pass(ctx.ring, ctx.cfg, ctx.plan, dout, q, k, v, out, lse, ctx.stats,
+                                           ctx.trace, alibi, sinks)
+        return dq, dk, dv, None, None if dsinks is None else dsinks.to(sinks.dtype), None, None, None

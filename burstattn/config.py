@@ -2,12 +2,52 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    import torch
 
 LAYOUTS = ("contiguous", "zigzag", "striped")
 BACKENDS = ("auto", "reference", "cpu_flash", "sdpa", "flash_attn")
 BACKWARDS = ("auto", "burst", "kv")
 SCHEDULES = ("ring", "distflash", "double")
+GRAD_PARTIALS = ("float32", "kernel")
+
+Window = Optional[tuple[Optional[int], Optional[int]]]
+
+
+def normalize_window(window, name: str = "window") -> Window:
+    """The one window validator: ``window`` as ``(left, right)`` with ``None`` for an unbounded side,
+    or ``None`` for no window at all.
+
+    Accepts ``None``, or a pair of ints ``>= 0``, ``None`` or ``-1`` (flash-attn's ``window_size``
+    convention: ``-1`` is an unbounded side, ``(-1, -1)`` no window). Query ``i`` then sees keys
+    ``i - left <= j <= i + right``. Raises ``ValueError`` naming ``name`` and the bad entry.
+    """
+    if window is None:
+        return None
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise ValueError(f"{name} must be a pair (left, right) of ints >= 0, None or -1 (unbounded), or None, "
+                         f"got {window!r}")
+    out = []
+    for side, w in zip(("left", "right"), window):
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < -1):
+            raise ValueError(f"{name} {side} must be an int >= 0, or None / -1 (unbounded), got {w!r}")
+        out.append(None if w is None or w == -1 else int(w))
+    return None if out == [None, None] else (out[0], out[1])
+
+
+LOW_DTYPES = ("float32", "bfloat16", "float16")  # what models train and benchmarks run in, by name
+DTYPE_NAMES = LOW_DTYPES + ("float64",)          # float64: the exact checks
+
+
+def torch_dtype(name: str) -> "torch.dtype":
+    """The torch dtype named ``name`` (one of :data:`DTYPE_NAMES`); ``ValueError`` otherwise."""
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"dtype must be one of {list(DTYPE_NAMES)}, got {name!r}")
+    import torch
+
+    return getattr(torch, name)
 
 
 @dataclass(frozen=True)
@@ -26,6 +66,15 @@ class AttnConfig:
         schedule: ``"ring"`` (neighbour ring, every layout), ``"distflash"`` (DistFlashAttn's
             load-balanced direct schedule: causal, contiguous layout only) or ``"double"`` (the
             two-level ring over ``topology``: nodes x ranks per node).
+        kv_layout: how the key/value sequence is split (``None``: like the queries, ``layout``);
+            with cross-attention the two sequences have their own lengths.
+        softcap: Gemma 2 / Grok score capping ``softcap * tanh(s / softcap)`` of the scaled scores.
+        alibi, sinks: whether ALiBi slopes / attention-sink logits come with the call.
+        deterministic: flash-attn's flag (every path here is deterministic; see the API docs).
+        grad_partials: ``"float32"`` (the default): every kernel's dQ/dK/dV partial is produced in
+            float32 for 16-bit inputs (the kernel runs on float32 copies of one tile at a time), so
+            nothing is rounded to 16 bits before the float32 accumulation; ``"kernel"``: the
+            kernel's own output dtype (faster, up to one 16-bit rounding per partial).
     """
 
     causal: bool = False
@@ -36,6 +85,17 @@ class AttnConfig:
     schedule: str = "ring"
     mask: Optional[object] = None  # a burstattn.AttnMask (None: no mask beyond ``causal``)
     topology: Optional[object] = None  # TwoLevelGroups of schedule="double"
+    kv_layout: Optional[object] = None  # layout of the key/value sequence (None: ``layout``)
+    softcap: Optional[float] = None  # scores -> softcap * tanh(scores / softcap) (None: off)
+    alibi: bool = False  # the call has ALiBi slopes (the tensor travels beside the config)
+    sinks: bool = False  # the call has attention-sink logits (the tensor travels beside the config)
+    deterministic: bool = False
+    grad_partials: str = "float32"  # "float32": kernel gradient partials in float32; "kernel": as returned
+
+    @property
+    def keys_layout(self):
+        """The layout of the key/value sequence (``kv_layout``, else ``layout``)."""
+        return self.layout if self.kv_layout is None else self.kv_layout
 
     @property
     def layout_name(self) -> str:
@@ -45,7 +105,7 @@ class AttnConfig:
     @property
     def sparse(self) -> bool:
         """Whether the call runs the masked engine (a mask, or an explicit partition layout)."""
-        return self.mask is not None or not isinstance(self.layout, str)
+        return self.mask is not None or not isinstance(self.layout, str) or not isinstance(self.keys_layout, str)
 
     def mask_key(self, seq_len: Optional[int] = None) -> int:
         """31-bit checksum of the mask (its values, probed at ``seq_len``: see
@@ -53,8 +113,9 @@ class AttnConfig:
         cross-rank check."""
         parts = [self.mask.fingerprint(seq_len) if self.mask is not None else 0,
                  0 if isinstance(self.layout, str) else self.layout.fingerprint,
-                 self.topology.ranks_per_node if self.topology is not None else 0]
-        return ((parts[0] * 1_000_003 + parts[1]) * 1009 + parts[2]) & 0x7FFFFFFF
+                 self.topology.ranks_per_node if self.topology is not None else 0,
+                 0 if isinstance(self.keys_layout, str) else self.keys_layout.fingerprint]
+        return (((parts[0] * 1_000_003 + parts[1]) * 1009 + parts[2]) * 1_000_033 + parts[3]) & 0x7FFFFFFF
 
     def scale_for(self, head_dim: int) -> float:
         """The softmax scale actually used for ``head_dim``."""

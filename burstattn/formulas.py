@@ -10,8 +10,8 @@ inputs). Per rank, one call:
   hop home).
 * backward ``"burst"`` (query ring): Q, dO, lse, D ``(P-1) * B*n*Hq*(2*d*e + 2*a)`` (op ``q``)
   plus the dQ accumulator ``P * B*n*Hq*d * a`` (op ``dq``).
-* input validation: one all-gather of 16 int64 per rank (op ``meta``, forward), counted
-  as ``(P-1) * 128`` bytes sent.
+* input validation: one all-gather of ``META_INTS`` (20) int64 per rank (op ``meta``, forward),
+  counted as ``(P-1) * 160`` bytes sent.
 
 The other strategies' formulas are ``bytes_formula`` in their modules under
 :mod:`burstattn.strategies` (``STRATEGIES[name].bytes_formula()``), built with
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-META_INTS = 16
+META_INTS = 20
 
 
 def element_size(dtype: torch.dtype) -> int:
@@ -38,14 +38,26 @@ def accum_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def kv_elements(batch: int, local_seq: int, kv_heads: int, head_dim: int, kv_local_seq=None,
+                v_head_dim=None) -> int:
+    """Elements of one travelling K/V block: ``B*n_k*Hkv*(d + d_v)`` (K and V at their own head sizes;
+    ``n_k`` the key shard's length, default ``local_seq``; ``d_v`` default ``head_dim``)."""
+    nk = local_seq if kv_local_seq is None else kv_local_seq
+    return batch * nk * kv_heads * (head_dim + (head_dim if v_head_dim is None else v_head_dim))
+
+
 def ring_bytes(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,
-               head_dim: int, dtype: torch.dtype, backward: str) -> dict:
+               head_dim: int, dtype: torch.dtype, backward: str, kv_local_seq=None, v_head_dim=None) -> dict:
     """Bytes sent per rank: ``{"forward": int, "backward": int, "ops": {(phase, op): int}}``.
 
     ``backward`` is ``"burst"`` or ``"kv"``. The forward includes the ``meta`` validation bytes.
+    ``kv_local_seq`` (cross-attention, a key shard of its own length) and ``v_head_dim`` (MLA): K/V
+    blocks are ``B*n_k*Hkv*(d + d_v)`` elements, the query side ``B*n*Hq*((d + d_v)*e + 2*a)`` bytes
+    (Q, dO, LSE, D) and the dQ accumulator ``B*n*Hq*d*a``.
     """
     p, e, a = world_size, element_size(dtype), element_size(accum_dtype(dtype))
-    kv_block = 2 * batch * local_seq * kv_heads * head_dim
+    dv = head_dim if v_head_dim is None else v_head_dim
+    kv_block = kv_elements(batch, local_seq, kv_heads, head_dim, kv_local_seq, v_head_dim)
     q_rows = batch * local_seq * q_heads
     ops = {("forward", "kv"): (p - 1) * kv_block * e,
            ("forward", "meta"): (p - 1) * META_INTS * 8}
@@ -53,7 +65,7 @@ def ring_bytes(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_
         ops[("backward", "kv")] = (p - 1) * kv_block * e
         ops[("backward", "dkv")] = p * kv_block * a
     elif backward == "burst":
-        ops[("backward", "q")] = (p - 1) * q_rows * (2 * head_dim * e + 2 * a)
+        ops[("backward", "q")] = (p - 1) * q_rows * ((head_dim + dv) * e + 2 * a)
         ops[("backward", "dq")] = p * q_rows * head_dim * a
     else:
         raise ValueError(f"backward must be 'burst' or 'kv', got {backward!r}")
@@ -80,17 +92,17 @@ def byte_totals(*parts: dict) -> dict:
 
 
 def choose_backward(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,
-                    head_dim: int, dtype: torch.dtype) -> str:
+                    head_dim: int, dtype: torch.dtype, kv_local_seq=None, v_head_dim=None) -> str:
     """``"burst"`` or ``"kv"``: whichever backward sends fewer bytes (ties go to burst)."""
     kw = dict(batch=batch, local_seq=local_seq, world_size=world_size, q_heads=q_heads,
-              kv_heads=kv_heads, head_dim=head_dim, dtype=dtype)
+              kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, kv_local_seq=kv_local_seq, v_head_dim=v_head_dim)
     burst = ring_bytes(backward="burst", **kw)["backward"]
     kv = ring_bytes(backward="kv", **kw)["backward"]
     return "burst" if burst <= kv else "kv"
 
 
 def distflash_bytes(*, rank: int, batch: int, local_seq: int, world_size: int, q_heads: int,
-                    kv_heads: int, head_dim: int, dtype: torch.dtype) -> dict:
+                    kv_heads: int, head_dim: int, dtype: torch.dtype, v_head_dim=None) -> dict:
     """Bytes ``rank`` sends under ``schedule="distflash"`` (they differ between ranks).
 
     Per step of :func:`burstattn.engine.schedule.distflash_plan`: sending its K/V to the rank
@@ -98,11 +110,13 @@ def distflash_bytes(*, rank: int, batch: int, local_seq: int, world_size: int, q
     its queries to a helper ``B*n*Hq*d*e`` in the forward and ``B*n*Hq*(2*d*e + 2*a)`` (Q, dO,
     LSE, D) in the backward (op ``q``); a helper returns ``B*n*Hq*(d*e + a)`` (output, LSE; op
     ``ret_q``) in the forward and the dQ partial ``B*n*Hq*d*a`` in the backward; a rank that
-    computed with another's K/V returns ``2*B*n*Hkv*d*a`` (dK, dV; op ``ret_kv``).
+    computed with another's K/V returns ``2*B*n*Hkv*d*a`` (dK, dV; op ``ret_kv``). With V's own head size
+    ``d_v``: ``2*d`` becomes ``d + d_v`` for K/V and for Q + dO, and the returned output has ``d_v``.
     """
     from .engine.schedule import distflash_plan  # the plan is the formula's source of truth
     e, a = element_size(dtype), element_size(accum_dtype(dtype))
-    kv = 2 * batch * local_seq * kv_heads * head_dim
+    dv = head_dim if v_head_dim is None else v_head_dim
+    kv = kv_elements(batch, local_seq, kv_heads, head_dim, None, v_head_dim)
     rows = batch * local_seq * q_heads
     ops = {("forward", "meta"): (world_size - 1) * META_INTS * 8}
     for st in distflash_plan(rank, world_size)[1:]:
@@ -111,9 +125,9 @@ def distflash_bytes(*, rank: int, batch: int, local_seq: int, world_size: int, q
             add[("forward", "kv")] = add[("backward", "kv")] = kv * e
         if st.q_to is not None:
             add[("forward", "q")] = rows * head_dim * e
-            add[("backward", "q")] = rows * (2 * head_dim * e + 2 * a)
+            add[("backward", "q")] = rows * ((head_dim + dv) * e + 2 * a)
         if st.helper_q is not None:
-            add[("forward", "ret_q")] = rows * (head_dim * e + a)
+            add[("forward", "ret_q")] = rows * (dv * e + a)
             add[("backward", "ret_q")] = rows * head_dim * a
         if st.own_k is not None:
             add[("backward", "ret_kv")] = kv * a
@@ -123,14 +137,16 @@ def distflash_bytes(*, rank: int, batch: int, local_seq: int, world_size: int, q
 
 
 def double_bytes(*, batch: int, local_seq: int, world_size: int, ranks_per_node: int, q_heads: int,
-                 kv_heads: int, head_dim: int, dtype: torch.dtype, backward: str) -> dict:
+                 kv_heads: int, head_dim: int, dtype: torch.dtype, backward: str, kv_local_seq=None,
+                 v_head_dim=None) -> dict:
     """Bytes each rank sends under ``schedule="double"`` (:mod:`burstattn.engine.double`), ops named
     by channel: inside nodes ``kv`` / ``q`` and the accumulators ``dkv`` / ``dq``; across nodes the
     same with ``_outer``. R ranks per node, M = P / R nodes: travelling blocks ``(R-1)*M`` inside and
     ``M-1`` across; accumulators ``R*M`` inside (R > 1) and ``M`` across (M > 1)."""
     r, m = ranks_per_node, world_size // ranks_per_node
     e, a = element_size(dtype), element_size(accum_dtype(dtype))
-    kv_block = 2 * batch * local_seq * kv_heads * head_dim
+    dv = head_dim if v_head_dim is None else v_head_dim
+    kv_block = kv_elements(batch, local_seq, kv_heads, head_dim, kv_local_seq, v_head_dim)
     rows = batch * local_seq * q_heads
     inner_hops, outer_hops = (r - 1) * m, m - 1
     inner_acc, outer_acc = (r * m if r > 1 else 0), (m if m > 1 else 0)
@@ -140,7 +156,7 @@ def double_bytes(*, batch: int, local_seq: int, world_size: int, ranks_per_node:
         ops.update({("backward", "kv"): inner_hops * kv_block * e, ("backward", "kv_outer"): outer_hops * kv_block * e,
                     ("backward", "dkv"): inner_acc * kv_block * a, ("backward", "dkv_outer"): outer_acc * kv_block * a})
     elif backward == "burst":
-        pack = rows * (2 * head_dim * e + 2 * a)
+        pack = rows * ((head_dim + dv) * e + 2 * a)
         ops.update({("backward", "q"): inner_hops * pack, ("backward", "q_outer"): outer_hops * pack,
                     ("backward", "dq"): inner_acc * rows * head_dim * a,
                     ("backward", "dq_outer"): outer_acc * rows * head_dim * a})

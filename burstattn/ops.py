@@ -1,14 +1,18 @@
 """The registered custom ops of burst attention: what ``torch.compile`` and checkpoint policies see.
 
-* ``torch.ops.burstattn.attention_fwd(q, k, v, group, spec, positions, bounds) -> (out, lse)``:
-  the cross-rank input check, then the distributed forward (:func:`burstattn.autograd.forward_pass`).
-* ``torch.ops.burstattn.attention_bwd(dout, q, k, v, out, lse, group, spec, positions, bounds) -> (dq, dk, dv)``:
-  the distributed backward (:func:`burstattn.autograd.backward_pass`); registered as the forward's
-  autograd formula. Its own derivative raises: second-order gradients are not supported.
+* ``torch.ops.burstattn.attention_fwd(q, k, v, alibi, sinks, group, spec, positions, kv_positions, bounds,
+  kv_bounds) -> (out, lse)``: the cross-rank input check, then the distributed forward
+  (:func:`burstattn.autograd.forward_pass`).
+* ``torch.ops.burstattn.attention_bwd(dout, q, k, v, out, lse, alibi, sinks, group, spec, positions,
+  kv_positions, bounds, kv_bounds) -> (dq, dk, dv, dsinks)``: the distributed backward
+  (:func:`burstattn.autograd.backward_pass`); registered as the forward's autograd formula (``dsinks``
+  is empty without sinks). Its own derivative raises: second-order gradients are not supported.
 
 The process group travels by name (``group.group_name``; ``""`` for a world of one) and every other
-option in ``spec``, a JSON string of :class:`OpSpec` (a constant for the compiler). A partition
-layout travels as ``positions [P, n]`` (int64), a document mask as ``bounds [D + 1]`` (int64).
+option in ``spec``, a string of :class:`OpSpec` (a constant for the compiler). ALiBi slopes
+(``[Hq]`` / ``[B, Hq]``) and sink logits (``[Hq]``) are tensor arguments (``None`` when absent; the
+sinks get a gradient). A partition layout travels as ``positions [P, n]`` (int64; the keys'
+``kv_positions``), a document mask as ``bounds [D + 1]`` (int64; the keys' ``kv_bounds``).
 A ``mask_mod`` (a Python function) cannot be an op argument: such calls run the eager
 :class:`~burstattn.autograd.BurstAttnFunction` instead (they work, but graph-break under compile).
 
@@ -52,6 +56,8 @@ class OpSpec:
         topology: ``[inner group name, outer group name, ranks_per_node, nodes]`` of schedule "double".
         window: ``[left, right]`` of a window mask (``None`` entries: unbounded); ``documents``: whether
             the op's ``bounds`` tensor holds document boundaries; ``block_size``: the mask's tile.
+        kv_layout: the key sequence's layout (``None``: ``layout``; ``"partition:NAME"``: in
+            ``kv_positions``); softcap, deterministic, grad_partials: as in ``AttnConfig``.
     """
 
     fn: str
@@ -65,6 +71,10 @@ class OpSpec:
     window: Optional[list] = None
     documents: bool = False
     block_size: int = 256
+    kv_layout: Optional[str] = None
+    softcap: Optional[float] = None
+    deterministic: bool = False
+    grad_partials: str = "float32"
 
     def encode(self) -> str:
         """``key=value`` pairs joined by ``;`` (values as Python literals). Plain string formatting,
@@ -80,7 +90,7 @@ class OpSpec:
 
 
 FIELDS = ("fn", "causal", "softmax_scale", "layout", "backend", "backward", "schedule", "topology", "window",
-          "documents", "block_size")
+          "documents", "block_size", "kv_layout", "softcap", "deterministic", "grad_partials")
 
 
 def literal(x) -> str:
@@ -93,25 +103,33 @@ def literal(x) -> str:
     return repr(x) if isinstance(x, float) else str(x)
 
 
+def _layout_arg(layout):
+    """``(name, positions [P, n] or None)`` of a layout name or a partition."""
+    if isinstance(layout, str):
+        return layout, None
+    return f"partition:{layout.name}", torch.stack(list(layout.positions))
+
+
 def op_arguments(ring: RingContext, cfg: AttnConfig, fn: str):
-    """``(group, spec, positions, bounds)`` of the ops for a resolved ``cfg`` whose mask, if any,
-    has no ``mask_mod``."""
+    """``(group, spec, positions, kv_positions, bounds, kv_bounds)`` of the ops for a resolved ``cfg``
+    whose mask, if any, has no ``mask_mod``."""
     mask, topo = cfg.mask, cfg.topology
-    layout, positions = cfg.layout, None
-    if not isinstance(layout, str):
-        positions = torch.stack(list(layout.positions))  # [P, n]
-        layout = f"partition:{cfg.layout.name}"
+    layout, positions = _layout_arg(cfg.layout)
+    kv_layout, kv_positions = (None, None) if cfg.kv_layout is None else _layout_arg(cfg.kv_layout)
     spec = OpSpec(fn, cfg.causal, cfg.softmax_scale, layout, cfg.backend, cfg.backward, cfg.schedule,
                   None if topo is None else [g.group_name if g is not None else "" for g in
                                              (topo.inner_group, topo.outer_group)] + [topo.ranks_per_node, topo.nodes],
                   None if mask is None or mask.window is None else list(mask.window),
-                  mask is not None and mask.bounds is not None, 256 if mask is None else mask.block_size)
+                  mask is not None and mask.bounds is not None, 256 if mask is None else mask.block_size,
+                  kv_layout, cfg.softcap, cfg.deterministic, cfg.grad_partials)
     bounds = mask.bounds if spec.documents else None
-    return group_name(ring.group), spec.encode(), positions, bounds
+    kv_bounds = mask.kv_bounds if spec.documents else None
+    return group_name(ring.group), spec.encode(), positions, kv_positions, bounds, kv_bounds
 
 
-def call_of(group: str, spec: str, positions: Optional[torch.Tensor],
-            bounds: Optional[torch.Tensor]) -> tuple[RingContext, AttnConfig, str]:
+def call_of(group: str, spec: str, positions: Optional[torch.Tensor], kv_positions: Optional[torch.Tensor],
+            bounds: Optional[torch.Tensor], kv_bounds: Optional[torch.Tensor], alibi: bool = False,
+            sinks: bool = False) -> tuple[RingContext, AttnConfig, str]:
     """The inverse of :func:`op_arguments`: ``(ring, cfg, fn)``."""
     import torch.distributed as dist
 
@@ -120,27 +138,33 @@ def call_of(group: str, spec: str, positions: Optional[torch.Tensor],
     s = OpSpec.decode(spec)
     pg = resolve_group(group)
     ring = RingContext(pg, dist.get_rank(pg), dist.get_world_size(pg)) if pg is not None else RingContext(None, 0, 1)
-    layout = s.layout
-    if layout.startswith("partition:"):
-        layout = Partition(tuple(positions.cpu().unbind(0)), name=layout.split(":", 1)[1])
+
+    def layout_of(name, pos):
+        if name is not None and name.startswith("partition:"):
+            return Partition(tuple(pos.cpu().unbind(0)), name=name.split(":", 1)[1])
+        return name
+    layout, kv_layout = layout_of(s.layout, positions), layout_of(s.kv_layout, kv_positions)
     mask = None
-    if s.window is not None or s.documents or positions is not None:
+    if s.window is not None or s.documents or positions is not None or kv_positions is not None:
         # the same object for the same definition (an empty one for a bare partition): the block
         # summaries it caches outlive the call
-        mask = DATA_MASKS.get(s.window, bounds if s.documents else None, s.block_size)
+        mask = DATA_MASKS.get(s.window, bounds if s.documents else None, s.block_size,
+                              kv_bounds if s.documents else None)
     topo = None
     if s.topology is not None:
         inner, outer, per_node, nodes = s.topology
         topo = TwoLevelGroups(resolve_group(inner), resolve_group(outer), per_node, nodes)
     cfg = AttnConfig(causal=s.causal, softmax_scale=s.softmax_scale, layout=layout, backend=s.backend,
-                     backward=s.backward, schedule=s.schedule, mask=mask, topology=topo)
+                     backward=s.backward, schedule=s.schedule, mask=mask, topology=topo, kv_layout=kv_layout,
+                     softcap=s.softcap, alibi=alibi, sinks=sinks, deterministic=s.deterministic,
+                     grad_partials=s.grad_partials)
     return ring, cfg, s.fn
 
 
-def checked_plan(q, k, v, ring: RingContext, cfg: AttnConfig, fn: str):
+def checked_plan(q, k, v, ring: RingContext, cfg: AttnConfig, fn: str, alibi=None, sinks=None):
     """This rank's mask plan (``None`` for a dense call), after the cross-rank check has passed."""
-    plan, problem = plan_for(q, cfg, ring.rank, ring.world_size)
-    check_inputs(q, k, v, cfg, ring.group, ring.world_size, fn=fn, extra=problem)
+    plan, problem = plan_for(q, cfg, ring.rank, ring.world_size, k.shape[1] if isinstance(k, torch.Tensor) else None)
+    check_inputs(q, k, v, cfg, ring.group, ring.world_size, fn=fn, extra=problem, alibi=alibi, sinks=sinks)
     return plan
 
 
@@ -161,57 +185,68 @@ def owned(outputs: list[torch.Tensor], inputs) -> list[torch.Tensor]:
 
 
 @torch.library.custom_op("burstattn::attention_fwd", mutates_args=())
-def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: str, spec: str,
-                  positions: Optional[torch.Tensor], bounds: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi: Optional[torch.Tensor],
+                  sinks: Optional[torch.Tensor], group: str, spec: str, positions: Optional[torch.Tensor],
+                  kv_positions: Optional[torch.Tensor], bounds: Optional[torch.Tensor],
+                  kv_bounds: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Check the call on every rank, then run the distributed forward: ``q [B, n, Hq, D]``,
-    ``k, v [B, n, Hkv, D]`` -> ``out [B, n, Hq, D]`` (q's dtype), ``lse [B, Hq, n]`` (float32; float64)."""
-    ring, cfg, fn = call_of(group, spec, positions, bounds)
-    plan = checked_plan(q, k, v, ring, cfg, fn)
-    out, lse = forward_pass(ring, cfg, plan, q, k, v)
-    out, lse = owned([out, lse], (q, k, v))
+    ``k [B, n_k, Hkv, D]``, ``v [B, n_k, Hkv, Dv]`` -> ``out [B, n, Hq, Dv]`` (q's dtype), ``lse [B, Hq, n]``
+    (float32; float64)."""
+    ring, cfg, fn = call_of(group, spec, positions, kv_positions, bounds, kv_bounds, alibi is not None,
+                            sinks is not None)
+    plan = checked_plan(q, k, v, ring, cfg, fn, alibi, sinks)
+    out, lse = forward_pass(ring, cfg, plan, q, k, v, alibi, sinks)
+    out, lse = owned([out, lse], (q, k, v, alibi, sinks))
     return out, lse
 
 
 @attention_fwd.register_fake
-def _attention_fwd_fake(q, k, v, group, spec, positions, bounds):
-    b, n, hq, d = q.shape
-    return q.new_empty(b, n, hq, d), q.new_empty(b, hq, n, dtype=accum_dtype(q.dtype))
+def _attention_fwd_fake(q, k, v, alibi, sinks, group, spec, positions, kv_positions, bounds, kv_bounds):
+    b, n, hq, _ = q.shape
+    return q.new_empty(b, n, hq, v.shape[-1]), q.new_empty(b, hq, n, dtype=accum_dtype(q.dtype))
 
 
 @torch.library.custom_op("burstattn::attention_bwd", mutates_args=())
 def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                  lse: torch.Tensor, group: str, spec: str, positions: Optional[torch.Tensor],
-                  bounds: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The distributed backward: ``dq [B, n, Hq, D]``, ``dk, dv [B, n, Hkv, D]`` (the inputs' dtypes)."""
-    ring, cfg, _ = call_of(group, spec, positions, bounds)
-    plan, problem = plan_for(q, cfg, ring.rank, ring.world_size)  # checked in the forward already
+                  lse: torch.Tensor, alibi: Optional[torch.Tensor], sinks: Optional[torch.Tensor], group: str,
+                  spec: str, positions: Optional[torch.Tensor], kv_positions: Optional[torch.Tensor],
+                  bounds: Optional[torch.Tensor], kv_bounds: Optional[torch.Tensor]
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The distributed backward: ``dq, dk, dv`` (the inputs' shapes and dtypes) and ``dsinks [Hq]``
+    (sinks' dtype; empty without sinks)."""
+    ring, cfg, _ = call_of(group, spec, positions, kv_positions, bounds, kv_bounds, alibi is not None,
+                           sinks is not None)
+    plan, problem = plan_for(q, cfg, ring.rank, ring.world_size, k.shape[1])  # checked in the forward already
     if problem:
         raise problem[0](problem[1])
-    dq, dk, dv = backward_pass(ring, cfg, plan, dout, q, k, v, out, lse)
-    dq, dk, dv = owned([dq, dk, dv], (dout, q, k, v, out, lse))
-    return dq, dk, dv
+    dq, dk, dv, dsinks = backward_pass(ring, cfg, plan, dout, q, k, v, out, lse, alibi=alibi, sinks=sinks)
+    dsinks = q.new_empty(0) if dsinks is None else dsinks.to(sinks.dtype)
+    return tuple(owned([dq, dk, dv, dsinks], (dout, q, k, v, out, lse, alibi, sinks)))
 
 
 @attention_bwd.register_fake
-def _attention_bwd_fake(dout, q, k, v, out, lse, group, spec, positions, bounds):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+def _attention_bwd_fake(dout, q, k, v, out, lse, alibi, sinks, group, spec, positions, kv_positions, bounds,
+                        kv_bounds):
+    dsinks = q.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
 
 
 def _setup_fwd(ctx, inputs, output) -> None:
-    q, k, v, group, spec, positions, bounds = inputs
+    q, k, v, alibi, sinks, group, spec, positions, kv_positions, bounds, kv_bounds = inputs
     out, lse = output
     ctx.mark_non_differentiable(lse)
-    extra = [t for t in (positions, bounds) if t is not None]
-    ctx.save_for_backward(q, k, v, out, lse, *extra)
-    ctx.group, ctx.spec, ctx.has = group, spec, (positions is not None, bounds is not None)
+    optional = (alibi, sinks, positions, kv_positions, bounds, kv_bounds)
+    ctx.save_for_backward(q, k, v, out, lse, *[t for t in optional if t is not None])
+    ctx.group, ctx.spec, ctx.has = group, spec, tuple(t is not None for t in optional)
 
 
 def _backward_fwd(ctx, dout, _dlse):
     q, k, v, out, lse, *rest = ctx.saved_tensors
     extra = iter(rest)
-    positions, bounds = (next(extra) if has else None for has in ctx.has)
-    dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, ctx.group, ctx.spec, positions, bounds)
-    return dq, dk, dv, None, None, None, None
+    alibi, sinks, positions, kv_positions, bounds, kv_bounds = (next(extra) if has else None for has in ctx.has)
+    dq, dk, dv, dsinks = attention_bwd(dout, q, k, v, out, lse, alibi, sinks, ctx.group, ctx.spec, positions,
+                                       kv_positions, bounds, kv_bounds)
+    return dq, dk, dv, None, dsinks if sinks is not None else None, None, None, None, None, None, None
 
 
 def _setup_bwd(ctx, inputs, output) -> None:
@@ -226,10 +261,12 @@ attention_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
 attention_bwd.register_autograd(_refuse_double_backward, setup_context=_setup_bwd)
 
 
-def call_attention(q, k, v, ring: RingContext, cfg: AttnConfig, fn: str) -> tuple[torch.Tensor, torch.Tensor]:
+def call_attention(q, k, v, ring: RingContext, cfg: AttnConfig, fn: str, alibi=None,
+                   sinks=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``out, lse`` of a resolved call through the custom op (the cross-rank check inside)."""
-    group, spec, positions, bounds = op_arguments(ring, cfg, fn)
-    return torch.ops.burstattn.attention_fwd(q, k, v, group, spec, positions, bounds)
+    group, spec, positions, kv_positions, bounds, kv_bounds = op_arguments(ring, cfg, fn)
+    return torch.ops.burstattn.attention_fwd(q, k, v, alibi, sinks, group, spec, positions, kv_positions, bounds,
+                                             kv_bounds)
 
 
 # ------------------------------------------------------------------------------ checkpointing

@@ -20,9 +20,8 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from .config import Window, normalize_window
 from .layout import local_positions
-
-Window = Optional[tuple[Optional[int], Optional[int]]]
 CuSeqlens = Union[torch.Tensor, Sequence[int]]
 _SWAP_REACH = 8  # units past the back run tried as the one swapped in
 
@@ -144,17 +143,6 @@ def _check_cu_seqlens(cu_seqlens: CuSeqlens, seq_len: Optional[int] = None) -> t
     return cu
 
 
-def _check_window(window: Window) -> tuple[Optional[int], Optional[int]]:
-    if window is None:
-        return None, None
-    if not isinstance(window, (tuple, list)) or len(window) != 2:
-        raise ValueError(f"window must be None or a pair (left, right), got {window!r}")
-    for name, v in zip(("left", "right"), window):
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-            raise ValueError(f"window {name} must be an int >= 0 or None (unbounded), got {v!r}")
-    return window[0], window[1]
-
-
 def _check_world_size(world_size: int) -> None:
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
@@ -169,11 +157,11 @@ def token_work(seq_len: int, *, causal: bool, cu_seqlens: Optional[CuSeqlens] = 
     unbounded), so ``i - s + 1`` (causal) or ``e - s`` (non-causal) without a window.
     ``cu_seqlens=None`` means one document of the whole sequence. Raises ``ValueError`` for a
     non-positive ``seq_len``, a ``cu_seqlens`` not starting at 0, not strictly increasing or
-    not ending at ``seq_len``, or a bad ``window`` (``TypeError`` for non-integer entries).
+    not ending at ``seq_len``, or a bad ``window`` (see :func:`burstattn.config.normalize_window`).
     """
     if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len <= 0:
         raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
-    left, right = _check_window(window)
+    left, right = normalize_window(window) or (None, None)
     cu = torch.tensor([0, seq_len]) if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, seq_len)
     doc = torch.repeat_interleave(torch.arange(cu.numel() - 1), cu[1:] - cu[:-1])  # [N]
     i = torch.arange(seq_len)

@@ -1,7 +1,7 @@
 """Input checks that fail on EVERY rank, never on one rank while the others hang.
 
-Each rank checks its own arguments locally, then all ranks exchange a 16-integer signature
-(error code, shapes, dtype, options) with one all-gather before any ring traffic. If any rank
+Each rank checks its own arguments locally, then all ranks exchange a ``META_INTS``-integer
+signature (error code, shapes, dtype, options) with one all-gather before any ring traffic. If any rank
 found a problem, or the ranks disagree (e.g. different local sequence lengths), every rank
 raises: the rank at fault with its own detailed message, the others naming that rank and
 the problem.
@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from .comm.ring import RingCommError
 from .comm.stats import active_stats
-from .config import BACKENDS, BACKWARDS, LAYOUTS, SCHEDULES, AttnConfig
+from .config import BACKENDS, BACKWARDS, GRAD_PARTIALS, LAYOUTS, SCHEDULES, AttnConfig
 from .formulas import META_INTS
 from .kernels import resolve_backend
 
@@ -40,20 +40,75 @@ def scale_value(softmax_scale):
     return float(s) if isinstance(s, numbers.Real) else s
 
 
-def option_problem(cfg: AttnConfig) -> Optional[tuple[type, str]]:
-    """Type problems of the scalar options (``causal`` a bool, ``softmax_scale`` a positive real)."""
-    if not isinstance(cfg.causal, bool):
-        return TypeError, f"causal must be a bool (True or False), got {type(cfg.causal).__name__} {cfg.causal!r}"
-    s = cfg.softmax_scale
-    if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float))):
-        return TypeError, (f"softmax_scale must be None or a real number (float, int, NumPy float, 0-d tensor), "
-                           f"got {type(s).__name__} {s!r}")
-    if s is not None and (not math.isfinite(s) or s <= 0):
-        return ValueError, f"softmax_scale must be None or a positive finite number, got {s!r}"
+def softcap_value(softcap):
+    """``softcap`` as a Python float; ``None`` and flash-attn's ``0.0`` (off) give ``None``; anything
+    else unusable is returned unchanged for :func:`option_problem` to report."""
+    value = scale_value(softcap)
+    return None if value is None or (isinstance(value, float) and value == 0.0) else value
+
+
+def dropout_problem(dropout_p) -> Optional[tuple[type, str]]:
+    """``dropout_p`` is accepted for flash-attn compatibility; only 0 (exact attention) is."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
+        return TypeError, f"dropout_p must be a real number, got {type(dropout_p).__name__} {dropout_p!r}"
+    if dropout_p != 0:
+        return ValueError, (f"dropout_p={dropout_p!r}: attention dropout is not supported (the result is exact "
+                            f"attention; a seeded mask independent of the world size is not implemented): pass "
+                            f"dropout_p=0.0 and apply dropout outside the attention")
     return None
 
 
-def local_problem(q, k, v, cfg: AttnConfig) -> Optional[tuple[type, str]]:
+def option_problem(cfg: AttnConfig) -> Optional[tuple[type, str]]:
+    """Type problems of the scalar options (``causal`` a bool, ``softmax_scale`` and ``softcap``
+    positive reals, ``deterministic`` a bool, ``grad_partials`` a known name)."""
+    if not isinstance(cfg.causal, bool):
+        return TypeError, f"causal must be a bool (True or False), got {type(cfg.causal).__name__} {cfg.causal!r}"
+    for name, s in (("softmax_scale", cfg.softmax_scale), ("softcap", cfg.softcap)):
+        if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float))):
+            return TypeError, (f"{name} must be None or a real number (float, int, NumPy float, 0-d tensor), "
+                               f"got {type(s).__name__} {s!r}")
+        if s is not None and (not math.isfinite(s) or s <= 0):
+            return ValueError, f"{name} must be None or a positive finite number, got {s!r}"
+    if not isinstance(cfg.deterministic, bool):
+        return TypeError, f"deterministic must be a bool, got {type(cfg.deterministic).__name__} {cfg.deterministic!r}"
+    if cfg.grad_partials not in GRAD_PARTIALS:
+        return ValueError, f"grad_partials must be one of {GRAD_PARTIALS}, got {cfg.grad_partials!r}"
+    return None
+
+
+def _layout_problem(arg: str, layout, local_len: int) -> Optional[tuple[type, str]]:
+    if not isinstance(layout, str):
+        if not hasattr(layout, "positions_of"):
+            return ValueError, f"{arg} must be one of {LAYOUTS} or a Partition, got {type(layout).__name__}"
+        if layout.local_len != local_len:
+            what = "local_seq (q.shape[1])" if arg == "layout" else "the key shard (k.shape[1])"
+            return ValueError, (f"{arg}: the partition gives every rank {layout.local_len} tokens, but "
+                                f"{what} is {local_len}")
+    elif layout not in LAYOUTS:
+        return ValueError, f"{arg} must be one of {LAYOUTS} or a Partition, got {layout!r}"
+    elif layout == "zigzag" and local_len % 2:
+        what = "local_seq" if arg == "layout" else "the key shard length (k.shape[1])"
+        return ValueError, (f"{arg} 'zigzag' needs an even {what} (two chunks per rank), got {local_len}; pad the "
+                            f"sequence to a multiple of 2 * world_size")
+    return None
+
+
+def tensor_problem(name: str, x, shapes: tuple, q) -> Optional[tuple[type, str]]:
+    """Why the optional tensor argument ``name`` (ALiBi slopes, sink logits) is unusable: it must be
+    a floating tensor on q's device with one of ``shapes``."""
+    if x is None:
+        return None
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        what = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+        return TypeError, f"{name} must be a floating-point torch.Tensor, got {what}"
+    if tuple(x.shape) not in shapes:
+        return ValueError, f"{name} must have shape {' or '.join(str(list(s)) for s in shapes)}, got {list(x.shape)}"
+    if x.device != q.device:
+        return ValueError, f"{name} must be on q's device {q.device}, got {x.device}"
+    return None
+
+
+def local_problem(q, k, v, cfg: AttnConfig, alibi=None, sinks=None) -> Optional[tuple[type, str]]:
     """The first problem with this rank's arguments as ``(exception class, message)``, or None."""
     problem = option_problem(cfg)
     if problem:
@@ -65,10 +120,11 @@ def local_problem(q, k, v, cfg: AttnConfig) -> Optional[tuple[type, str]]:
         if x.dim() != 4:
             return ValueError, (f"{name} must be 4-D [batch, local_seq, heads, head_dim], "
                                 f"got shape {tuple(x.shape)}")
-    if k.shape != v.shape:
-        return ValueError, f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}"
+    if k.shape[:3] != v.shape[:3]:
+        return ValueError, (f"k and v must have the same batch, local_seq and kv_heads (v may have its own "
+                            f"head_dim), got {tuple(k.shape)} and {tuple(v.shape)}")
     names = ("batch", "local_seq", "heads", "head_dim")
-    for i in (0, 1, 3):
+    for i in (0, 3):
         if q.shape[i] != k.shape[i]:
             return ValueError, (f"q and k must have the same {names[i]} (dim {i}), got "
                                 f"q {tuple(q.shape)} and k {tuple(k.shape)}")
@@ -83,14 +139,19 @@ def local_problem(q, k, v, cfg: AttnConfig) -> Optional[tuple[type, str]]:
                             f"{q.shape[2]}, kv_heads={k.shape[2]}")
     if q.shape[1] == 0 or q.shape[3] == 0 or q.shape[0] == 0:
         return ValueError, f"q must have non-empty batch, local_seq and head_dim, got {tuple(q.shape)}"
-    if not isinstance(cfg.layout, str):
-        if not hasattr(cfg.layout, "positions_of"):
-            return ValueError, f"layout must be one of {LAYOUTS} or a Partition, got {type(cfg.layout).__name__}"
-        if cfg.layout.local_len != q.shape[1]:
-            return ValueError, (f"layout: the partition gives every rank {cfg.layout.local_len} tokens, but "
-                                f"local_seq (q.shape[1]) is {q.shape[1]}")
-    elif cfg.layout not in LAYOUTS:
-        return ValueError, f"layout must be one of {LAYOUTS} or a Partition, got {cfg.layout!r}"
+    if k.shape[1] == 0 or v.shape[3] == 0:
+        return ValueError, f"k and v must have a non-empty local_seq and head_dim, got {tuple(k.shape)}, {tuple(v.shape)}"
+    problem = _layout_problem("layout", cfg.layout, q.shape[1])
+    if problem is None and cfg.kv_layout is not None:
+        problem = _layout_problem("kv_layout", cfg.kv_layout, k.shape[1])
+    problem = problem or tensor_problem("alibi_slopes", alibi, ((q.shape[2],), (q.shape[0], q.shape[2])), q)
+    problem = problem or tensor_problem("sinks", sinks, ((q.shape[2],),), q)
+    if problem:
+        return problem
+    unequal = q.shape[1] != k.shape[1] or cfg.kv_layout is not None
+    if cfg.schedule == "distflash" and unequal:
+        return ValueError, ("schedule 'distflash' balances causal self-attention (one sequence, equal shards); "
+                            "queries and keys of their own lengths or layouts run on schedule='ring'")
     for arg, value, allowed in (("backend", cfg.backend, BACKENDS),
                                 ("backward", cfg.backward, BACKWARDS), ("schedule", cfg.schedule, SCHEDULES)):
         if value not in allowed:
@@ -109,45 +170,67 @@ def local_problem(q, k, v, cfg: AttnConfig) -> Optional[tuple[type, str]]:
     if cfg.schedule == "distflash" and cfg.sparse:
         return ValueError, ("schedule 'distflash' is for dense causal attention over the contiguous layout; masks "
                             "and partitions run their own sparse schedule (schedule='ring')")
-    if cfg.layout == "zigzag" and q.shape[1] % 2:
-        return ValueError, (f"layout 'zigzag' needs an even local_seq (two chunks per rank), got "
-                            f"local_seq={q.shape[1]}; pad the sequence to a multiple of 2 * world_size")
+    if cfg.kv_layout is None and cfg.layout == "zigzag" and k.shape[1] % 2:
+        return ValueError, (f"layout 'zigzag' needs an even key shard length (k.shape[1], two chunks per rank), "
+                            f"got {k.shape[1]}; pad the key sequence to a multiple of 2 * world_size")
     try:
-        resolve_backend(cfg.backend, q.device, q.dtype)
+        resolve_backend(cfg.backend, q.device, q.dtype, call_needs(cfg, q, v))
     except ValueError as e:
         return ValueError, str(e)
     return None
 
 
-def _signature(q, k, cfg: AttnConfig, problem, fn: str, world_size: int) -> list[int]:
+def call_needs(cfg: AttnConfig, q, v) -> frozenset:
+    """What the call asks of a kernel (see :data:`burstattn.kernels.NEEDS`)."""
+    return frozenset(n for n, on in (("softcap", cfg.softcap is not None), ("alibi", cfg.alibi),
+                                     ("v_head_dim", v.shape[-1] != q.shape[-1]), ("deterministic", cfg.deterministic))
+                     if on)
+
+
+def _layout_index(layout) -> int:
+    return LAYOUTS.index(layout) if isinstance(layout, str) else len(LAYOUTS)
+
+
+def _modifiers_key(cfg: AttnConfig, alibi, sinks) -> int:
+    """31-bit checksum of the score modifiers' settings and shapes (not the tensors' values: like the
+    weights, they must be equal on every rank) and the kernel options."""
+    text = (f"{cfg.softcap!r}|{None if alibi is None else tuple(alibi.shape)}|"
+            f"{None if sinks is None else tuple(sinks.shape)}|{cfg.deterministic}|{cfg.grad_partials}")
+    return zlib.crc32(text.encode()) & 0x7FFFFFFF
+
+
+def _signature(q, k, v, cfg: AttnConfig, problem, fn: str, world_size: int, alibi=None, sinks=None) -> list[int]:
     code = 0 if problem is None else (1 if problem[0] is TypeError else 2)
     if code:
         return [code] + [0] * (META_INTS - 1)
-    options = (LAYOUTS.index(cfg.layout) if isinstance(cfg.layout, str) else len(LAYOUTS), int(cfg.causal),
-               BACKENDS.index(cfg.backend),
+    options = (_layout_index(cfg.layout), int(cfg.causal), BACKENDS.index(cfg.backend),
                BACKWARDS.index(cfg.backward))
     scale_bits = int(torch.tensor(cfg.softmax_scale or 0.0, dtype=torch.float64).view(torch.int64))
     sig = [0, q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3],
            DTYPES.index(q.dtype), *options, scale_bits, SCHEDULES.index(cfg.schedule),
-           zlib.crc32(fn.encode()), cfg.mask_key(q.shape[1] * world_size)]
+           zlib.crc32(fn.encode()), cfg.mask_key(q.shape[1] * world_size), k.shape[1], v.shape[3],
+           -1 if cfg.kv_layout is None else _layout_index(cfg.kv_layout), _modifiers_key(cfg, alibi, sinks)]
     return sig + [0] * (META_INTS - len(sig))
 
 
 _FIELDS = ("", "batch", "local_seq (q.shape[1])", "q_heads", "kv_heads", "head_dim", "dtype",
            "layout", "causal", "backend", "backward", "softmax_scale", "schedule",
            "function (burst_attn_func or the attention strategy)",
-           "mask (window / cu_seqlens / document_ids / mask_mod) or partition layout")
+           "mask (window / cu_seqlens / document_ids / mask_mod) or partition layout",
+           "the key shard length (k.shape[1])", "v's head_dim", "kv_layout",
+           "score modifiers (softcap, alibi_slopes / sinks shapes) or deterministic / grad_partials")
 
 
 def check_inputs(q, k, v, cfg: AttnConfig, group: Optional[dist.ProcessGroup], world_size: int,
-                 fn: str = "burst_attn_func", extra: Optional[tuple[type, str]] = None) -> None:
+                 fn: str = "burst_attn_func", extra: Optional[tuple[type, str]] = None, alibi=None,
+                 sinks=None) -> None:
     """Raise on every rank if any rank's inputs are invalid or the ranks disagree.
 
     ``extra``: a problem the caller found in this rank's other arguments, as
     ``(TypeError or ValueError, message)``; it is shared like the tensor checks (after them),
-    so it too raises on every rank.
+    so it too raises on every rank. ``alibi`` / ``sinks``: the call's optional tensors.
     """
-    problem = local_problem(q, k, v, cfg) or extra
+    problem = local_problem(q, k, v, cfg, alibi, sinks) or extra
     if world_size == 1:
         if problem:
             raise problem[0](f"{fn}: {problem[1]}")
@@ -155,7 +238,8 @@ def check_inputs(q, k, v, cfg: AttnConfig, group: Optional[dist.ProcessGroup], w
     device = torch.device("cpu")
     if dist.get_backend(group) == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
-    mine = torch.tensor(_signature(q, k, cfg, problem, fn, world_size), dtype=torch.int64, device=device)
+    mine = torch.tensor(_signature(q, k, v, cfg, problem, fn, world_size, alibi, sinks), dtype=torch.int64,
+                        device=device)
     sigs = [torch.empty_like(mine) for _ in range(world_size)]
     try:
         dist.all_gather(sigs, mine, group=group)
@@ -180,14 +264,15 @@ def check_inputs(q, k, v, cfg: AttnConfig, group: Optional[dist.ProcessGroup], w
     for i in [13] + [j for j in range(1, len(_FIELDS)) if j != 13]:
         col = table[:, i].tolist()
         if len(set(col)) > 1:
-            decode = {6: DTYPES, 7: LAYOUTS + ("partition",), 9: BACKENDS, 10: BACKWARDS, 12: SCHEDULES}.get(i)
+            decode = {6: DTYPES, 7: LAYOUTS + ("partition",), 9: BACKENDS, 10: BACKWARDS, 12: SCHEDULES,
+                      17: LAYOUTS + ("partition", "same as layout")}.get(i)
             shown = [str(decode[c]) for c in col] if decode else col
             if i == 13:  # every rank sees the mismatch, so all enter this exchange together
                 names = [None] * world_size
                 dist.all_gather_object(names, fn, group=group)
                 raise ValueError(f"{fn}: the ranks called different functions or strategies: {names} (rank "
                                  f"order); every rank of the group must make the same call")
-            if i in (11, 14):
+            if i in (11, 14, 18):
                 shown = "differing values"
             raise ValueError(f"{fn}: {_FIELDS[i]} must be the same on every rank of the group, "
                              f"got {shown} (rank order)")

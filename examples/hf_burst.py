@@ -57,7 +57,7 @@ def main() -> None:
     prompt = ids[:, :37]
     with torch.no_grad():
         tokens = model.generate(prompt, max_new_tokens=args.new_tokens, do_sample=False,
-                                past_key_values=bhf.ShardedCache())
+                                **bhf.cache_kwargs(model, bhf.ShardedCache()))  # `cache=` on transformers >= 5.24
 
     model.zero_grad(set_to_none=True)
     model.set_attn_implementation("eager")  # the reference: one process, the whole sequence

@@ -34,6 +34,17 @@ class Pools:
         self._pools.clear()
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``timed`` assert a time bound: they run only when selected (``-m timed``), since a
+    noisy shared machine makes any time bound flaky; everything else asserts counts, bytes or values."""
+    if "timed" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="asserts a time bound: run with -m timed on a quiet machine")
+    for item in items:
+        if "timed" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def pools():
     registry = Pools()

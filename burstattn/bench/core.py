@@ -13,6 +13,10 @@ Suites (all in one run, medians of repeats after warm-up):
 * ``bytes``: bytes sent per rank (``comm_stats``) against ``formulas.ring_bytes`` for world sizes
   2, 3, 4, both backward rings, MHA / GQA / bfloat16, plus what ``backward="auto"`` picked.
 * ``memory``: measured peak memory per rank (:mod:`.memory`) at three sequence lengths, world 2.
+* ``partials``: the cost of float32 gradient partials for 16-bit inputs (``grad_partials="float32"``,
+  the default: every kernel backward runs on float32 copies of one tile at a time) against the
+  kernel's own 16-bit partials (``grad_partials="kernel"``), bfloat16 causal zigzag at world 2, MHA and
+  GQA: fwd+bwd time (calls alternated in one spawn) and peak memory per rank, side by side.
 
 One ``run_local`` spawn per world size; every point of that world size runs inside it. Threads:
 ``torch.set_num_threads(1)`` in every rank (ranks x threads <= 2 cores for world sizes 1 and 2;
@@ -30,11 +34,11 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ..config import torch_dtype
 from .memory import measure_peak
 from .progress import ProgressFile, run_with_progress
 from .timing import code_version, cpu_snapshot, machine_info, other_load, time_interleaved
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -52,13 +56,16 @@ class CoreConfig:
     bytes_seq_len: int = 1536     # divisible by 2P for P = 2, 3, 4
     bytes_world_sizes: tuple[int, ...] = (2, 3, 4)
     memory_seq_lens: tuple[int, ...] = (4096, 8192, 16384)
+    partials_seq_len: int = 16384  # the float32-partials points (bfloat16, world 2)
+    suites: tuple[str, ...] = ("overhead", "speedup", "ceiling", "bytes", "memory", "partials")
 
     def effective(self) -> "CoreConfig":
         """The configuration actually run (``quick`` shrinks sizes and repeats)."""
         if not self.quick:
             return self
         return replace(self, seq_len=min(self.seq_len, 2048), repeats=min(self.repeats, 2),
-                       memory_seq_lens=(512, 1024, 2048), bytes_seq_len=min(self.bytes_seq_len, 480))
+                       memory_seq_lens=(512, 1024, 2048), bytes_seq_len=min(self.bytes_seq_len, 480),
+                       partials_seq_len=min(self.partials_seq_len, 2048))
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,7 @@ class Point:
     dtype: str = "float32"
     batch: int = 1
     target: Optional[float] = None  # overhead: max ratio; speedup: min speedup
+    grad_partials: str = "float32"
 
 
 @dataclass
@@ -93,17 +101,17 @@ class RankResult:
 def _inputs(p: Point, world: int, rank: int):
     """Random local q [B, n, Hq, D], k/v [B, n, Hkv, D], grad_out [B, n, Hq, D] (n = N / world)."""
     gen = torch.Generator().manual_seed(1000 * rank + 7)
-    n, dt = p.seq_len // world, DTYPES[p.dtype]
+    n, dt = p.seq_len // world, torch_dtype(p.dtype)
     q = torch.randn(p.batch, n, p.heads, p.head_dim, generator=gen).to(dt).requires_grad_()
     k = torch.randn(p.batch, n, p.kv_heads, p.head_dim, generator=gen).to(dt).requires_grad_()
     v = torch.randn(p.batch, n, p.kv_heads, p.head_dim, generator=gen).to(dt).requires_grad_()
     return q, k, v, torch.randn(p.batch, n, p.heads, p.head_dim, generator=gen).to(dt)
 
 
-def _library_fns(p: Point, q, k, v, grad):
+def _library_fns(p: Point, q, k, v, grad, grad_partials: Optional[str] = None):
     from burstattn import burst_attn_func
 
-    kw = dict(causal=p.causal, layout=p.layout, backward=p.backward)
+    kw = dict(causal=p.causal, layout=p.layout, backward=p.backward, grad_partials=grad_partials or p.grad_partials)
 
     def fwd():
         return burst_attn_func(q, k, v, **kw)
@@ -134,7 +142,7 @@ def _kernel_fns(p: Point, q, k, v, grad):
 def _ceiling_fns(p: Point, world: int, rank: int):
     """Raw kernel on this rank's share of the non-causal work: n local queries x all N keys."""
     gen = torch.Generator().manual_seed(rank)
-    n, dt = p.seq_len // world, DTYPES[p.dtype]
+    n, dt = p.seq_len // world, torch_dtype(p.dtype)
     q = torch.randn(p.batch, p.heads, n, p.head_dim, generator=gen).to(dt)          # [B, H, n, D]
     k, v = (torch.randn(p.batch, p.kv_heads, p.seq_len, p.head_dim, generator=gen).to(dt) for _ in range(2))
     grad = torch.randn_like(q)
@@ -164,6 +172,16 @@ def _run_point(p: Point, rank: int, world: int, repeats: int, warmup: int) -> Ra
     elif p.suite == "memory":
         fwd_bwd()  # warm-up: communicators, allocator, lazy inits
         for name, fn in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
+            if barrier:
+                barrier()
+            res.peak[name] = measure_peak(fn)[1].peak_bytes
+        res.extra["inputs_bytes"] = sum(x.numel() * x.element_size() for x in (q, k, v, grad))
+    elif p.suite == "partials":  # float32 partials against the kernel's own, alternated, then their peaks
+        fns = {f"{mode} fwd+bwd": _library_fns(p, q, k, v, grad, mode)[1] for mode in ("float32", "kernel")}
+        timings = time_interleaved(fns, repeats=repeats, warmup=warmup, barrier=barrier)
+        res.samples = {name: t.samples for name, t in timings.items()}
+        for name, fn in fns.items():
+            fn()  # the same history before each measurement: one call in this mode right before it
             if barrier:
                 barrier()
             res.peak[name] = measure_peak(fn)[1].peak_bytes
@@ -201,13 +219,16 @@ def _points(cfg: CoreConfig) -> dict[int, list[Point]]:
                 Point("speedup", "causal striped", n, h, h, d, True, "striped"),
                 Point("ceiling", "2 independent kernels, no communication", n, h, h, d, False)]
     plan[2] += [Point("memory", f"N={s}", s, h, h, d, True, "zigzag") for s in cfg.memory_seq_lens]
+    plan[2] += [Point("partials", f"Hq={h} Hkv={kvh}", cfg.partials_seq_len, h, kvh, d, True, "zigzag",
+                      dtype="bfloat16") for kvh in (h, max(1, h // 4))]
     for world in cfg.bytes_world_sizes:
         for kvh, dtype in ((h, "float32"), (max(1, h // 4), "float32"), (h, "bfloat16")):
             for backward in ("burst", "kv", "auto"):
                 plan.setdefault(world, []).append(Point(
                     "bytes", f"P={world} Hq={h} Hkv={kvh} {dtype} backward={backward}",
                     cfg.bytes_seq_len, h, kvh, d, True, "zigzag", backward, dtype))
-    return plan
+    plan = {w: [p for p in pts if p.suite in cfg.suites] for w, pts in plan.items()}
+    return {w: pts for w, pts in plan.items() if pts}
 
 
 def _group_median(samples_by_rank: list[tuple[float, ...]]) -> float:
@@ -226,6 +247,9 @@ def _record(p: Point, world: int, results: list[RankResult]) -> dict:
         rec["median_s"] = {name: _group_median([r.samples[name] for r in results]) for name in names}
         rec["min_s"] = {name: min(max(rep) for rep in zip(*[r.samples[name] for r in results])) for name in names}
         rec["samples_s"] = {name: [list(r.samples[name]) for r in results] for name in results[0].samples}
+    if p.suite == "partials":
+        m = rec["median_s"]
+        rec["time_ratio"] = m["float32 fwd+bwd"] / m["kernel fwd+bwd"]
     if results[0].peak:
         rec["peak_bytes"] = {name: max(r.peak[name] for r in results) for name in results[0].peak}
         rec["peak_bytes_per_rank"] = {name: [r.peak[name] for r in results] for name in results[0].peak}
@@ -235,7 +259,7 @@ def _record(p: Point, world: int, results: list[RankResult]) -> dict:
         used = results[0].extra["backward_used"]
         ring = formulas.ring_bytes(batch=p.batch, local_seq=p.seq_len // world, world_size=world,
                                    q_heads=p.heads, kv_heads=p.kv_heads, head_dim=p.head_dim,
-                                   dtype=DTYPES[p.dtype], backward=used)
+                                   dtype=torch_dtype(p.dtype), backward=used)
         expected = {f"{ph}/{op}": b for (ph, op), b in ring["ops"].items()}
         rec.update(backward_used=used, expected=expected,
                    sent_max={key: max(r.sent.get(key, 0) for r in results) for key in expected | results[0].sent},
@@ -255,14 +279,14 @@ def _derive(records: list[dict]) -> None:
             r["overhead_of_min"] = {ps: r["min_s"][f"library {ps}"] / r["min_s"][f"kernel {ps}"] - 1
                                     for ps in ("fwd", "fwd+bwd")}
             r["met"] = r["overhead"]["fwd+bwd"] <= r["config"]["target"] - 1
-        elif r["suite"] == "speedup":
+        elif r["suite"] == "speedup" and base:
             one = base["causal" if r["config"]["causal"] else "non-causal"]
             passes = ("fwd", "fwd+bwd")
             r["speedup_vs_library_1"] = {ps: one[f"library {ps}"] / m[f"library {ps}"] for ps in passes}
             r["speedup_vs_kernel_1"] = {ps: one[f"kernel {ps}"] / m[f"library {ps}"] for ps in passes}
             if r["config"]["target"] is not None:
                 r["met"] = r["speedup_vs_library_1"]["fwd+bwd"] >= r["config"]["target"]
-        elif r["suite"] == "ceiling":
+        elif r["suite"] == "ceiling" and base:
             one = base["non-causal"]
             r["speedup_vs_kernel_1"] = {ps: one[f"kernel {ps}"] / m[f"kernel {ps}"] for ps in ("fwd", "fwd+bwd")}
 

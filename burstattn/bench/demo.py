@@ -30,11 +30,11 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ..config import torch_dtype
 from .memory import measure_peak
 from .progress import ProgressFile, run_with_progress
 from .timing import default_threads_per_rank, time_repeats
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-2}  # relative Frobenius error
 _STAGES = 5
 
@@ -177,7 +177,7 @@ def _demo_rank(rank: int, world: int, cfg: DemoConfig, progress_path: Optional[s
     progress.start("building inputs, first call (checked, bytes counted)")
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
         else torch.device("cpu")
-    dtype = DTYPES[cfg.dtype]
+    dtype = torch_dtype(cfg.dtype)
     q_full, k_full, v_full, rows, grad_rows = _full_inputs(cfg, dtype)
     positions = burstattn.sequence_positions(cfg.seq_len, layout=cfg.layout)  # [n]
     shard = lambda x: burstattn.shard_sequence(x, layout=cfg.layout).to(device).contiguous()  # noqa: E731
@@ -298,7 +298,7 @@ def config_error(cfg: DemoConfig) -> Optional[str]:
     device = torch.device("cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= cfg.world_size
                           else "cpu")  # what the ranks will use (launch picks nccl only then)
     try:
-        resolve_backend(cfg.backend, device, DTYPES[cfg.dtype])
+        resolve_backend(cfg.backend, device, torch_dtype(cfg.dtype))
     except ValueError as e:
         return f"--backend {cfg.backend}: {e}"
     return split_error(cfg.seq_len, cfg.world_size, cfg.layout)

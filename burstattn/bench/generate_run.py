@@ -45,10 +45,21 @@ class GenerateConfig:
     warmup: bool = True
     """Run the whole generation once untimed first (first calls pay one-off setup costs)."""
     threads_per_rank: int = 1
+    strategy_options: tuple = ()
+    """``(name, value)`` pairs of strategy options (usp's ``ulysses_degree`` / ``ring_degree``)."""
 
 
 def is_hf_dir(model: str) -> bool:
     return os.path.isdir(model)
+
+
+def missing_transformers() -> bool:
+    """Whether transformers (the ``hf`` extra) cannot be imported here."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return True
+    return False
 
 
 def _prompt(cfg: GenerateConfig, vocab: int, tokenizer_dir: Optional[str] = None) -> torch.Tensor:
@@ -84,7 +95,7 @@ def _run_preset(cfg: GenerateConfig):
 
     def once():
         return generate(model, prompt, cfg.max_new_tokens, strategy=cfg.strategy, backend=cfg.backend,
-                        kv_budget_bytes=cfg.kv_budget_bytes)
+                        kv_budget_bytes=cfg.kv_budget_bytes, **dict(cfg.strategy_options))
 
     return once, int(prompt.shape[1])
 
@@ -96,7 +107,7 @@ def _run_hf(cfg: GenerateConfig):
 
     from ..infer.generate import GenerationResult, check_every_rank
 
-    bhf.register(strategy=cfg.strategy, backend=cfg.backend)
+    bhf.register(strategy=cfg.strategy, backend=cfg.backend, **dict(cfg.strategy_options))
     model = transformers.AutoModelForCausalLM.from_pretrained(cfg.model, attn_implementation="burst",
                                                               dtype=torch.float32).eval()
     prompt = _prompt(cfg, model.config.vocab_size, cfg.model)
@@ -110,15 +121,16 @@ def _run_hf(cfg: GenerateConfig):
             problem = f"max_new_tokens must be an int >= 0, got {cfg.max_new_tokens}"
         check_every_rank("burstattn generate", problem, [int(prompt.shape[1]), cfg.max_new_tokens], None)
         cache = bhf.ShardedCache()
+        kw = bhf.cache_kwargs(model, cache)  # `cache` (transformers >= 5.24) or `past_key_values`
         if cfg.max_new_tokens == 0:
             return GenerationResult(prompt[:, :0], 0.0, 0.0, cache)
         t0 = time.perf_counter()
         with comm_stats():  # its own meter: the caller's counts the decode steps only
-            token = model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1)
+            token = model(input_ids=prompt, use_cache=True, **kw).logits[:, -1].argmax(-1)
         t1 = time.perf_counter()
         out = [token]
         for _ in range(cfg.max_new_tokens - 1):
-            token = model(input_ids=token[:, None], past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1)
+            token = model(input_ids=token[:, None], use_cache=True, **kw).logits[:, -1].argmax(-1)
             out.append(token)
         t2 = time.perf_counter()
         rate = (cfg.max_new_tokens - 1) / (t2 - t1) if cfg.max_new_tokens > 1 else 0.0

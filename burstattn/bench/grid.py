@@ -32,10 +32,10 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ..config import torch_dtype
 from .progress import ProgressFile, run_with_progress
 from .timing import code_version, cpu_snapshot, machine_info, other_load, time_interleaved
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 OURS = ("burst", "ring", "rsa", "ulysses", "allgather", "usp", "tp", "burst-distflash", "burst-double")
 LAYOUT_OF = {"burst": "zigzag", "usp": "zigzag", "burst-distflash": "contiguous",
              "burst-double": "zigzag"}  # else contiguous
@@ -181,7 +181,7 @@ def _check(c, p: GridPoint, rank: int, world: int) -> dict:
     out_ref = reference_attention(*ref, causal=p.causal)[0]
     out_ref.backward(do)
     pos = c.positions(p.check_seq_len, rank, world)
-    dt = DTYPES[p.dtype]
+    dt = torch_dtype(p.dtype)
     loc = [x[:, pos].to(dt).contiguous().requires_grad_() for x in (q, k, v)]
     out = c.fn(*loc)
     out.backward(do[:, pos].to(dt))
@@ -228,7 +228,7 @@ def grid_point(rank: int, world: int, p: GridPoint, progress_path: Optional[str]
         rec["errors"] = _check(c, p, rank, world)
     except Exception as e:  # noqa: BLE001 - a peer that cannot run this point is a result
         return {**rec, "failed": f"{type(e).__name__}: {e}"[:500]}
-    n, dt = p.seq_len // world, DTYPES[p.dtype]
+    n, dt = p.seq_len // world, torch_dtype(p.dtype)
     gen = torch.Generator().manual_seed(1000 * rank + 7)
     q = torch.randn(p.batch, n, p.heads, p.head_dim, generator=gen).to(dt).requires_grad_()
     k, v = (torch.randn(p.batch, n, p.kv_heads, p.head_dim, generator=gen).to(dt).requires_grad_() for _ in "kv")

@@ -50,6 +50,8 @@ class InferBenchConfig:
     backend: str = "auto"
     seed: int = 0
     out: str = "bench-out"
+    usp_options: tuple = ()
+    """``(name, value)`` pairs given to ``strategy="usp"`` (``--ulysses-degree`` / ``--ring-degree``)."""
 
 
 def _model(name: str, seed: int, kv_heads: Optional[int] = None):
@@ -85,7 +87,7 @@ def prefill_rank(rank: int, world: int, cfg: InferBenchConfig, strategies: tuple
         for s in strategies:
             def once():
                 return prefill(model, prompt, ShardedKVCache(rank, world, model.config.n_layers), strategy=s,
-                               backend=cfg.backend)
+                               backend=cfg.backend, **(dict(cfg.usp_options) if s == "usp" else {}))
             t = time_repeats(once, repeats=cfg.repeats, warmup=1, barrier=_barrier)
             with comm_stats() as stats:
                 once()

@@ -39,12 +39,12 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ..config import torch_dtype
 from ..layout import local_positions
 from .mask_points import MaskPoint, packed_documents, point_layout, point_mask  # noqa: F401  (re-exported)
 from .progress import ProgressFile, run_with_progress
 from .timing import code_version, cpu_snapshot, machine_info, other_load, time_interleaved
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SUITES = ("masks", "distflash")
 
 
@@ -123,7 +123,7 @@ def _check_small(p: MaskPoint, rank: int, world: int) -> dict:
     ref = [x.clone().requires_grad_() for x in (q, k, v)]
     out_ref = reference_attention(*ref, mask=_visible(mask, torch.arange(n_chk), n_chk, p.causal))[0]
     out_ref.backward(do)
-    pos, dt = local_positions(n_chk, rank, world, layout), DTYPES[p.dtype]
+    pos, dt = local_positions(n_chk, rank, world, layout), torch_dtype(p.dtype)
     loc = [x[:, pos].to(dt).requires_grad_() for x in (q, k, v)]
     out = fn(*loc)
     out.backward(do[:, pos].to(dt))
@@ -151,7 +151,7 @@ def _formula(p: MaskPoint, world: int, rank: int, layout, mask) -> dict:
     from ..masks import AttnMask, choose_mask_backward, mask_bytes, mask_plan
 
     shape = dict(batch=p.batch, local_seq=p.seq_len // world, q_heads=p.heads, kv_heads=p.kv_heads,
-                 head_dim=p.head_dim, dtype=DTYPES[p.dtype])
+                 head_dim=p.head_dim, dtype=torch_dtype(p.dtype))
     if p.schedule == "distflash":
         used, f = "distflash", formulas.distflash_bytes(rank=rank, world_size=world, **shape)
     elif mask is not None or not isinstance(layout, str):
@@ -179,7 +179,7 @@ def _mask_point(rank: int, world: int, p: MaskPoint, progress_path: Optional[str
         return {"unavailable": f"{type(e).__name__}: {e}"}
     rec: dict = {"check": _check_small(p, rank, world)}
     glob = _global(p, p.seq_len, 7, torch.float32)  # float32: 4 ranks hold it at N = 32K
-    pos, dt = local_positions(p.seq_len, rank, world, layout), DTYPES[p.dtype]
+    pos, dt = local_positions(p.seq_len, rank, world, layout), torch_dtype(p.dtype)
     q, k, v = (x[:, pos].to(dt).requires_grad_() for x in glob[:3])
     grad = glob[3][:, pos].to(dt)
 

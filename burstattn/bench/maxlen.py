@@ -19,7 +19,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .grid import DTYPES, OURS, GridPoint, contender
+from ..config import torch_dtype
+from .grid import OURS, GridPoint, contender
 from .progress import ProgressFile, run_with_progress
 from .timing import code_version, machine_info
 
@@ -48,7 +49,7 @@ def _probe(rank: int, world: int, p: GridPoint, progress_path: Optional[str]) ->
     from .memory import measure_peak
 
     ProgressFile(progress_path, rank).start(f"{p.contender} N={p.seq_len}")
-    n, dt = p.seq_len // world, DTYPES[p.dtype]
+    n, dt = p.seq_len // world, torch_dtype(p.dtype)
     try:
         c = contender(p, world)
 
@@ -64,10 +65,10 @@ def _probe(rank: int, world: int, p: GridPoint, progress_path: Optional[str]) ->
         return None
 
 
-def longest_fitting(fits, *, start: int, cap: int, granule: int, bisect_steps: int) -> tuple[Optional[int], Optional[str]]:
-    """The longest length ``fits(n)`` accepts: double from ``start`` while it fits (up to ``cap``),
-    then bisect between the last fit and the first miss to a multiple of ``granule`` (at most
-    ``bisect_steps`` probes). Returns ``(longest or None, note or None)``."""
+def search_longest(fits, *, start: int, cap: int, granule: int, bisect_steps: int) -> tuple[Optional[int], Optional[str]]:
+    """The longest length ``fits(n)`` accepts: double from ``start`` up to ``cap``, then bisect between
+    the last fit and the first miss to a multiple of ``granule``, at most ``bisect_steps`` probes.
+    Returns ``(longest or None, note or None)``."""
     lo, hi, seq = None, None, start
     while seq <= cap:
         if not fits(seq):
@@ -102,7 +103,7 @@ def _search(pool, cfg: MaxlenConfig, name: str, path: str) -> dict:
         probes.append((seq, peak))
         return peak is not None and peak <= budget
 
-    lo, note = longest_fitting(fits, start=cfg.start, cap=cfg.cap, granule=cfg.granule, bisect_steps=cfg.bisect_steps)
+    lo, note = search_longest(fits, start=cfg.start, cap=cfg.cap, granule=cfg.granule, bisect_steps=cfg.bisect_steps)
     peak_lo = next((b for n, b in probes if n == lo), None)
     return {"contender": name, "longest": lo, "peak_at_longest": peak_lo, "probes": probes, "note": note}
 

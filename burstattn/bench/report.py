@@ -4,6 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from ..formulas import META_INTS
+
 __all__ = ["write_markdown", "update_document", "GENERATED_END", "grid_markdown", "ratios_markdown",
            "maxlen_markdown", "correct", "TOLERANCE"]
 
@@ -93,7 +95,7 @@ def _bytes(recs: list[dict]) -> list[str]:
     return ["## Bytes sent per rank: measured (`comm_stats`) vs `formulas.ring_bytes`", "",
             f"One forward + backward, N={c['seq_len']}, head_dim {c['head_dim']}, batch {c['batch']}, "
             "causal zigzag. "
-            f"Forward includes the 128 bytes per peer of input validation (`meta`). "
+            f"Forward includes the {META_INTS * 8} bytes per peer of input validation (`meta`). "
             f"\"match\": every rank sent exactly the formula's bytes for every (phase, op).", ""] \
         + md_table(["P", "Hq/Hkv", "dtype", "backward (asked -> used)", "fwd sent", "fwd formula",
                   "bwd sent", "bwd formula", "bwd by op", "match"], rows) + [""]
@@ -115,6 +117,23 @@ def _memory(recs: list[dict]) -> list[str]:
             "not included; they are listed), from the PyTorch profiler's allocator events; max over ranks.", ""] \
         + md_table(["N", "local n", "inputs (q,k,v,dO)", "peak fwd", "peak fwd+bwd", "fwd+bwd per local token",
                   "growth"], rows) + [""]
+
+
+def _partials(recs: list[dict]) -> list[str]:
+    rows = []
+    for r in recs:
+        m, pk = r["median_s"], r["peak_bytes"]
+        rows.append([r["name"], str(r["config"]["seq_len"]), seconds(m["kernel fwd+bwd"]), seconds(m["float32 fwd+bwd"]),
+                     f"{r['time_ratio']:.2f}x", _mib(pk["kernel fwd+bwd"]), _mib(pk["float32 fwd+bwd"]),
+                     f"{pk['float32 fwd+bwd'] / pk['kernel fwd+bwd']:.2f}x"])
+    c = recs[0]["config"]
+    return [f"## Float32 gradient partials: time and memory, world size {recs[0]['world_size']}", "",
+            f"Causal zigzag, {c['dtype']}, head_dim {c['head_dim']}. `grad_partials=\"float32\"` (the default: "
+            "each kernel backward runs on float32 copies of one 1024 x 1024 tile at a time, so no dQ/dK/dV partial "
+            "is rounded to 16 bits before the float32 accumulation) against `grad_partials=\"kernel\"` (the "
+            "kernel's own 16-bit partials), calls alternated in one spawn; peak per rank as in the memory table.",
+            ""] + md_table(["heads", "N", "fwd+bwd kernel partials", "fwd+bwd float32 partials", "time",
+                            "peak kernel partials", "peak float32 partials", "memory"], rows) + [""]
 
 
 def write_markdown(doc: dict) -> str:
@@ -147,6 +166,8 @@ def write_markdown(doc: dict) -> str:
         out += _bytes(by("bytes"))
     if by("memory"):
         out += _memory(by("memory"))
+    if by("partials"):
+        out += _partials(by("partials"))
     return "\n".join(out)
 
 

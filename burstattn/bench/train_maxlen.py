@@ -82,7 +82,7 @@ def train_config(cfg: MaxLenConfig, name: str, seq_len: int):
 
 def search(cfg: MaxLenConfig, name: str, log=print) -> dict:
     """The longest fitting length of contender ``name`` and every probe ``(N, peak per rank, ...)``."""
-    from .maxlen import longest_fitting
+    from .maxlen import search_longest
     from .train_memory import fresh_probe
 
     budget = cfg.budget_mb * 2**20
@@ -106,7 +106,7 @@ def search(cfg: MaxLenConfig, name: str, log=print) -> dict:
                                    rec["error"]) + (" fits" if rec["fits"] else " over"))
         return rec["fits"]
 
-    lo, note = longest_fitting(fits, start=cfg.start, cap=cfg.cap, granule=cfg.granule, bisect_steps=cfg.bisect_steps)
+    lo, note = search_longest(fits, start=cfg.start, cap=cfg.cap, granule=cfg.granule, bisect_steps=cfg.bisect_steps)
     return dict(contender=name, longest=lo, note=note, probes=probes)
 
 

@@ -122,13 +122,14 @@ def sim_config(cfg, world: int, hw=None):
     from ..parallel import TP_STRATEGIES, resolve_dims
     from ..sim.hardware import preset as hw_preset
     from ..sim.step import SimConfig
-    from ..train.job import model_config
+    from ..train.checks import model_config
+    from ..train.job import with_chunks
 
     dims = resolve_dims(world, cfg.strategy, cfg.dp, cfg.cp, cfg.tp)
     variant = cfg.strategy[3:] if cfg.strategy in TP_STRATEGIES else cfg.tp_variant
-    mcfg = model_config(cfg, dims, variant)
-    return SimConfig(preset(cfg.model), cfg.seq_len, hw or hw_preset("h100-nvlink-ib"), cfg.strategy, "train", cp=dims.cp,
-                     tp=dims.tp, dp=dims.dp, batch=cfg.batch // dims.dp, checkpointing=cfg.checkpointing, fsdp=cfg.fsdp,
+    mcfg = with_chunks(model_config(cfg), cfg, dims, variant)
+    return SimConfig(model_config(cfg), cfg.seq_len, hw or hw_preset("h100-nvlink-ib"), cfg.strategy, "train", cp=dims.cp,
+                     tp=dims.tp, dp=dims.dp, batch=cfg.batch, checkpointing=cfg.checkpointing, fsdp=cfg.fsdp,
                      dtype=getattr(torch, cfg.dtype), mlp_chunk=mcfg.mlp_chunk, loss_chunk=mcfg.loss_chunk,
                      offload=cfg.offload)
 

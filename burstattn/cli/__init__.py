@@ -63,4 +63,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         light_parser().parse_args(args)  # prints the help (or the usage error) and exits
     ns = build_parser().parse_args(args)
-    return int(ns.handler(ns) or 0)
+    try:
+        return int(ns.handler(ns) or 0)
+    except KeyboardInterrupt:  # Ctrl-C: one line (local ranks ignore SIGINT; their launcher stops them)
+        print(f"burstattn {ns.command}: interrupted", file=sys.stderr)
+        return 130

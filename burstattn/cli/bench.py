@@ -6,6 +6,7 @@
     burstattn bench masks [--quick] [--docs docs/benchmarks.md]  # windows, documents, load balance
     burstattn bench train [--seq-lens ...] [--plots docs/img] [--cluster PRESET]  # training steps
     burstattn bench infer [--quick] [--plots DIR] [--docs FILE] [--cluster PRESET]  # prefill, decode, pass-KV/Q
+    burstattn bench hf [--quick] [--docs docs/hf.md]   # HF Trainer: context parallel vs one process vs DDP
     burstattn bench --cluster PRESET|SPEC [flags]   # the attention strategies on an emulated cluster (root)
 
 ``--cluster PRESET|SPEC`` means one thing everywhere: run on the emulated cluster (needs root).
@@ -25,6 +26,8 @@ SUITE_HELP = {
     "masks": "sliding window, packed documents and DistFlashAttn balance vs dense causal",
     "train": "training steps: cp strategies vs tp-v1/tp-v3, FSDP, checkpointing modes",
     "infer": "first-token latency per strategy, sharded decoding, pass-KV vs pass-Q",
+    "hf": "Hugging Face Trainer steps on packed long documents: context parallel vs one process vs DDP, "
+          "longest row under a budget, work balance",
 }
 
 
@@ -42,16 +45,42 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cluster-repeats", type=int, default=3)
     p.add_argument("--cluster-out", default="bench-out")
     p.add_argument("--cluster-docs", default=None, help="also write the tables into this Markdown file")
-    p.set_defaults(handler=run_cluster)
     suites = p.add_subparsers(dest="suite", metavar="SUITE", required=False)
     handlers = {"core": run_core, "grid": run_grid, "maxlen": run_maxlen, "masks": run_masks, "train": run_train,
-                "infer": run_infer}
+                "infer": run_infer, "hf": run_hf}
     flags = {"core": add_core_arguments, "grid": add_grid_arguments, "maxlen": add_maxlen_arguments,
-             "masks": add_masks_arguments, "train": add_train_arguments, "infer": add_infer_arguments}
+             "masks": add_masks_arguments, "train": add_train_arguments, "infer": add_infer_arguments,
+             "hf": add_hf_arguments}
     for name, text in SUITE_HELP.items():
         s = suites.add_parser(name, help=text)
         flags[name](s)
-        s.set_defaults(handler=handlers[name])
+        s.set_defaults(handler=guarded(handlers[name], name))
+    p.set_defaults(handler=guarded(run_cluster, None))
+
+
+def guarded(handler, suite):
+    """``handler`` with bad input as one line: a ``--cluster`` value that names no preset, spec file or
+    ``inter=...;intra=...`` pair is refused before anything is measured; any ``ValueError`` (a flag's
+    value) prints ``burstattn bench [SUITE]: error: ...`` and exits 2."""
+    def run(ns: argparse.Namespace) -> int:
+        try:
+            if getattr(ns, "cluster", None):
+                check_cluster(ns.cluster, getattr(ns, "nodes", 2), getattr(ns, "ranks_per_node", 2))
+            return handler(ns)
+        except ValueError as exc:
+            print(f"burstattn bench{' ' + suite if suite else ''}: error: {exc}", file=sys.stderr)
+            return 2
+    return run
+
+
+def check_cluster(text: str, nodes: int, ranks_per_node: int) -> None:
+    """``ValueError`` naming ``--cluster`` unless ``text`` resolves to a cluster (no calibration run)."""
+    from ..cluster.spec import resolve
+
+    try:
+        resolve(text, nodes, ranks_per_node, local_flops=1.0)
+    except ValueError as exc:
+        raise ValueError(f"--cluster {text!r}: {exc}") from None
 
 
 def run_cluster(ns: argparse.Namespace) -> int:
@@ -133,7 +162,13 @@ def run_infer(ns: argparse.Namespace) -> int:
     from ..bench.infer_report import infer_markdown, plot_infer
     from ..bench.report import update_document
 
-    cfg = infer_config(ns)
+    from .generate import usp_options
+
+    options, problem = usp_options(ns.strategies, ns.ulysses_degree, ns.ring_degree, ns.world_size)
+    if problem:
+        print(f"burstattn bench infer: {problem}", file=sys.stderr)
+        return 2
+    cfg = dataclasses.replace(infer_config(ns), usp_options=tuple(sorted(options.items())))
     if ns.cluster:
         import json
 
@@ -175,6 +210,10 @@ def add_core_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=d.seq_len, help="sequence length of overhead/speedup points")
     p.add_argument("--repeats", type=int, default=d.repeats)
     p.add_argument("--warmup", type=int, default=d.warmup)
+    p.add_argument("--suites", nargs="+", choices=d.suites, default=list(d.suites),
+                   help="which suites to run (default: all)")
+    p.add_argument("--partials-seq-len", type=int, default=d.partials_seq_len,
+                   help="sequence length of the float32-partials points (default: %(default)s)")
 
 
 def core_config(ns: argparse.Namespace) -> CoreConfig:
@@ -182,7 +221,7 @@ def core_config(ns: argparse.Namespace) -> CoreConfig:
     from ..bench.core import CoreConfig
 
     return CoreConfig(out=ns.out, docs=ns.docs, quick=ns.quick, seq_len=ns.seq_len, repeats=ns.repeats,
-                      warmup=ns.warmup)
+                      warmup=ns.warmup, suites=tuple(ns.suites), partials_seq_len=ns.partials_seq_len)
 
 
 def add_grid_arguments(p: argparse.ArgumentParser) -> None:
@@ -334,6 +373,9 @@ def add_infer_arguments(p: argparse.ArgumentParser) -> None:
                    help="instead: the prefill suite on an emulated cluster (root), e.g. a100-pcie-roce")
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--ranks-per-node", type=int, default=1)
+    from .generate import add_usp_arguments
+
+    add_usp_arguments(p)
 
 
 def infer_config(ns: argparse.Namespace) -> InferBenchConfig:
@@ -346,4 +388,56 @@ def infer_config(ns: argparse.Namespace) -> InferBenchConfig:
     if ns.quick:
         cfg = dataclasses.replace(cfg, model="tiny", prompt_lens=(64, 128), decode_cache=128, decode_tokens=4,
                       crossover_cache=64, crossover_new=(8, 64), repeats=1)
+    return cfg
+
+
+def run_hf(ns: argparse.Namespace) -> int:
+    """``burstattn bench hf``: Trainer steps with and without context parallelism (needs ``burstattn[hf]``)."""
+    from ..bench.generate_run import missing_transformers
+
+    if missing_transformers():
+        print("burstattn bench hf: needs transformers and accelerate: pip install 'burstattn[hf]'", file=sys.stderr)
+        return 2
+    from ..bench import hf
+    from ..bench.hf_report import hf_markdown, replace_section
+
+    cfg = hf_config(ns)
+    doc = hf.run_hf_bench(cfg)
+    md = hf_markdown(doc)
+    (hf.Path(cfg.out) / "hf.md").write_text(md)
+    if ns.docs:
+        replace_section(ns.docs, md)
+    print(md)
+    return 0
+
+
+def add_hf_arguments(p: argparse.ArgumentParser) -> None:
+    from ..bench.hf import CONTENDERS, SUITES, HfBenchConfig
+
+    d = HfBenchConfig()
+    p.add_argument("--world-size", type=int, default=d.world_size)
+    p.add_argument("--seq-lens", nargs="+", type=int, default=list(d.seq_lens), help="tokens of one packed row")
+    p.add_argument("--contenders", nargs="+", default=list(d.contenders), choices=CONTENDERS)
+    p.add_argument("--steps", type=int, default=d.steps, help="timed optimizer steps (after --warmup)")
+    p.add_argument("--warmup", type=int, default=d.warmup)
+    p.add_argument("--mem-budget-mib", type=float, default=d.mem_budget_mib, help="per-rank budget of the maxlen suite")
+    p.add_argument("--maxlen-cap", type=int, default=d.maxlen_cap)
+    p.add_argument("--suites", nargs="+", default=list(d.suites), choices=SUITES)
+    p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
+    p.add_argument("--out", default=d.out)
+    p.add_argument("--docs", default=None, metavar="FILE", help="also write the tables into this Markdown file "
+                                                              "(between its bench hf markers)")
+
+
+def hf_config(ns: argparse.Namespace):
+    from ..bench.hf import HfBenchConfig
+
+    cfg = dataclasses.replace(HfBenchConfig(), world_size=ns.world_size, seq_lens=tuple(ns.seq_lens),
+                              contenders=tuple(ns.contenders), steps=ns.steps, warmup=ns.warmup,
+                              mem_budget_mib=ns.mem_budget_mib, maxlen_cap=ns.maxlen_cap, suites=tuple(ns.suites),
+                              out=ns.out)
+    if ns.quick:
+        cfg = dataclasses.replace(cfg, seq_lens=(256,), steps=1, warmup=0, hidden=64, heads=4, kv_heads=2, vocab=256,
+                                  mean_doc=64, mem_budget_mib=24.0, maxlen_start=256, maxlen_cap=1024, granule=256,
+                                  bisect_steps=0, balance_seq_len=4096, balance_world_sizes=(2, 4), block_size=128)
     return cfg

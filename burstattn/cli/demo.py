@@ -23,7 +23,8 @@ def run(ns: argparse.Namespace) -> int:
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     """The demo's flags (defaults from :class:`DemoConfig`)."""
-    from ..bench.demo import DTYPES, DemoConfig
+    from ..bench.demo import DemoConfig
+    from ..config import LOW_DTYPES
 
     d = DemoConfig()
     p.add_argument("--world-size", type=int, default=d.world_size, help="local ranks to spawn")
@@ -34,7 +35,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=d.batch)
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=d.causal)
     p.add_argument("--layout", choices=("contiguous", "zigzag", "striped"), default=d.layout)
-    p.add_argument("--dtype", choices=tuple(DTYPES), default=d.dtype)
+    p.add_argument("--dtype", choices=LOW_DTYPES, default=d.dtype)
     p.add_argument("--backend", choices=("auto", "reference", "cpu_flash", "sdpa", "flash_attn"),
                    default=d.backend)
     p.add_argument("--backward", choices=("auto", "burst", "kv"), default=d.backward,

@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from ..sim.names import CHECKPOINTING, MODES, OFFLOAD, SCHEDULES, STRATEGIES
+from ..sim.names import CHECKPOINTING, MODES, OFFLOAD, SCHEDULES, STRATEGIES, rate, seconds, size
 
 _OWN_DIM = {"tp-v1": "tp", "tp-v3": "tp"}
 
@@ -13,10 +13,12 @@ _OWN_DIM = {"tp-v1": "tp", "tp-v3": "tp"}
 def _common(p: argparse.ArgumentParser, with_strategy: bool) -> None:
     p.add_argument("--model", default="llama-7b", help="a burstattn.models preset (llama-7b, llama3-8b, ...)")
     p.add_argument("--seq-len", type=int, default=None, help="global sequence length (decode: the cache length)")
-    p.add_argument("--gpus", type=int, default=8)
+    p.add_argument("--gpus", type=int, default=8, help="devices in all (default: %(default)s)")
     p.add_argument("--cluster", default="a100-nvlink-ib", help="a preset or a spec .json from `sim calibrate`")
     p.add_argument("--mode", default="train", choices=MODES if with_strategy else ("train", "prefill"))
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batch", type=int, default=1,
+                   help="the global batch: sequences per step over all data-parallel replicas, as for "
+                        "`burstattn train --batch` (it must divide by --dp; default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     for flag, text in (("--inter-gbps", "inter-node Gbit/s"), ("--intra-gbps", "intra-node Gbit/s"),
                        ("--gpu-tflops", "peak TFLOP/s per device"), ("--gpu-mem-gib", "memory per device, GiB")):
@@ -55,6 +57,7 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeline", default=None, metavar="OUT.png", help="write one layer's Gantt chart")
     p.add_argument("--out", default="cluster-spec.json", help="calibrate: where to write the spec")
     p.add_argument("--seconds", type=float, default=1.0, help="calibrate: seconds per kernel measurement")
+    p.add_argument("--rounds", type=int, default=3, help="calibrate: rounds of kernel measurements (best kept)")
 
 
 def _memory_flags(p: argparse.ArgumentParser, searched: bool) -> None:
@@ -86,6 +89,7 @@ def degrees(strategy: str, gpus: int, cp, tp, dp) -> tuple[int, int, int]:
     """``(cp, tp, dp)``: missing degrees get 1, except the strategy's own dimension (cp, or tp for
     tp-v1 / tp-v3), which takes what is left of ``gpus``. Raises ``ValueError`` when they do not
     multiply to ``gpus``."""
+    _check_gpus(gpus)
     own = _OWN_DIM.get(strategy, "cp")
     given = {"cp": cp, "tp": tp, "dp": dp}
     rest = [k for k, v in given.items() if v is None]
@@ -104,6 +108,11 @@ def degrees(strategy: str, gpus: int, cp, tp, dp) -> tuple[int, int, int]:
                          f"{given['cp'] * given['tp'] * given['dp']}: the degrees must multiply to the GPU count "
                          f"(--gpus {gpus})")
     return given["cp"], given["tp"], given["dp"]
+
+
+def _check_gpus(gpus) -> None:
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"--gpus must be a positive int, got {gpus!r}")
 
 
 def run_sim(ns) -> int:
@@ -136,17 +145,17 @@ def run_sim(ns) -> int:
     if ns.json:
         print(json.dumps(out))
         return 0
-    gib = 2**30
-    print(f"{ns.model} {ns.mode}, N={ns.seq_len}, {ns.gpus} x {hw.name}: {ns.strategy} dp={dp} cp={cp} tp={tp}"
+    print(f"{ns.model} {ns.mode}, N={ns.seq_len}, global batch {ns.batch}, {ns.gpus} x {hw.name}: {ns.strategy} "
+          f"dp={dp} cp={cp} tp={tp}"
           + (f", checkpointing {ns.checkpointing}{', FSDP' if ns.fsdp else ''}, mlp chunk {ns.mlp_chunk}, loss chunk "
              f"{ns.loss_chunk}, offload {ns.offload}" if ns.mode == "train" else ""))
-    print(f"  time {res.time_s:.4g} s = compute {res.compute_s:.4g} + exposed comm {res.exposed_comm_s:.4g} "
-          f"+ idle {res.idle_s:.4g}")
-    print(f"  peak memory {res.peak_memory_bytes / gib:.2f} GiB of {hw.mem_bytes / gib:.1f} GiB: "
-          f"{'fits' if res.fits else 'DOES NOT FIT'} ({', '.join(f'{k} {v / gib:.2f}' for k, v in res.memory.to_dict().items() if isinstance(v, int))})")
+    print(f"  time {seconds(res.time_s)} = compute {seconds(res.compute_s)} + exposed comm "
+          f"{seconds(res.exposed_comm_s)} + idle {seconds(res.idle_s)}; {rate(res.tokens_per_s)} tokens/s")
+    print(f"  peak memory {size(res.peak_memory_bytes)} of {size(hw.mem_bytes)}: "
+          f"{'fits' if res.fits else 'DOES NOT FIT'} ({', '.join(f'{k} {size(v)}' for k, v in res.memory.to_dict().items() if isinstance(v, int))})")
     if res.memory.phase:
         print(f"  peak in the {res.memory.phase}; largest term: {res.memory.binding()}"
-              + (f"; host memory {res.memory.host / gib:.2f} GiB of {hw.host_mem_bytes / gib:.1f}" if res.memory.host else ""))
+              + (f"; host memory {size(res.memory.host)} of {size(hw.host_mem_bytes)}" if res.memory.host else ""))
     if ns.timeline:
         print(f"  wrote {ns.timeline}")
     return 0
@@ -156,7 +165,12 @@ def _calibrate(ns) -> int:
     from ..sim.calibrate import calibrate, cluster_section
     from ..sim.hardware import save
 
-    cal = calibrate(seconds=ns.seconds)
+    if ns.seconds <= 0 or ns.rounds < 1:
+        raise ValueError(f"--seconds must be positive and --rounds at least 1, got {ns.seconds} and {ns.rounds}")
+    print(f"burstattn sim calibrate: measuring this machine, about {ns.rounds * 10 * ns.seconds + 5:.0f} s "
+          f"(--rounds {ns.rounds} x --seconds {ns.seconds} per kernel figure)", file=sys.stderr, flush=True)
+    cal = calibrate(seconds=ns.seconds, rounds=ns.rounds,
+                    progress=lambda text: print(f"  {text}", file=sys.stderr, flush=True))
     save(cal.hw, ns.out, {"cluster": cluster_section(cal), "rates": cal.rates, "link": cal.link})
     r, link = cal.rates, cal.link
     print(f"attention fwd {r['attn_fwd'] / 1e9:.1f} GFLOP/s, bwd {r['attn_bwd'] / 1e9:.1f}, matmul "
@@ -171,6 +185,7 @@ def run_plan(ns) -> int:
     from ..sim.planner import MemoryChoice, max_seq_len, plan
 
     try:
+        _check_gpus(ns.gpus)
         hw, model = _hw(ns), model_preset(ns.model)
         fixed = MemoryChoice(ns.mlp_chunk, ns.loss_chunk, ns.offload)
         for flag in ("mlp_chunk", "loss_chunk"):
@@ -188,7 +203,7 @@ def run_plan(ns) -> int:
                                                     else []) + (["offload"] if ns.offload is None else [])
             given = [f"--{k.replace('_', '-')} {getattr(ns, k)}" for k in ("mlp_chunk", "loss_chunk", "offload")
                      if getattr(ns, k) is not None]
-            print(f"longest sequence that fits, {ns.model} {ns.mode} on {ns.gpus} x {hw.name} ("
+            print(f"longest sequence that fits, {ns.model} {ns.mode}, global batch {ns.batch}, on {ns.gpus} x {hw.name} ("
                   + (", ".join(searched) + " searched" + (f"; {' '.join(given)}" if given else "")
                      if ns.mode == "train" else "weights + KV cache") + "):")
             for k, v in sorted(res.items(), key=lambda kv: -kv[1]["tokens"]):
@@ -206,18 +221,20 @@ def run_plan(ns) -> int:
     if ns.json:
         print(json.dumps({"ranking": rows}))
         return 0
-    print(f"{ns.model} {ns.mode}, N={ns.seq_len}, {ns.gpus} x {hw.name}: {len(rows)} configurations")
-    print(f"{'#':>3} {'strategy':18s} {'dp':>4} {'cp':>4} {'tp':>3} {'ckpt':5s} {'fsdp':4s} {'chunks':>11s} "
-          f"{'offload':7s} {'time':>9s} {'memory':>9s}  why")
+    print(f"{ns.model} {ns.mode}, N={ns.seq_len}, global batch {ns.batch} ({ns.batch * ns.seq_len:,} tokens per step), "
+          f"{ns.gpus} x {hw.name}: {len(rows)} configurations, by time per token")
+    print(f"{'#':>3} {'strategy':18s} {'dp':>4} {'cp':>4} {'tp':>3} {'ckpt':5s} {'fsdp':4s} {'chunks':>11s} {'offload':7s} "
+          f"{'step time':>10s} {'tokens/s':>9s} {'memory':>10s}  why")
     for i, r in enumerate(rows[:ns.top]):
         d = r["degrees"]
         chunks = f"{r['mlp_chunk']}/{r['loss_chunk']}" if r["mlp_chunk"] or r["loss_chunk"] else "whole"
         print(f"{i + 1:>3} {r['strategy']:18s} {d['dp']:>4} {d['cp']:>4} {d['tp']:>3} {r['checkpointing']:5s} "
-              f"{'yes' if r['fsdp'] else 'no':4s} {chunks:>11s} {r['offload']:7s} {r['time_s']:>8.3f}s "
-              f"{r['peak_memory_bytes'] / 2**30:>7.1f}G  {r['why']}")
+              f"{'yes' if r['fsdp'] else 'no':4s} {chunks:>11s} {r['offload']:7s} {seconds(r['time_s']):>10s} "
+              f"{rate(r['tokens_per_s']):>9s} {size(r['peak_memory_bytes']):>10s}  {r['why']}")
     if rows and rows[0]["fits"]:
         cfg = rows[0]["config"]
-        print(f"\nrun the winner with:\n  {cfg['train']}\n  {cfg['attention']}" + (f"\n  ({cfg['note']})" if "note" in cfg else ""))
+        lines = [cfg[k] for k in ("train", "attention") if k in cfg] + ([f"({cfg['note']})"] if "note" in cfg else [])
+        print("\nrun the winner with:\n" + "\n".join(f"  {line}" for line in lines))
     else:
         print("\nnothing fits: add devices, shorten the sequence, or use a larger-memory cluster")
     return 0

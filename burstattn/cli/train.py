@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import signal
 import sys
 
@@ -14,6 +15,8 @@ HELP = "train a LLaMA-style model with sequence / tensor parallelism"
 # flag -> (type, help); every one overrides the TrainConfig field of the same name
 FLAGS = {
     "model": (str, "model preset (tiny, small, llama-7b, ...)"),
+    "vocab_size": (int, "token ids of the model (default: the preset's; 256 for the small ones): a --data "
+                        "file's tokenizer vocabulary, e.g. 50304 for GPT-2 ids"),
     "seq_len": (int, "tokens per global sequence"),
     "batch": (int, "sequences per global batch"),
     "steps": (int, "optimizer steps"),
@@ -25,6 +28,7 @@ FLAGS = {
     "strategy": (str, "any strategy of burstattn.attention (context parallel), or tp-v1 / tp-v3"),
     "layout": (str, "sequence layout over cp (default: the strategy's)"),
     "backend": (str, "local attention kernel"),
+    "schedule": (str, "burst: ring | distflash (DistFlashAttn's balanced causal schedule, contiguous layout)"),
     "ulysses_degree": (int, "usp: Ulysses ranks per ring group (0: largest that fits)"),
     "dp": (int, "data-parallel degree"),
     "cp": (int, "context-parallel degree"),
@@ -48,7 +52,9 @@ FLAGS = {
     "pg_timeout_s": (float, "collective timeout in seconds (a dead peer -> error after this long)"),
 }
 SWITCHES = {"fsdp": "shard parameters/gradients/optimizer state with FSDP2 over dp x cp",
-            "resume": "continue from the newest complete checkpoint in --ckpt-dir"}
+            "resume": "continue from the newest checkpoint in --ckpt-dir that loads (the directory must exist)",
+            "allow_changes": "with --resume: accept another --seed, --lr, --batch ... than the checkpoint's run "
+                             "(warned; refused without this)"}
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -56,7 +62,9 @@ def add(sub: argparse._SubParsersAction) -> None:
                        description="Train on local processes (--world-size) or under torchrun (detected). "
                                    "Flags override the fields of --config.")
     p.add_argument("--config", help="TOML file of TrainConfig fields (see configs/train/)")
-    p.add_argument("--world-size", type=int, default=None, help="local processes (default 1; ignored under torchrun)")
+    p.add_argument("--world-size", type=int, default=None,
+                   help="local processes (default 1); under torchrun optional, and when given it must equal "
+                        "torchrun's WORLD_SIZE (a mismatch is an error)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per local process")
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     for name, (kind, text) in FLAGS.items():
@@ -64,7 +72,8 @@ def add(sub: argparse._SubParsersAction) -> None:
         metavar = "TOKENS" if name in ("mlp_chunk", "loss_chunk") else None
         p.add_argument(flag, dest=name, type=kind, default=argparse.SUPPRESS, help=text, metavar=metavar)
     for name, text in SWITCHES.items():
-        p.add_argument("--" + name, dest=name, action="store_true", default=argparse.SUPPRESS, help=text)
+        p.add_argument("--" + name.replace("_", "-"), dest=name, action="store_true", default=argparse.SUPPRESS,
+                       help=text)
     p.set_defaults(handler=run)
 
 
@@ -77,23 +86,43 @@ def config_of(ns: argparse.Namespace):
     return load_config(ns.config, **overrides) if ns.config else config_from_mapping(overrides)
 
 
+def _say_error(text: str) -> None:
+    # under torchrun every worker checks the flags: only global rank 0 prints, so the message shows once
+    if os.environ.get("RANK", "0") == "0":
+        print(f"burstattn train: error: {text}", file=sys.stderr)
+
+
+def report_failure(exc) -> int:
+    """Print a :class:`~burstattn.testing.launch.LocalGroupError` of the ranks: a message all the
+    failing ranks share once (a bad configuration, a damaged checkpoint: the same on every rank),
+    different ones one line per rank. Returns the exit code (2: a ValueError, else 1)."""
+    messages = {rank: err.message for rank, err in exc.errors.items()}
+    first = exc.errors[min(exc.errors)]
+    if len(set(messages.values())) == 1 and first.traceback:  # every failing rank raised the same
+        text = first.message.split(": ", 1)[1] if "ValueError" in first.type_names else first.message
+        _say_error(text)
+    else:
+        print(f"burstattn train: failed: {exc.summary}", file=sys.stderr)
+        for rank in sorted(messages):
+            print(f"  {messages[rank]}", file=sys.stderr)
+    return 2 if "ValueError" in first.type_names else 1
+
+
 def run(ns: argparse.Namespace) -> int:
     from ..testing.launch import LocalGroupError
     from ..train.launcher import run_training
 
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the local ranks are stopped too
+    before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the local ranks are stopped too
     try:
         cfg = config_of(ns)
         records = run_training(cfg, ns.world_size, threads_per_rank=ns.threads, progress=not ns.no_progress)
     except ValueError as exc:
-        print(f"burstattn train: error: {exc}", file=sys.stderr)
+        _say_error(str(exc))
         return 2
     except LocalGroupError as exc:
-        first = min(exc.errors)
-        print(f"burstattn train: failed: {exc.summary}", file=sys.stderr)
-        for rank in sorted(exc.errors):
-            print(f"  {exc.errors[rank].message}", file=sys.stderr)
-        return 2 if "ValueError" in exc.errors[first].type_names else 1
+        return report_failure(exc)
+    finally:
+        signal.signal(signal.SIGTERM, before)
     if records:
         last = records[-1]
         acc = "" if last.get("accuracy") is None else f", passkey accuracy {last['accuracy']:.2f}"

@@ -10,21 +10,24 @@ choice; a pass only says what a pair computes and how partials accumulate:
   side is ``(q, dO, [LSE; D])`` with ``D = rowsum(dO * O)``: a remote query block rebuilds an ``O'``
   with the same ``D`` (:func:`pseudo_out`) instead of shipping O.
 
-Tensors here are ``[B, H, n, D]`` (one head group: :mod:`.heads` runs the groups one after another).
+K and V travel as one message (:class:`KVPack`) at their own head sizes. Tensors here are
+``[B, H, n, D]`` (one head group: :mod:`.run` runs the groups one after another).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import torch
 
 from ..formulas import accum_dtype
-from ..kernels.base import Kernel
+from ..kernels.base import ROW_CHUNK, Kernel, ScoreMods
 from .merge import merge_
-from .schedule import BlockOp, MaskKind
+from .schedule import BlockOp, MaskKind, tile_op
 
 BLIND_LSE = 1e30  # exp(s - 1e30) == 0 in float32 and float64; finite, so no kernel forms inf - inf
+FP32_TILE = 1024  # rows and keys per kernel call when the backward runs on float32 copies
+LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def op_slices(op: BlockOp) -> Optional[tuple[slice, slice, bool]]:
@@ -45,19 +48,6 @@ def backward_lse(lse: torch.Tensor) -> torch.Tensor:
     return lse.masked_fill(lse == float("-inf"), BLIND_LSE)
 
 
-ROW_CHUNK = 1024  # rows per chunk of the row-wise float32 helpers below (bounds their temporaries)
-
-
-def row_dot(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``rowsum(a * b)`` in ``dtype`` for ``a, b [B, H, n, D]`` -> ``[B, H, n]``, a chunk of rows at a
-    time, so the upcast copies never exceed :data:`ROW_CHUNK` rows."""
-    out = torch.empty(a.shape[:-1], dtype=dtype, device=a.device)
-    for i in range(0, a.shape[2], ROW_CHUNK):
-        rows = slice(i, i + ROW_CHUNK)
-        out[:, :, rows] = (a[:, :, rows].to(dtype) * b[:, :, rows].to(dtype)).sum(-1)
-    return out
-
-
 def pseudo_out(dout: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     """A tensor ``O'`` with ``rowsum(dout * O') == delta``: ``dout * delta / |dout|^2``.
 
@@ -76,16 +66,66 @@ def pseudo_out(dout: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@dataclass(frozen=True)
+class KVPack:
+    """K ``[B, h, n, D]`` and V ``[B, h, n, Dv]`` as ONE message: stacked ``[2, B, h, n, D]`` when
+    ``D == Dv``, else one flat buffer (each at its own size: no padding on the wire)."""
+
+    k_shape: tuple
+    v_shape: tuple
+
+    def pack(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """One copy of ``k`` and ``v`` (any strides) into the message."""
+        if self.k_shape == self.v_shape:
+            return torch.stack([k, v])
+        nk = k.numel()
+        buf = torch.empty(nk + v.numel(), dtype=k.dtype, device=k.device)
+        buf[:nk].view(self.k_shape).copy_(k)
+        buf[nk:].view(self.v_shape).copy_(v)
+        return buf
+
+    def split(self, buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(k, v)`` views of a message."""
+        if self.k_shape == self.v_shape:
+            return buf[0], buf[1]
+        nk = 1
+        for s in self.k_shape:
+            nk *= s
+        return buf[:nk].view(self.k_shape), buf[nk:].view(self.v_shape)
+
+
 @dataclass
 class BlockCalls:
     """Kernel calls of block ops: FULL / CAUSAL / STRICT run the kernel's own modes; PARTIAL ops
     (masks only) an explicit bool mask ``mask_of(op, q_owner, k_owner) -> [q rows, k rows]``, on
-    ``fallback`` when ``kernel`` takes no mask (flash-attn -> sdpa)."""
+    ``fallback`` when ``kernel`` takes no mask (flash-attn -> sdpa).
+
+    ``mods``: the call's score modifiers (softcap, ALiBi slopes of this head group); with ALiBi,
+    ``positions = (q_pos, k_pos)``: every owner's aligned query and key positions. ``fp32_grads``:
+    16-bit backwards run on float32 copies of one tile (:data:`FP32_TILE`) at a time, on
+    ``grad_kernel`` when ``kernel`` takes no float32, so every dQ/dK/dV partial is float32 from the
+    start (nothing rounded to 16 bits before the accumulation)."""
 
     kernel: Kernel
     scale: float
     mask_of: Optional[Callable] = None
     fallback: Optional[Kernel] = None
+    mods: Optional[ScoreMods] = None
+    positions: Optional[tuple] = None
+    fp32_grads: bool = False
+    grad_kernel: Optional[Kernel] = None
+
+    def heads(self, hs: slice) -> "BlockCalls":
+        """The calls of the query heads ``hs`` (ALiBi slopes sliced)."""
+        if self.mods is None or self.mods.alibi is None:
+            return self
+        return replace(self, mods=replace(self.mods, alibi=self.mods.alibi[:, hs]))
+
+    def _mods(self, qs: slice, ks: slice, q_owner: int, k_owner: int) -> Optional[ScoreMods]:
+        if self.mods is None or self.mods.alibi is None:
+            return self.mods
+        qp, kp = self.positions
+        return ScoreMods(self.mods.softcap, self.mods.alibi, qp[q_owner][qs], kp[k_owner][ks])
 
     def _call(self, op: BlockOp, q_owner: int, k_owner: int, device):
         if op.mask is not MaskKind.PARTIAL:
@@ -101,7 +141,8 @@ class BlockCalls:
         if c is None:
             return None
         qs, ks, causal, kern, m = c
-        o_j, lse_j = kern.forward(q[:, :, qs], k[:, :, ks], v[:, :, ks], self.scale, causal, mask=m)
+        o_j, lse_j = kern.forward(q[:, :, qs], k[:, :, ks], v[:, :, ks], self.scale, causal, mask=m,
+                                  mods=self._mods(qs, ks, q_owner, k_owner))
         if m is not None:
             blind = ~m.any(1)  # rows of this block that see none of its keys
             if bool(blind.any()):
@@ -110,14 +151,20 @@ class BlockCalls:
         return qs, o_j, lse_j
 
     def backward(self, ops, dout, q, k, v, out, lse, q_owner: int, k_owner: int):
-        """Yield ``(q rows, k rows, dq_j, dk_j, dv_j)`` per op (``lse``: huge for blind rows)."""
+        """Yield ``(q rows, k rows, dq_j, dk_j, dv_j)`` per op or tile (``lse``: huge for blind rows)."""
+        upcast = self.fp32_grads and q.dtype in LOW_PRECISION
         for op in ops:
-            c = self._call(op, q_owner, k_owner, q.device)
-            if c is None:
-                continue
-            qs, ks, causal, kern, m = c
-            yield (qs, ks, *kern.backward(dout[:, :, qs], q[:, :, qs], k[:, :, ks], v[:, :, ks], out[:, :, qs],
-                                          lse[:, :, qs], self.scale, causal, mask=m))
+            for tile in (tile_op(op, FP32_TILE) if upcast else (op,)):
+                c = self._call(tile, q_owner, k_owner, q.device)
+                if c is None:
+                    continue
+                qs, ks, causal, kern, m = c
+                xs = (dout[:, :, qs], q[:, :, qs], k[:, :, ks], v[:, :, ks], out[:, :, qs])
+                if upcast and not kern.fp32_grads:
+                    kern = kern if kern.float32 else self.grad_kernel
+                    xs = tuple(x.float() for x in xs)
+                yield (qs, ks, *kern.backward(*xs, lse[:, :, qs], self.scale, causal, mask=m,
+                                              mods=self._mods(qs, ks, q_owner, k_owner)))
 
 
 def _full(rows: slice, n: int) -> bool:
@@ -125,12 +172,14 @@ def _full(rows: slice, n: int) -> bool:
 
 
 class ForwardAccs:
-    """Forward accumulators: ``(out, lse)`` per query owner (accumulator dtype)."""
+    """Forward accumulators: ``(out [B, h, n, Dv], lse [B, h, n])`` per query owner (accumulator dtype)."""
 
     sides = frozenset({"q"})
 
-    def __init__(self, q: torch.Tensor) -> None:
-        self.shape, self.dtype, self.device = tuple(q.shape), q.dtype, q.device
+    def __init__(self, q: torch.Tensor, v_head_dim: Optional[int] = None) -> None:
+        b, h, n, d = q.shape
+        self.shape = (b, h, n, d if v_head_dim is None else v_head_dim)
+        self.dtype, self.device = q.dtype, q.device
         self.acc = accum_dtype(q.dtype)
 
     def empty(self):
@@ -170,9 +219,9 @@ class BackwardAccs:
 
     sides = frozenset({"q", "kv"})
 
-    def __init__(self, q: torch.Tensor, k: torch.Tensor) -> None:
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor] = None) -> None:
         self.acc = accum_dtype(q.dtype)
-        self.shapes = {"q": [tuple(q.shape)], "kv": [tuple(k.shape)] * 2}
+        self.shapes = {"q": [tuple(q.shape)], "kv": [tuple(k.shape), tuple((k if v is None else v).shape)]}
         self.device = q.device
 
     def zeros(self, side):
@@ -204,28 +253,33 @@ class BackwardAccs:
         return acc
 
 
-def forward_compute(calls: BlockCalls):
-    """``compute`` of the forward: the queries of ``pair.q`` against the K/V of ``pair.k``."""
+def _stacked(buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return buf[0], buf[1]
+
+
+def forward_compute(calls: BlockCalls, split: Callable = _stacked):
+    """``compute`` of the forward: the queries of ``pair.q`` against the K/V of ``pair.k``
+    (``split``: K/V message -> ``(k, v)``, :meth:`KVPack.split`)."""
     def compute(pair, data):
-        q, kv = data[("q", pair.q)][0], data[("kv", pair.k)][0]
+        q = data[("q", pair.q)][0]
+        k, v = split(data[("kv", pair.k)][0])
         for op in pair.ops:
-            res = calls.forward(op, q, kv[0], kv[1], pair.q, pair.k)
+            res = calls.forward(op, q, k, v, pair.q, pair.k)
             if res is not None:
                 yield "q", pair.q, res
     return compute
 
 
-def backward_compute(calls: BlockCalls, own_q: int, own_out: torch.Tensor):
+def backward_compute(calls: BlockCalls, own_q: int, own_out: torch.Tensor, split: Callable = _stacked):
     """``compute`` of the backward. Query side ``(q, dO, [LSE; D])``; the owner ``own_q``'s rows use
     the real output ``own_out``, other owners' rows :func:`pseudo_out`."""
     def compute(pair, data):
         if not pair.ops:
             return
         q, dout, ld = data[("q", pair.q)]
-        kv = data[("kv", pair.k)][0]
+        k, v = split(data[("kv", pair.k)][0])
         out = own_out if pair.q == own_q else pseudo_out(dout, ld[1])
-        for qs, ks, dq_j, dk_j, dv_j in calls.backward(pair.ops, dout, q, kv[0], kv[1], out, ld[0],
-                                                       pair.q, pair.k):
+        for qs, ks, dq_j, dk_j, dv_j in calls.backward(pair.ops, dout, q, k, v, out, ld[0], pair.q, pair.k):
             yield "q", pair.q, (qs, dq_j)
             yield "kv", pair.k, (ks, dk_j, dv_j)
     return compute

@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from .schedule import BlockOp, DirectStep, MaskKind, StepPlan, position_ops
+from .schedule import BlockOp, DirectStep, MaskKind, position_ops
 
 OpsOf = Callable[[int, int], tuple[BlockOp, ...]]  # (query owner, key owner) -> block ops
 
@@ -104,12 +104,6 @@ def ring(rank: int, world_size: int, ops_of: OpsOf, travelling: str, *, owners: 
         steps.append(Step(t, (Pair(qo, ko, ops_of(qo, ko)),), fetch, give))
     own = ((travelling, owners[rank]), (other, me))
     return Plan(rank, p, own, tuple(steps), labels or RING_LABELS)
-
-
-def from_step_plans(rank: int, plans: tuple[StepPlan, ...], travelling: str, labels: Optional[dict] = None) -> Plan:
-    """A flat ring given as :class:`~.schedule.StepPlan` s (their ops are kept)."""
-    ops = {(p.q_rank, p.k_rank): p.ops for p in plans}
-    return ring(rank, len(plans), lambda q, k: ops[(q, k)], travelling, labels=labels)
 
 
 def _rows(ops: tuple[BlockOp, ...], part: Optional[tuple[int, int]], n: int) -> tuple[BlockOp, ...]:

@@ -1,7 +1,6 @@
-"""The flat ring's names on the one loop: :func:`ring_loop` for strategies with their own compute
-(``rsa``), and the three passes on ``[B, H, n, D]`` tensors with a flat ring plan (tuples of
-:class:`~.schedule.StepPlan`, from :func:`~.schedule.ring_plan`). burst attention itself calls
-:mod:`.run`, which also runs the direct and two-level schedules and the masks.
+"""The flat ring on the one loop for strategies with their own compute (``rsa``): :func:`ring_loop`
+over a flat ring plan (tuples of :class:`~.schedule.StepPlan`, from :func:`~.schedule.ring_plan`).
+burst attention itself calls :mod:`.run`, which runs every schedule and the masks.
 """
 from __future__ import annotations
 
@@ -10,13 +9,11 @@ from typing import Callable, Optional
 import torch
 
 from ..comm.ring import RingComm
-from ..kernels.base import Kernel
 from .loop import run_plan
-from .passes import BackwardAccs, BlockCalls, ForwardAccs, backward_compute, backward_lse, forward_compute, op_slices
-from .plan import from_step_plans, ring
+from .plan import ring
 from .schedule import StepPlan, ring_source
 
-__all__ = ["op_slices", "ring_loop", "forward", "backward_kv", "backward_query"]
+__all__ = ["ring_loop"]
 
 
 class _LoopAccs:
@@ -67,39 +64,3 @@ def ring_loop(comm: Optional[RingComm], plans: tuple[StepPlan, ...], carry: torc
 
     res = run_plan(comm, plan, {("kv", rank): (carry,), ("q", rank): ()}, step_compute, _LoopAccs(acc_init, fold))
     return None if acc_init is None else res.get(("kv", rank), (torch.zeros_like(acc_init),))[0]
-
-
-def forward(comm: Optional[RingComm], plans, kernel: Kernel, q: torch.Tensor, k: torch.Tensor,
-            v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ring forward. ``q [B, Hq, n, D]``, ``k, v [B, Hkv, n, D]`` -> ``out [B, Hq, n, D]``
-    and ``lse [B, Hq, n]``, both float32 (float64 for float64 inputs)."""
-    rank = comm.rank if comm is not None else 0
-    accs = ForwardAccs(q)
-    data = {("q", rank): (q,), ("kv", rank): (torch.stack([k, v]),)}
-    res = run_plan(comm, from_step_plans(rank, plans, "kv"), data, forward_compute(BlockCalls(kernel, scale)), accs)
-    return res.get(("q", rank)) or accs.empty()
-
-
-def _backward(comm, plans, kernel, dout, q, k, v, out, lse, scale, travelling):
-    rank = comm.rank if comm is not None else 0
-    acc = BackwardAccs(q, k)
-    delta = (dout.to(acc.acc) * out.to(acc.acc)).sum(-1)  # D = rowsum(dO * O), [B, Hq, n]
-    data = {("q", rank): (q, dout, torch.stack([backward_lse(lse), delta])), ("kv", rank): (torch.stack([k, v]),)}
-    res = run_plan(comm, from_step_plans(rank, plans, travelling), data,
-                   backward_compute(BlockCalls(kernel, scale), rank, out), acc)
-    dq = res.get(("q", rank)) or acc.zeros("q")
-    dkv = res.get(("kv", rank)) or acc.zeros("kv")
-    return dq[0], dkv[0], dkv[1]
-
-
-def backward_kv(comm: Optional[RingComm], plans, kernel: Kernel, dout, q, k, v, out, lse,
-                scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """KV-ring backward (RingAttention): K/V travel, dK/dV follow, dQ stays. Inputs ``[B, H, n, D]``
-    (``lse [B, Hq, n]``); returns ``dq, dk, dv`` in the accumulator dtype."""
-    return _backward(comm, plans, kernel, dout, q, k, v, out, lse, scale, "kv")
-
-
-def backward_query(comm: Optional[RingComm], plans, kernel: Kernel, dout, q, k, v, out, lse,
-                   scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Query-ring backward (BurstAttention): Q, dO, LSE and D travel, dQ follows, dK/dV stay."""
-    return _backward(comm, plans, kernel, dout, q, k, v, out, lse, scale, "q")

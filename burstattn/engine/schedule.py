@@ -63,6 +63,24 @@ class BlockOp:
         return area / 2 if self.mask in (MaskKind.CAUSAL, MaskKind.STRICT) else float(area)
 
 
+def tile_op(op: BlockOp, size: int) -> tuple[BlockOp, ...]:
+    """``op`` cut into tiles of at most ``size x size`` (pure). FULL and PARTIAL ops become a grid
+    of tiles of their kind; a CAUSAL or STRICT square keeps its lower triangle of tiles: the
+    diagonal tiles keep the kind (the rows and keys of such a tile start together), the tiles
+    below it are FULL and the ones above it are dropped."""
+    nq, nk = op.q_stop - op.q_start, op.k_stop - op.k_start
+    if nq <= size and nk <= size:
+        return (op,)
+    tri = op.mask in (MaskKind.CAUSAL, MaskKind.STRICT)
+    tiles = []
+    for i in range(0, nq, size):
+        for j in range(0, (i + 1 if tri else nk), size):
+            kind = (op.mask if i == j else MaskKind.FULL) if tri else op.mask
+            tiles.append(BlockOp(op.q_start + i, min(op.q_start + i + size, op.q_stop),
+                                 op.k_start + j, min(op.k_start + j + size, op.k_stop), kind))
+    return tuple(tiles)
+
+
 def block_ops(q_rank: int, k_rank: int, world_size: int, layout: str, causal: bool,
               local_len: int) -> tuple[BlockOp, ...]:
     """The block ops for queries of ``q_rank`` against keys of ``k_rank`` (see module doc)."""

@@ -7,52 +7,66 @@
   **kwargs) -> (out [B, S, Hq, D], None)``;
 * its mask function (``AttentionMaskInterface``). Without one, transformers builds no mask for a
   custom implementation and silently drops a padding ``attention_mask``. Ours returns a
-  :class:`BurstMask` (or ``None``) and REFUSES padding: a 2-D ``attention_mask`` with a zero
-  anywhere raises ``ValueError`` on every rank (one all-reduce of a flag per forward). Pack
-  sequences or trim the pads instead.
+  :class:`BurstMask` (or ``None``). A 2-D padding ``attention_mask`` handed straight to the model's
+  forward is REFUSED on every rank (one all-reduce of a flag per forward): pass it to
+  :func:`burstattn.hf.shard_batch`, which turns padding into a document mask. Under generation over a
+  :class:`burstattn.hf.ShardedCache` padding is honoured as a key mask.
 
-Two ways a model runs under it:
+Three ways a model runs under it:
 
-* sequence-parallel forward (training, scoring): every rank passes its shard from
-  :func:`burstattn.hf.shard_batch`; attention is :func:`burstattn.attention` with the registered
-  ``strategy``, ``layout`` and ``backend`` (causal; a sliding window is passed on as ``window``).
+* a :func:`burstattn.hf.shard_batch` batch (training, scoring): its ``burst_shard``
+  (:class:`burstattn.hf.ShardSpec`) says where this rank's tokens are and which documents they belong
+  to; attention is :func:`burstattn.attention` with the registered ``strategy`` and options, the
+  batch's layout and document mask (a sliding window joins it), and what the model family asks for
+  (:func:`burstattn.hf.families.describe`: softcap, sinks, bidirectional encoders, cross-attention, a
+  V head size of its own).
+* a hand-sharded forward without ``burst_shard``: the ``position_ids`` must be this rank's share of the
+  registered layout (checked on every rank, so the FULL batch on every rank raises instead of giving a
+  plausible wrong loss).
 * over a :class:`burstattn.hf.ShardedCache` (generation): every rank runs the same tokens, the cache
   keeps each rank's shard of K/V, and the queries attend to every shard with
   :func:`burstattn.infer.sharded.replicated_attention` (partials merged by LSE).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
 from ..infer.sharded import rank_world, replicated_attention
+from ..layout import local_positions, split_error
 from ..strategies import STRATEGIES, attention
-from ..strategies.base import start
+from ..strategies.base import MASK_OPTIONS, start
+from .families import describe
 
 OPTIONS = ("strategy", "layout", "backend", "group")
+MASKED = tuple(sorted(name for name, s in STRATEGIES.items() if "mask" in s.options))  # honour documents
 
 
 @dataclass(frozen=True)
 class BurstOptions:
     """What :func:`register` was given: ``strategy`` (a :data:`burstattn.strategies.STRATEGIES` name),
-    ``layout`` (``None``: the strategy's default; must match :func:`shard_batch`'s), ``backend``
-    (local kernel) and ``group`` (``None``: the default group)."""
+    ``layout`` (``None``: chosen per batch by :func:`burstattn.hf.shard_batch`), ``backend`` (local
+    kernel), ``group`` (``None``: the default group) and ``options``, the strategy's own options
+    (e.g. ``ulysses_degree`` / ``ring_degree`` for usp, ``backward`` for burst)."""
 
     strategy: str = "burst"
-    layout: Optional[str] = None
+    layout: Optional[Any] = None
     backend: str = "auto"
     group: Optional[dist.ProcessGroup] = None
+    options: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class BurstMask:
     """What the mask function hands every layer: ``cache`` is the :class:`ShardedCache` of this
-    forward (``None`` for a sequence-parallel forward without one)."""
+    forward (``None`` for a sequence-parallel forward without one); ``keys`` is the 2-D padding mask
+    over the cached positions (bool ``[B, kv_length]``, True = a token), or ``None``."""
 
     cache: Any = None
+    keys: Optional[torch.Tensor] = None
 
 
 class ShardedOffset(int):
@@ -72,12 +86,15 @@ def _group_size(group: Optional[dist.ProcessGroup]) -> int:
 
 
 def make_mask_function(opts: BurstOptions):
-    """The ``AttentionMaskInterface`` function: :class:`BurstMask`, or ``ValueError`` on every rank
-    if any rank's 2-D ``attention_mask`` masks a token (padding is refused, never dropped)."""
+    """The ``AttentionMaskInterface`` function: :class:`BurstMask`; ``ValueError`` on every rank if any
+    rank's 2-D ``attention_mask`` masks a token in a forward without a :class:`ShardedCache`."""
 
     def burst_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
                    mask_function=None, attention_mask: Optional[torch.Tensor] = None, **kwargs) -> BurstMask:
         padded = attention_mask is not None and not bool(attention_mask.all())
+        cache = getattr(kv_offset, "cache", None)
+        if cache is not None:  # generation: padding is a key mask over the cache
+            return BurstMask(cache=cache, keys=attention_mask.bool() if padded else None)
         if _group_size(opts.group) > 1:
             flag = torch.tensor([int(padded)], dtype=torch.int64)
             if dist.get_backend(opts.group) == "nccl":
@@ -88,108 +105,193 @@ def make_mask_function(opts: BurstOptions):
             any_padded = padded
         if any_padded:
             where = "this rank's" if padded else "another rank's"
-            raise ValueError(f"attn_implementation='burst': {where} attention_mask masks tokens (padding); "
-                             "padding masks are not supported: pass unpadded sequences (or pack them "
-                             "without pads), or all-ones masks")
-        return BurstMask(cache=getattr(kv_offset, "cache", None))
+            raise ValueError(f"attn_implementation='burst': {where} attention_mask masks tokens (padding) in a "
+                             "forward without burstattn.hf.shard_batch; padding masks are not supported there: pass "
+                             "the FULL batch with its attention_mask to burstattn.hf.shard_batch(..., "
+                             "attention_mask=mask), which turns padding into a document mask")
+        return BurstMask()
 
     return burst_mask
 
 
-def _window(module, kwargs: dict) -> Optional[int]:
-    """HF's ``sliding_window`` (query i sees keys j with ``i - j < sliding_window``) as the number of
-    positions a query may look back, or ``None``."""
-    sw = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
-    return None if sw is None else int(sw) - 1
-
-
-def _local_problem(opts: BurstOptions, module, query, key, attention_mask, dropout: float):
+def _local_problem(module, query, key, attention_mask, dropout: float, cross: bool = False):
     if attention_mask is not None and not isinstance(attention_mask, BurstMask):
         return ValueError, ("attn_implementation='burst' got a prepared 4-D attention mask; custom masks are "
-                            "not supported (pass attention_mask=None or a 2-D all-ones mask)")
+                            "not supported (pass attention_mask=None, or a 2-D padding mask to "
+                            "burstattn.hf.shard_batch)")
     if dropout:
         return ValueError, f"attn_implementation='burst' has no attention dropout; got dropout={dropout}"
-    if not getattr(module, "is_causal", True):
-        return ValueError, "attn_implementation='burst' supports causal (decoder) attention only"
-    if key.shape[2] != query.shape[2]:
+    if key.shape[2] != query.shape[2] and not cross:
         return ValueError, (f"attn_implementation='burst': {key.shape[2]} keys for {query.shape[2]} queries: a "
-                            "cache holds past tokens; generate with past_key_values=burstattn.hf.ShardedCache()")
+                            "cache holds past tokens; generate with burstattn.hf.ShardedCache() as the cache")
+    return None
+
+
+def _same_layout(a, b) -> bool:
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    return a.fingerprint == b.fingerprint
+
+
+def _shard_problem(opts: BurstOptions, spec, shard, query, rank: int, world: int) -> Optional[str]:
+    """Why the ``burst_shard`` of this forward does not fit this rank, layer or registration."""
+    if (shard.world_size, shard.rank) != (world, rank):
+        return (f"the batch was sharded for rank {shard.rank} of {shard.world_size}, but this is rank {rank} of "
+                f"{world} of the registered group")
+    if (query.shape[0], query.shape[2]) != (shard.plan.rows, shard.positions.numel()):
+        return (f"the batch was sharded as [{shard.plan.rows}, {shard.positions.numel()}] tokens per rank but the "
+                f"model got [{query.shape[0]}, {query.shape[2]}]: pass shard_batch's output unchanged")
+    if opts.layout is not None and not _same_layout(opts.layout, shard.layout):
+        return (f"layout mismatch: registered layout={opts.layout!r} but the batch was sharded with "
+                f"{shard.layout!r}; shard with burstattn.hf.shard_batch(...) and its default layout=None")
+    if shard.cu_seqlens is not None and "mask" not in spec.options:
+        return (f"strategy {opts.strategy!r} cannot honour packed documents or padding (a document mask); "
+                f"register one of {list(MASKED)}")
+    if not isinstance(shard.layout, str) and not spec.partitions:
+        return f"strategy {opts.strategy!r} takes layout names, not a document partition"
+    return None
+
+
+def _position_problem(opts: BurstOptions, spec, kwargs: dict, query, rank: int, world: int) -> Optional[str]:
+    """Why this hand-sharded forward's ``position_ids`` are not this rank's share of the layout."""
+    pos = kwargs.get("position_ids")
+    n = query.shape[2]
+    layout = opts.layout if opts.layout is not None else spec.default_layout
+    hint = ("shard the batch with burstattn.hf.shard_batch (every rank passes the same full batch and gets its "
+            "shard); generate with burstattn.hf.ShardedCache()")
+    if world > 1 and pos is None:
+        return f"a forward at world size {world} without position_ids or burst_shard cannot be checked: {hint}"
+    if pos is not None and pos.shape[-1] != n:
+        return f"position_ids hold {pos.shape[-1]} positions for {n} tokens: {hint}"
+    if world > 1 and split_error(n * world, world, layout):
+        return f"{n} tokens on this rank are not a shard of layout {layout!r} over {world} ranks: {hint}"
+    expected = local_positions(n * world, rank, world, layout) if world > 1 else torch.arange(n)
+    if pos is not None and not bool((pos.to(expected.device) == expected).all()):
+        if world == 1:
+            return ("position_ids that restart (packed documents) need the document mask: pass the batch "
+                    "through burstattn.hf.shard_batch(input_ids, labels, position_ids=...)")
+        return (f"this rank's position_ids are not its share of layout {layout!r} over {world} ranks (the full "
+                f"batch on every rank, or another layout?): {hint}")
     return None
 
 
 def make_attention_function(opts: BurstOptions):
     """The ``AttentionInterface`` function for ``opts`` (see the module docstring)."""
     spec = STRATEGIES[opts.strategy]
-    takes_window = "window" in spec.options
 
     def burst_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         attention_mask=None, dropout: float = 0.0, scaling: Optional[float] = None,
                         **kwargs) -> tuple[torch.Tensor, None]:
-        window = _window(module, kwargs)
+        call, family_problem = describe(module, query, key, kwargs)
+        window = call.window
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         cache = attention_mask.cache if isinstance(attention_mask, BurstMask) else None
-        # [B, H, S, D] -> [B, S, H, D]: burstattn's layout
-        q, k, v = (x.transpose(1, 2) for x in (query, key, value))
-        if cache is not None:
+        # [B, H, S, D] -> [B, S, H, D]: burstattn's layout; under autocast RoPE can leave q/k in float32
+        # next to a 16-bit v: one dtype, autocast's (as SDPA does), else the query's
+        dtype = query.dtype
+        if len({query.dtype, key.dtype, value.dtype}) > 1 and torch.is_autocast_enabled(query.device.type):
+            dtype = torch.get_autocast_dtype(query.device.type)
+        q, k, v = (x.transpose(1, 2).to(dtype) for x in (query, key, value))
+        if cache is not None and not call.cross:
             if dropout:
                 raise ValueError(f"attn_implementation='burst' has no attention dropout; got dropout={dropout}")
+            if family_problem:  # every rank runs the same tokens: every rank raises
+                raise family_problem[0](family_problem[1])
             layer = cache.layers[module.layer_idx]
-            q_pos = layer.last_positions
-            return replicated_attention(q, q_pos, k, v, layer.positions, group=opts.group, scale=scale,
-                                        backend=opts.backend, window=window), None
-        problem = _local_problem(opts, module, query, key, attention_mask, dropout)
-        seq = query.shape[2] * _group_size(opts.group)
-        extra = {}
-        if window is not None and window + 1 < seq:
-            if takes_window:
-                extra["window"] = (window, 0)
-            elif problem is None:
-                problem = ValueError, (f"strategy {opts.strategy!r} has no sliding window; this model's window "
-                                       f"({window + 1}) is shorter than the sequence ({seq}): use burst, ring, "
-                                       "ulysses or allgather")
-        layout = opts.layout if opts.layout is not None else spec.default_layout
+            keys = None if attention_mask.keys is None else attention_mask.keys[:, layer.positions]
+            return replicated_attention(q, layer.last_positions, k, v, layer.positions, group=opts.group,
+                                        scale=scale, backend=opts.backend, window=window, causal=call.causal,
+                                        softcap=call.softcap, sinks=call.sinks, key_mask=keys), None
+        _, rank, world = rank_world(opts.group)
+        shard = kwargs.get("burst_shard")
+        problem = _local_problem(module, query, key, attention_mask, dropout, call.cross) or family_problem
+        if problem is None and not call.cross:  # cross-attention: the queries' positions were checked by self-attention
+            text = (_shard_problem(opts, spec, shard, query, rank, world) if shard is not None
+                    else _position_problem(opts, spec, kwargs, query, rank, world))
+            problem = None if text is None else (ValueError, f"attn_implementation='burst': {text}")
+        seq = query.shape[2] * world if shard is None else shard.seq_len
+        extra, layout = dict(opts.options), opts.layout if opts.layout is not None else spec.default_layout
+        extra.update({name: x for name, x in call.options().items() if name != "window"})
+        if window is not None and window[0] + 1 >= seq and (window[1] + 1 >= seq or (call.causal and not window[1])):
+            window = None  # the window covers the whole sequence: plain attention
+        if shard is not None and problem is None:
+            layout = shard.layout
+            if window is not None and window[1] != 0:
+                problem = ValueError, ("attn_implementation='burst': a two-sided window with a shard_batch batch "
+                                       "(causal language models) is not supported")
+            mask = shard.mask(None if window is None else window[0])
+            if mask is not None:
+                extra["mask"], window = mask, None
+        if window is not None:
+            extra["window"] = window
+        missing = sorted(set(extra) - set(spec.options))
+        if missing and problem is None:
+            takers = [s.name for s in STRATEGIES.values() if set(missing) <= set(s.options)]
+            problem = ValueError, (f"strategy {opts.strategy!r} does not take {missing}, which this model's attention "
+                                   f"needs (window {window}, softcap {call.softcap}, sinks {call.sinks is not None}): "
+                                   f"use one of {takers}")
         if problem is not None:  # the same first collective as every strategy: raises on every rank
             # (q stands in for k and v, contiguous for the layout, so that the shared check reports
             # this problem and not the shapes)
             start(opts.strategy, q, q, q, group=opts.group, causal=True, softmax_scale=scale, layout="contiguous",
                   extra=problem)
             raise problem[0](problem[1])
-        out = attention(q, k, v, strategy=opts.strategy, group=opts.group, causal=True, softmax_scale=scale,
+        out = attention(q, k, v, strategy=opts.strategy, group=opts.group, causal=call.causal, softmax_scale=scale,
                         layout=layout, backend=opts.backend, **extra)
         return out, None
 
+    burst_attention.burst_options = opts
     return burst_attention
 
 
-def register(name: str = "burst", **options) -> BurstOptions:
+def registered_options(name: str) -> Optional[BurstOptions]:
+    """The :class:`BurstOptions` registered under ``name`` by :func:`register`, or ``None``."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return getattr(ALL_ATTENTION_FUNCTIONS.get(name), "burst_options", None)
+
+
+def register(name: str = "burst", *, strategy: str = "burst", layout=None, backend: str = "auto",
+             group: Optional[dist.ProcessGroup] = None, **strategy_options) -> BurstOptions:
     """Register ``name`` with transformers' ``AttentionInterface`` and ``AttentionMaskInterface``.
 
     Call it (on every rank) before building or loading the model, then select it with
-    ``attn_implementation=name``. Options: ``strategy`` (default ``"burst"``), ``layout``
-    (default: the strategy's; must match :func:`burstattn.hf.shard_batch`), ``backend``
-    (default ``"auto"``) and ``group`` (default: the world). Registration is global in
+    ``attn_implementation=name`` (or ``model.set_attn_implementation(name)``). Options: ``strategy``
+    (default ``"burst"``), ``layout`` (default ``None``: :func:`burstattn.hf.shard_batch` picks a
+    document-balanced partition for packed or padded batches and the strategy's default otherwise;
+    a layout name fixes it), ``backend`` (default ``"auto"``), ``group`` (default: the world) and the
+    strategy's own options, e.g. ``ulysses_degree`` and ``ring_degree`` for ``"usp"`` (one of them at
+    least, their product the group size) or ``backward`` for ``"burst"``. Registration is global in
     transformers: registering the same name again replaces it.
 
     Returns the :class:`BurstOptions` in effect. Raises ``ValueError`` for an unknown option or
     strategy, or a layout or option the strategy does not take.
     """
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise ValueError(f"burstattn.hf.register: unknown option(s) {unknown}; it takes {list(OPTIONS)}")
-    opts = BurstOptions(**options)
-    spec = STRATEGIES.get(opts.strategy)
+    spec = STRATEGIES.get(strategy)
     if spec is None:
-        raise ValueError(f"burstattn.hf.register: strategy must be one of {sorted(STRATEGIES)}, got {opts.strategy!r}")
-    if opts.layout is not None and opts.layout not in spec.layouts:
-        raise ValueError(f"burstattn.hf.register: strategy {opts.strategy!r} supports layout(s) {list(spec.layouts)}, "
-                         f"got {opts.layout!r}")
+        raise ValueError(f"burstattn.hf.register: strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}")
+    takes = [o for o in spec.options if o not in MASK_OPTIONS and o != "backend"]
+    unknown = sorted(set(strategy_options) - set(takes))
+    if unknown:
+        raise ValueError(f"burstattn.hf.register: unknown option(s) {unknown} for strategy {strategy!r}; it takes "
+                         f"{list(OPTIONS) + takes} (masks come from the model and the batch)")
+    if layout is not None and isinstance(layout, str) and layout not in spec.layouts:
+        raise ValueError(f"burstattn.hf.register: strategy {strategy!r} supports layout(s) {list(spec.layouts)}, "
+                         f"got {layout!r}")
+    if layout is not None and not isinstance(layout, str):
+        raise ValueError(f"burstattn.hf.register: layout must be a layout name or None (a document partition is "
+                         f"chosen per batch by shard_batch), got {type(layout).__name__}")
     if "backend" not in spec.options:
-        raise ValueError(f"burstattn.hf.register: strategy {opts.strategy!r} takes no backend option")
+        raise ValueError(f"burstattn.hf.register: strategy {strategy!r} takes no backend option")
+    if strategy == "usp" and not ({"ulysses_degree", "ring_degree", "mesh", "ulysses_group"} & set(strategy_options)):
+        raise ValueError("burstattn.hf.register: strategy 'usp' needs ulysses_degree and/or ring_degree (their "
+                         "product the group size), a mesh, or ulysses_group and ring_group")
     if not isinstance(name, str) or not name:
         raise ValueError(f"burstattn.hf.register: name must be a non-empty string, got {name!r}")
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
+    opts = BurstOptions(strategy=strategy, layout=layout, backend=backend, group=group, options=dict(strategy_options))
     AttentionInterface.register(name, make_attention_function(opts))
     AttentionMaskInterface.register(name, make_mask_function(opts))
     return opts

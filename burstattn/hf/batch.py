@@ -1,20 +1,40 @@
 """Sequence-parallel batches for transformers models: shard, sum gradients, gather logits.
 
-Every rank calls :func:`shard_batch` with the SAME full batch; it returns this rank's model kwargs.
-``model(**batch).loss`` is then the single-process loss on every rank, and its backward gives this
-rank's share of the gradients: :func:`sync_gradients` sums the shares.
+Every rank calls :func:`shard_batch` with the SAME full batch (checked: one small all-gather); it
+returns this rank's model kwargs, including a :class:`ShardSpec` under ``burst_shard`` that tells the
+attention function where the tokens are and which documents they belong to. ``model(**batch).loss``
+is then the single-process loss on every rank, and its backward gives this rank's share of the
+gradients: :func:`sync_gradients` sums the shares.
+
+Packed documents (``position_ids`` from ``DataCollatorWithFlattening``, or ``cu_seq_lens_q/k``) and
+padding (a 2-D ``attention_mask``) become burstattn's document mask (:mod:`.packing`): no token attends
+across a document, rotary positions restart per document, padded keys are never attended, a pad gives
+no loss. Such batches are laid out as one sequence and sharded with a document-balanced partition
+(:func:`burstattn.document_partition`) when the registered layout is ``None``.
 """
 from __future__ import annotations
 
-from typing import Optional
+import zlib
+from typing import Mapping, Optional
 
 import torch
 import torch.distributed as dist
 
+from ..infer.generate import check_every_rank
 from ..infer.sharded import rank_world
 from ..layout import gather_sequence, local_positions
+from ..masks import AttnMask
+from ..partition import document_partition
+from ..strategies import STRATEGIES
+from .attention import registered_options
+from .families import check_model
+from .packing import IGNORE_INDEX, BatchPlan, flatten_rows, plan_batch, rope_positions, shifted_labels
 
-IGNORE_INDEX = -100  # transformers' ignore_index for the loss
+SHARD_KEY = "burst_shard"  # the model kwarg that carries the ShardSpec to the attention function
+# collated keys shard_batch understands (max_length_* are flash-attn's and only describe cu_seq_lens)
+# (TRL's padding-free collator adds seq_idx, the document index of every token of a packed row)
+BATCH_KEYS = ("input_ids", "labels", "attention_mask", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k",
+              "max_length_q", "max_length_k", "seq_idx")
 
 
 class _SumOverRanks(torch.autograd.Function):
@@ -64,61 +84,189 @@ class GlobalItemCount(torch.Tensor):
             return func(*args, **kwargs)
 
 
-def _check_ids(name: str, x) -> None:
+class ShardSpec:
+    """Where this rank's tokens of a :func:`shard_batch` batch sit (passed to the model as ``burst_shard``).
+
+    Attributes:
+        layout: the layout (name or :class:`~burstattn.partition.Partition`) of the global sequence.
+        plan: the :class:`~burstattn.hf.packing.BatchPlan` (rows, padding, documents).
+        rank, world_size: this rank in the group the batch was sharded for.
+        positions: this rank's global positions ``[n]`` in a row of the sharded batch.
+        cu_seqlens: document boundaries over the flattened sequence, or ``None`` (rows kept).
+    Not a dataclass on purpose: wrappers such as DDP pass plain objects through untouched.
+    """
+
+    def __init__(self, layout, plan: BatchPlan, rank: int, world_size: int, positions: torch.Tensor) -> None:
+        self.layout, self.plan, self.rank, self.world_size = layout, plan, rank, world_size
+        self.positions = positions
+        self.cu_seqlens = plan.cu_seqlens()
+        self._masks: dict = {}
+
+    @property
+    def seq_len(self) -> int:
+        """Length of one row of the global (sharded) batch."""
+        return self.plan.row_len
+
+    def mask(self, window: Optional[int]) -> Optional[AttnMask]:
+        """The document mask, with a causal sliding ``window`` (keys back) if given; one
+        :class:`~burstattn.AttnMask` per window, built once and shared by every layer (its block
+        summaries are cached in it). ``None`` when there are no documents."""
+        if self.cu_seqlens is None:
+            return None
+        if window not in self._masks:
+            self._masks[window] = AttnMask(cu_seqlens=self.cu_seqlens, window=None if window is None else (window, 0))
+        return self._masks[window]
+
+    def __repr__(self) -> str:
+        docs = 0 if self.cu_seqlens is None else self.cu_seqlens.numel() - 1
+        return (f"ShardSpec(rows={self.plan.rows}, seq_len={self.seq_len}, documents={docs}, layout={self.layout!r}, "
+                f"rank={self.rank}/{self.world_size})")
+
+
+def _check_ids(name: str, x) -> Optional[str]:
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in (torch.int64, torch.int32):
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"shard_batch: {name} must be an integer tensor [batch, seq], got {shape}")
-    if x.shape[1] == 0:
-        raise ValueError(f"shard_batch: {name} is empty (seq = 0)")
+        return f"{name} must be an integer tensor [batch, seq], got {shape}"
+    if x.shape[1] == 0 or x.shape[0] == 0:
+        return f"{name} is empty (shape {tuple(x.shape)})"
+    return None
+
+
+def _resolve_layout(name: str, layout, given_group):
+    """``(strategy spec, layout or None, group)`` from the registration of ``name`` and the call's own."""
+    opts = registered_options(name)
+    if opts is None:
+        raise ValueError(f"shard_batch: attn_implementation {name!r} is not registered; call "
+                         f"burstattn.hf.register({name!r}, ...) first (its strategy and layout decide the shards)")
+    if layout is not None and opts.layout is not None and layout != opts.layout:
+        raise ValueError(f"shard_batch: layout={layout!r} but {name!r} was registered with layout={opts.layout!r}; "
+                         "leave layout=None to use the registered one")
+    if given_group is not None and opts.group is not None and given_group is not opts.group:
+        raise ValueError(f"shard_batch: group differs from the one {name!r} was registered with")
+    return STRATEGIES[opts.strategy], layout if layout is not None else opts.layout, \
+        given_group if given_group is not None else opts.group
+
+
+def _fingerprint(*tensors) -> list[int]:
+    fp = []
+    for t in tensors:
+        if t is None:
+            fp += [-1, -1]
+            continue
+        data = torch.as_tensor(t).detach().to("cpu", torch.int64).contiguous().numpy().tobytes()
+        fp += [int(torch.as_tensor(t).numel()), zlib.crc32(data)]
+    return fp
 
 
 def shard_batch(input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None, *,
-                group: Optional[dist.ProcessGroup] = None, layout: str = "zigzag") -> dict:
+                attention_mask: Optional[torch.Tensor] = None, position_ids: Optional[torch.Tensor] = None,
+                cu_seq_lens_q=None, cu_seq_lens_k=None, group: Optional[dist.ProcessGroup] = None,
+                layout=None, name: str = "burst") -> dict:
     """This rank's model kwargs for the full batch ``input_ids [B, N]`` (the same on every rank).
 
-    Returns ``input_ids [B, n]`` (this rank's tokens in ``layout``), ``position_ids [B, n]`` (their
-    GLOBAL positions) and, with ``labels [B, N]``, the labels shifted on the global sequence
-    (``labels`` and ``shift_labels`` ``[B, n]``: the next token of each held token, -100 for the
-    last) and ``num_items_in_batch`` (a :class:`GlobalItemCount`), so that ``model(**batch).loss``
-    is the single-process loss.
+    Args:
+        labels: ``[B, N]`` (transformers' convention: shifted inside the loss; -100 ignored).
+        attention_mask: 2-D padding mask ``[B, N]`` (left and/or right padding; rows of any lengths).
+        position_ids: ``[B, N]`` or ``[1, N]``; restarts mark packed documents (``DataCollatorWithFlattening``).
+        cu_seq_lens_q, cu_seq_lens_k: packed documents of a one-row batch, flash-attn's convention.
+        group: the group of the attention (default: the one registered under ``name``).
+        layout: ``None`` (default) takes the layout registered under ``name``; if that is ``None`` too,
+            a document-balanced :class:`~burstattn.partition.Partition` for packed or padded batches (when
+            the strategy takes partitions) and the strategy's default layout otherwise. Another layout
+            than the registered one raises.
+        name: the ``attn_implementation`` registered with :func:`burstattn.hf.register`.
 
-    A length the layout cannot split is right-padded (``input_ids`` 0, labels -100) to the next
-    multiple of ``2P`` (zigzag) or ``P``: under causal attention no real token sees a pad, so the
-    loss and the real tokens' logits are unchanged; :func:`gather_logits` returns the padded length.
-    ``layout`` must be the one given to :func:`burstattn.hf.register` (or that strategy's default).
+    Returns ``input_ids [rows, n]`` (this rank's tokens), ``position_ids [rows, n]`` (their rotary
+    positions), ``burst_shard`` (the :class:`ShardSpec`) and, with ``labels``, the labels shifted on the
+    global sequence (``labels`` and ``shift_labels`` ``[rows, n]``; -100 past a row's end and at pads)
+    and ``num_items_in_batch`` (a :class:`GlobalItemCount`). ``rows`` is ``B``, or 1 when packing or
+    padding lays the rows end to end. A length the layout cannot split is padded at the end (token 0,
+    label -100): no real token sees it. Raises ``ValueError`` on every rank for bad or differing input.
     """
-    _check_ids("input_ids", input_ids)
-    _, rank, world = rank_world(group)
-    b, n = input_ids.shape
-    unit = 2 * world if layout == "zigzag" else world
-    padded = -(-n // unit) * unit
-    pad = padded - n
-    pos = local_positions(padded, rank, world, layout).to(input_ids.device)
-    ids = torch.cat([input_ids, input_ids.new_zeros(b, pad)], dim=1) if pad else input_ids
-    batch = {"input_ids": ids[:, pos], "position_ids": pos.unsqueeze(0).expand(b, -1)}
+    spec_s, layout, group = _resolve_layout(name, layout, group)
+    group, rank, world = rank_world(group)
+    problem = _check_ids("input_ids", input_ids)
+    if problem is None and labels is not None:
+        problem = _check_ids("labels", labels)
+        if problem is None and labels.shape != input_ids.shape:
+            problem = f"labels {tuple(labels.shape)} must match input_ids {tuple(input_ids.shape)}"
+    if problem is None and position_ids is not None and (
+            not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2
+            or position_ids.shape[1] != input_ids.shape[1] or position_ids.shape[0] not in (1, input_ids.shape[0])):
+        problem = (f"position_ids must be [batch or 1, {input_ids.shape[1]}], got "
+                   f"{tuple(position_ids.shape) if isinstance(position_ids, torch.Tensor) else type(position_ids)}")
+    plan = None
+    if problem is None:
+        plan, problem = plan_batch(input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                   cu_seq_lens_q=cu_seq_lens_q, cu_seq_lens_k=cu_seq_lens_k)
+    fp = [] if problem else _fingerprint(input_ids, labels, attention_mask, position_ids, cu_seq_lens_q)
+    check_every_rank("shard_batch", problem, fp, group, what="the full batch (input_ids, labels, attention_mask, "
+                     "position_ids, cu_seq_lens_q)", fields="(numel, checksum) per tensor")
+    documents = layout is None and plan.flattened and spec_s.partitions
+    if documents:
+        plan = plan.padded(world)
+        layout = document_partition(plan.cu_seqlens(), world, causal=True)
+    else:
+        layout = spec_s.default_layout if layout is None else layout
+        plan = plan.padded(2 * world if layout == "zigzag" else world if isinstance(layout, str) else 1)
+    pos = local_positions(plan.row_len, rank, world, layout).to(input_ids.device)
+    ids = flatten_rows(input_ids, plan, 0)
+    rope = rope_positions(position_ids, plan).to(input_ids.device)
+    shard = ShardSpec(layout, plan, rank, world, pos.cpu())
+    batch = {"input_ids": ids[:, pos], "position_ids": rope[:, pos], SHARD_KEY: shard}
     if labels is not None:
-        _check_ids("labels", labels)
-        if labels.shape != input_ids.shape:
-            raise ValueError(f"shard_batch: labels {tuple(labels.shape)} must match input_ids {tuple(input_ids.shape)}")
-        shifted = torch.cat([labels[:, 1:], labels.new_full((b, 1 + pad), IGNORE_INDEX)], dim=1)  # [B, padded]
+        shifted = shifted_labels(labels, plan).to(labels.device)  # [rows, row_len]
         local = shifted[:, pos]
         batch.update(labels=local, shift_labels=local,
                      num_items_in_batch=GlobalItemCount(int((shifted != IGNORE_INDEX).sum()), group, world))
     return batch
 
 
+def shard_inputs(inputs: Mapping, *, group: Optional[dist.ProcessGroup] = None, layout=None,
+                 name: str = "burst") -> dict:
+    """:func:`shard_batch` for a collated batch dict (``input_ids``, ``labels``, ``attention_mask``,
+    ``position_ids``, ``cu_seq_lens_q/k``, ``max_length_q/k``); any other key raises ``ValueError``
+    (it could not be sharded consistently: never dropped)."""
+    unknown = sorted(k for k in inputs if k not in BATCH_KEYS)
+    if unknown:
+        raise ValueError(f"shard_batch: cannot shard batch key(s) {unknown}; it takes {list(BATCH_KEYS)}")
+    if "input_ids" not in inputs:
+        raise ValueError("shard_batch: the batch has no input_ids (inputs_embeds are not supported)")
+    kw = {k: inputs.get(k) for k in ("labels", "attention_mask", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k")}
+    seq_idx = inputs.get("seq_idx")
+    if seq_idx is not None and kw["cu_seq_lens_q"] is None:  # documents = runs of equal seq_idx
+        row = torch.as_tensor(seq_idx).reshape(-1).to("cpu")
+        if torch.as_tensor(seq_idx).dim() != 2 or torch.as_tensor(seq_idx).shape[0] != 1:
+            raise ValueError(f"shard_batch: seq_idx must be [1, seq] (one packed row), got {tuple(seq_idx.shape)}")
+        change = torch.nonzero(row[1:] != row[:-1]).flatten() + 1
+        kw["cu_seq_lens_q"] = torch.cat([torch.tensor([0]), change, torch.tensor([row.numel()])])
+    return shard_batch(inputs["input_ids"], kw.pop("labels"), **kw, group=group, layout=layout, name=name)
+
+
 def gather_logits(logits: torch.Tensor, group: Optional[dist.ProcessGroup] = None,
-                  layout: str = "zigzag") -> torch.Tensor:
-    """The full ``[B, N_padded, V]`` logits from every rank's ``[B, n, V]`` (differentiable; see
-    :func:`burstattn.gather_sequence`). Slice ``[:, :N]`` if :func:`shard_batch` padded."""
-    return gather_sequence(logits, group=group, layout=layout, dim=1)
+                  layout="zigzag", *, shard: Optional[ShardSpec] = None) -> torch.Tensor:
+    """The full logits from every rank's ``[rows, n, V]`` (differentiable; see :func:`burstattn.gather_sequence`).
+
+    With ``shard`` (the batch's ``burst_shard``): exactly the caller's ``[B, N, V]`` (rows restored, the
+    layout's padding dropped). Without: ``[B, N_padded, V]`` in ``layout`` (slice ``[:, :N]``)."""
+    if shard is None:
+        return gather_sequence(logits, group=group, layout=layout, dim=1)
+    full = gather_sequence(logits, group=group, layout=shard.layout, dim=1)  # [rows, row_len, V]
+    plan = shard.plan
+    if plan.flattened:
+        return full[:, :plan.batch * plan.length].reshape(plan.batch, plan.length, *full.shape[2:])
+    return full[:, :plan.length]
 
 
 def sync_gradients(model: torch.nn.Module, group: Optional[dist.ProcessGroup] = None) -> None:
     """Sum every parameter's gradient over ``group`` (in place, one flat all-reduce per dtype).
 
     After ``model(**shard_batch(...)).loss.backward()`` on every rank, the gradients then equal the
-    single-process gradients. A parameter without a gradient counts as zeros (and gets them)."""
+    single-process gradients. A parameter without a gradient counts as zeros (and gets them).
+    Raises ``ValueError`` (every rank alike, before any collective) for a model whose attention never
+    reaches ``attn_implementation="burst"`` (:func:`~burstattn.hf.families.check_model`): its loss was
+    computed from each rank's shard alone."""
+    check_model(model.get_base_model() if hasattr(model, "get_base_model") else model)
     group, _, world = rank_world(group)
     params = [p for p in model.parameters() if p.requires_grad]
     if world == 1:
@@ -134,3 +282,6 @@ def sync_gradients(model: torch.nn.Module, group: Optional[dist.ProcessGroup] = 
         for p in same:
             p.grad.copy_(flat[at:at + p.numel()].view_as(p.grad))
             at += p.numel()
+
+
+__all__ = ["shard_batch", "shard_inputs", "gather_logits", "sync_gradients", "GlobalItemCount", "ShardSpec"]

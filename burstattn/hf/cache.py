@@ -12,15 +12,27 @@ holds the whole cache: per rank and layer the cache is ``ceil(T / P)`` tokens of
 ``get_seq_length`` is the GLOBAL number of cached tokens (what ``generate`` uses for positions).
 Beam search, cropping (assisted decoding) and batch re-indexing would need the shards moved
 between ranks and raise ``NotImplementedError``.
+
+The ranks must feed the same tokens: a sharded cache that holds K/V of tokens another rank never
+chose is silently wrong. So every forward checks it with one small all-gather (op ``"agree"``, 24
+bytes per batch row and rank): a checksum of the first layer's new keys, which depend only on the
+token ids and positions. Sampling (``do_sample=True``) with per-rank RNG states then raises on every
+rank instead of drifting apart; seed the ranks alike before ``generate`` (the logits are
+bit-identical on every rank, so equal RNG states sample equal tokens).
+
+transformers 5.24 renamed the model's ``past_key_values`` argument to ``cache`` (the old name is
+deprecated until 5.40); :func:`cache_kwargs` gives whichever the installed model takes.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from ..comm.stats import active_stats
 from ..infer.cache import append_rows
 from ..infer.placement import placement_counts
 from ..infer.sharded import rank_world
@@ -119,9 +131,34 @@ class ShardedCache(Cache):
         _, self.rank, self.world_size = rank_world(group)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        if layer_idx == 0 and self.world_size > 1:
+            self._check_same_tokens(key_states)
         while len(self.layers) <= layer_idx:
             self.layers.append(ShardedLayer(self.rank, self.world_size))
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    def _check_same_tokens(self, key_states: torch.Tensor) -> None:
+        """Raise ``RuntimeError`` on every rank unless every rank feeds the same tokens: the first
+        layer's new keys ``[B, Hkv, S, D]`` (a function of the token ids and positions only) agree."""
+        k = key_states.detach().double()
+        weights = torch.cos(torch.arange(k[0].numel(), dtype=torch.float64, device=k.device)).view_as(k[0])
+        sums = torch.stack([k.sum(dim=(1, 2, 3)), (k * weights).sum(dim=(1, 2, 3)), k.abs().sum(dim=(1, 2, 3))],
+                           dim=1)  # [B, 3]
+        every = [torch.empty_like(sums) for _ in range(self.world_size)]
+        dist.all_gather(every, sums.contiguous(), group=self.group)
+        stats = active_stats()
+        if stats is not None:
+            nbytes = (self.world_size - 1) * sums.numel() * sums.element_size()
+            stats.record("forward", "agree", nbytes, nbytes)
+        table = torch.stack(every)  # [P, B, 3]
+        tol = 1e-6 * table[:, :, 2:].amax(dim=0) + 1e-12
+        differ = ((table[:, :, :2] - table[:1, :, :2]).abs() > tol).any(dim=(1, 2))
+        if bool(differ.any()):
+            ranks = [r for r in range(self.world_size) if bool(differ[r])]
+            raise RuntimeError(f"ShardedCache: rank(s) {ranks} fed other tokens than rank 0 at cached length "
+                               f"{self.get_seq_length()} (sampling with per-rank RNG states, or different prompts?); "
+                               "every rank must generate the same tokens: seed every rank alike before generate "
+                               "(e.g. torch.manual_seed(s) on every rank) or sample greedily")
 
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
         """``(kv_length, kv_offset)`` for transformers' mask creation; the offset (0) also carries
@@ -132,3 +169,10 @@ class ShardedCache(Cache):
     def local_bytes(self) -> int:
         """Bytes of K/V this rank holds (all layers)."""
         return sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in self.layers if layer.is_initialized)
+
+
+def cache_kwargs(model, cache: Cache) -> dict:
+    """``{"cache": cache}`` for transformers >= 5.24 (whose models take ``cache``), else
+    ``{"past_key_values": cache}``: pass it to ``model(...)`` or ``model.generate(...)``."""
+    params = inspect.signature(model.forward).parameters
+    return {"cache": cache} if "cache" in params else {"past_key_values": cache}

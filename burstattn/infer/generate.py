@@ -54,9 +54,12 @@ def _problem(prompt, max_new_tokens) -> Optional[str]:
     return None
 
 
-def check_every_rank(fn: str, problem: Optional[str], fingerprint: list[int], group) -> None:
+def check_every_rank(fn: str, problem: Optional[str], fingerprint: list[int], group,
+                     what: str = "the prompt and max_new_tokens",
+                     fields: str = "(length, checksum, max_new_tokens)") -> None:
     """Raise ``ValueError`` on every rank if any rank has a ``problem`` or the ranks' ``fingerprint``
-    (ints that must agree: e.g. prompt length and checksum) differ. One all-gather of objects."""
+    (ints that must agree: e.g. prompt length and checksum; ``what`` names them in the message,
+    ``fields`` describes the ints) differ. One all-gather of objects."""
     group, rank, world = rank_world(group)
     if world == 1:
         if problem:
@@ -70,8 +73,8 @@ def check_every_rank(fn: str, problem: Optional[str], fingerprint: list[int], gr
         detail = "; ".join(f"rank {r}: {p}" for r, p in bad)
         raise ValueError(f"{fn}: {mine} (all ranks abort: {detail})")
     if any(fp != every[0][1] for _, fp in every):
-        raise ValueError(f"{fn}: the prompt and max_new_tokens must be the same on every rank; got (length, "
-                         f"checksum, max_new_tokens) {[fp for _, fp in every]} in rank order")
+        raise ValueError(f"{fn}: {what} must be the same on every rank; got {fields} "
+                         f"{[fp for _, fp in every]} in rank order")
 
 
 def _fingerprint(prompt: torch.Tensor, max_new_tokens: int) -> list[int]:

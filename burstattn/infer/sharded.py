@@ -15,8 +15,12 @@ every rank that merges the same partials gets bit-identical results:
 * :func:`pass_kv_attention` (continuation, pass-KV): the shards (cached plus new K/V) travel
   around the ring (op ``"kv"``, P-1 steps); every rank merges its own queries' partials.
 
-Visibility is by global positions: key ``j`` is visible to query ``i`` iff ``j <= i`` (and
-``i - j <= window`` with a sliding window). Byte formulas: :mod:`burstattn.infer.formulas`.
+Visibility is by global positions: key ``j`` is visible to query ``i`` iff ``j <= i`` (``causal``,
+the default; ``causal=False`` for cross-attention over an encoder's sharded K/V) and
+``i - left <= j <= i + right`` with a ``window=(left, right)`` (the one window meaning of
+:func:`burstattn.config.normalize_window`). Score modifiers as everywhere: ``softcap``, and
+attention ``sinks`` added once after the merge; V may have a head size of its own. Byte formulas:
+:mod:`burstattn.infer.formulas`.
 """
 from __future__ import annotations
 
@@ -29,45 +33,60 @@ import torch.distributed as dist
 from ..comm.collectives import Collectives
 from ..comm.ring import RingComm
 from ..comm.stats import active_stats
-from ..engine.merge import merge_
-from ..kernels import get_kernel, resolve_backend
+from ..config import normalize_window
+from ..engine.merge import add_sinks_, merge_
+from ..kernels import ScoreMods, get_kernel, resolve_backend
 
 
-def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: Optional[int] = None) -> torch.Tensor:
-    """Bool ``[Sq, Sk]``: key ``k_pos[j]`` visible to query ``q_pos[i]`` (causal by global position;
-    ``window``: at most ``window`` positions back, i.e. HF's ``sliding_window - 1``)."""
+def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window=None, causal: bool = True) -> torch.Tensor:
+    """Bool ``[Sq, Sk]``: key ``k_pos[j]`` visible to query ``q_pos[i]`` by global position: ``j <= i``
+    when ``causal``, and ``i - left <= j <= i + right`` for ``window=(left, right)``."""
     diff = q_pos.view(-1, 1) - k_pos.view(1, -1)  # [Sq, Sk]
-    seen = diff >= 0
-    if window is not None:
-        seen &= diff <= window
+    seen = diff >= 0 if causal else torch.ones_like(diff, dtype=torch.bool)
+    left, right = normalize_window(window) or (None, None)
+    if left is not None:
+        seen &= diff <= left
+    if right is not None:
+        seen &= diff >= -right
     return seen
 
 
 def partial_attention(q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      k_pos: torch.Tensor, *, scale: float, backend: str = "auto",
-                      window: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of ``q [B, Sq, Hq, D]`` to the local keys ``k, v [B, Sk, Hkv, D]`` only.
+                      k_pos: torch.Tensor, *, scale: float, backend: str = "auto", window=None,
+                      causal: bool = True, softcap: Optional[float] = None,
+                      key_mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of ``q [B, Sq, Hq, D]`` to the local keys ``k [B, Sk, Hkv, D]``, ``v [B, Sk, Hkv, Dv]`` only.
 
-    Returns ``out [B, Hq, Sq, D]`` and ``lse [B, Hq, Sq]``, both float32 (float64 for float64
+    ``key_mask`` (bool ``[B, Sk]``, True = attend): per batch row, keys that are padding are never
+    attended (rows then differ, so each row runs on its own).
+
+    Returns ``out [B, Hq, Sq, Dv]`` and ``lse [B, Hq, Sq]``, both float32 (float64 for float64
     inputs), ``out = 0`` and ``lse = -inf`` on rows that see no local key (also when ``Sk == 0``).
     """
+    if key_mask is not None and not bool(key_mask.all()):
+        parts = [partial_attention(q[b:b + 1], q_pos, k[b:b + 1, key_mask[b]], v[b:b + 1, key_mask[b]],
+                                   k_pos[key_mask[b].to(k_pos.device)], scale=scale, backend=backend, window=window,
+                                   causal=causal, softcap=softcap)
+                 for b in range(q.shape[0])]
+        return torch.cat([o for o, _ in parts]), torch.cat([l for _, l in parts])
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     b, sq, hq, d = q.shape
-    out = torch.zeros(b, hq, sq, d, dtype=acc, device=q.device)
+    out = torch.zeros(b, hq, sq, v.shape[-1], dtype=acc, device=q.device)
     lse = torch.full((b, hq, sq), -math.inf, dtype=acc, device=q.device)
     if sq == 0 or k.shape[1] == 0:
         return out, lse
-    seen = visible(q_pos.to(q.device), k_pos.to(q.device), window)
+    seen = visible(q_pos.to(q.device), k_pos.to(q.device), window, causal)
     rows = seen.any(dim=1)  # [Sq]
     if not rows.any():
         return out, lse
-    kernel = get_kernel(resolve_backend(backend, q.device, q.dtype))
+    mask = None if bool(seen.all()) else seen
+    needs = {n for n, on in (("mask", mask is not None), ("softcap", softcap is not None),
+                             ("v_head_dim", v.shape[-1] != d)) if on}
+    name = resolve_backend(backend, q.device, q.dtype, needs - {"mask"})
+    kernel = get_kernel(name if needs <= get_kernel(name).supports else "reference")
     # [B, S, H, D] -> [B, H, S, D]: the kernels' layout
     qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-    mask = None if bool(seen.all()) else seen
-    if mask is not None and not kernel.supports_mask:
-        kernel = get_kernel("reference")
-    o, l = kernel.forward(qt, kt, vt, scale, False, mask)
+    o, l = kernel.forward(qt, kt, vt, scale, False, mask, mods=ScoreMods(softcap=softcap))
     out.copy_(o.to(acc).nan_to_num_(0.0))
     lse.copy_(l.to(acc))
     lse[:, :, ~rows] = -math.inf
@@ -97,20 +116,26 @@ def rank_world(group: Optional[dist.ProcessGroup]) -> tuple[Optional[dist.Proces
 
 def replicated_attention(q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          k_pos: torch.Tensor, *, group: Optional[dist.ProcessGroup] = None, scale: float,
-                         backend: str = "auto", window: Optional[int] = None) -> torch.Tensor:
+                         backend: str = "auto", window=None, causal: bool = True, softcap: Optional[float] = None,
+                         sinks: Optional[torch.Tensor] = None, key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Exact attention of queries held by EVERY rank (``q [B, Sq, Hq, D]``, the same on every rank)
-    to the whole sharded cache (this rank's ``k, v [B, S_r, Hkv, D]`` at ``k_pos [S_r]``).
+    to the whole sharded cache (this rank's ``k [B, S_r, Hkv, D]``, ``v [B, S_r, Hkv, Dv]`` at
+    ``k_pos [S_r]``; ``key_mask [B, S_r]``: False for padded keys, never attended); ``sinks [Hq]`` join
+    every row's softmax once, after the merge.
 
-    Returns ``[B, Sq, Hq, D]`` in q's dtype, identical on every rank. Sends
-    ``(P-1) * B*Hq*Sq*(D+1) * 4`` bytes (op ``"decode"``).
+    Returns ``[B, Sq, Hq, Dv]`` in q's dtype, identical on every rank. Sends
+    ``(P-1) * B*Hq*Sq*(Dv+1) * 4`` bytes (op ``"decode"``).
     """
     group, _, world = rank_world(group)
-    out, lse = partial_attention(q, q_pos, k, v, k_pos, scale=scale, backend=backend, window=window)
+    out, lse = partial_attention(q, q_pos, k, v, k_pos, scale=scale, backend=backend, window=window, causal=causal,
+                                 softcap=softcap, key_mask=key_mask)
     if world > 1:
-        packed = torch.cat([out, lse.unsqueeze(-1)], dim=-1)  # [B, Hq, Sq, D+1]
+        packed = torch.cat([out, lse.unsqueeze(-1)], dim=-1)  # [B, Hq, Sq, Dv+1]
         parts = Collectives(group, "forward", active_stats()).all_gather(packed, "decode")
         out, lse = _merge_parts(parts)
-    return out.transpose(1, 2).to(q.dtype)  # [B, Hq, Sq, D] -> [B, Sq, Hq, D]
+    if sinks is not None:
+        add_sinks_(out, lse, sinks.detach())
+    return out.transpose(1, 2).to(q.dtype)  # [B, Hq, Sq, Dv] -> [B, Sq, Hq, Dv]
 
 
 def _padded(x: torch.Tensor, length: int, dim: int) -> torch.Tensor:
@@ -125,7 +150,7 @@ def _padded(x: torch.Tensor, length: int, dim: int) -> torch.Tensor:
 
 def pass_q_attention(q: torch.Tensor, q_pos: Sequence[torch.Tensor], k: torch.Tensor, v: torch.Tensor,
                      k_pos: torch.Tensor, *, group: Optional[dist.ProcessGroup] = None, scale: float,
-                     backend: str = "auto", window: Optional[int] = None) -> torch.Tensor:
+                     backend: str = "auto", window=None) -> torch.Tensor:
     """Pass-Q: this rank's new queries ``q [B, m_r, Hq, D]`` attend to every rank's cache shard.
 
     Args:
@@ -158,7 +183,7 @@ def pass_q_attention(q: torch.Tensor, q_pos: Sequence[torch.Tensor], k: torch.Te
 
 def pass_kv_attention(q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       k_pos: Sequence[torch.Tensor], *, group: Optional[dist.ProcessGroup] = None,
-                      scale: float, backend: str = "auto", window: Optional[int] = None) -> torch.Tensor:
+                      scale: float, backend: str = "auto", window=None) -> torch.Tensor:
     """Pass-KV: every rank's shard (cached and new K/V) travels around the ring; this rank's new
     queries ``q [B, m_r, Hq, D]`` at ``q_pos [m_r]`` merge the partials of every shard.
 

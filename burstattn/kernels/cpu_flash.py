@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import expand_kv, mask_bias, reduce_kv_grad
+from .base import expand_kv, mask_bias, pad_head_dims, reduce_kv_grad
 
 
 def cpu_flash_available() -> bool:
@@ -18,10 +18,15 @@ def _native_gqa() -> bool:
 
 
 class CpuFlashKernel:
-    """Fused flash attention on CPU (float32, bfloat16, float16) returning the LSE."""
+    """Fused flash attention on CPU (float32, bfloat16, float16) returning the LSE. No score
+    modifiers; a V head size of its own by zero-padding the block to one head size."""
 
     name = "cpu_flash"
-    supports_mask = True  # as an additive bias of q's dtype (the op rejects bool masks)
+    # masks as an additive bias of q's dtype (the op rejects bool masks)
+    supports = frozenset({"mask", "v_head_dim"})
+    supports_mask = True
+    fp32_grads = False
+    float32 = True
 
     def __init__(self) -> None:
         self.native_gqa = _native_gqa()
@@ -31,16 +36,22 @@ class CpuFlashKernel:
             return k, v
         return expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
 
-    def forward(self, q, k, v, scale, causal, mask=None):
+    def forward(self, q, k, v, scale, causal, mask=None, mods=None):
+        dv = v.shape[-1]
+        q, k, v = pad_head_dims(q, k, v)
         k, v = self._kv(q, k, v)
         bias = None if mask is None else mask_bias(mask, q.dtype)
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, causal, attn_mask=bias, scale=scale)
+        return out[..., :dv], lse
 
-    def backward(self, dout, q, k, v, out, lse, scale, causal, mask=None):
-        hkv = k.shape[1]
+    def backward(self, dout, q, k, v, out, lse, scale, causal, mask=None, mods=None):
+        hkv, d, dv = k.shape[1], q.shape[-1], v.shape[-1]
+        q, k, v = pad_head_dims(q, k, v)
+        if dv < d:  # the padded value columns have output 0 and no gradient
+            dout, out = (torch.nn.functional.pad(x, (0, d - dv)) for x in (dout, out))
         k, v = self._kv(q, k, v)
         bias = None if mask is None else mask_bias(mask, q.dtype)
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        dq, dk, dv_ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             dout, q, k, v, out, lse, 0.0, causal, attn_mask=bias, scale=scale)
-        return dq, reduce_kv_grad(dk, hkv), reduce_kv_grad(dv, hkv)
+        return dq[..., :d], reduce_kv_grad(dk, hkv)[..., :d], reduce_kv_grad(dv_, hkv)[..., :dv]

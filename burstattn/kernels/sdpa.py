@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from .base import expand_kv, mask_bias, reduce_kv_grad
+from .base import expand_kv, mask_bias, pad_head_dims, reduce_kv_grad
 
 
 def sdpa_cuda_available() -> bool:
@@ -43,7 +43,12 @@ class SdpaKernel:
     """CUDA SDPA ops: cuDNN or flash for 16-bit inputs, memory-efficient for float32."""
 
     name = "sdpa"
-    supports_mask = True  # partial blocks: memory-efficient kernel + bias, in float32 (16-bit blocks copied)
+    # partial blocks: memory-efficient kernel + bias, in float32 (16-bit blocks copied); a V head size
+    # of its own by zero-padding the block (pad_head_dims)
+    supports = frozenset({"mask", "v_head_dim"})
+    supports_mask = True
+    fp32_grads = False
+    float32 = True  # the memory-efficient kernel
 
     def __init__(self, prefer_cudnn: bool = True) -> None:
         self.prefer_cudnn = prefer_cudnn
@@ -51,9 +56,13 @@ class SdpaKernel:
         # bias gave wrong dQ/dK (NaN or ~0.4 relative error) for bf16 and fp16 on an H200 with
         # torch 2.11 while float32 was exact, so those blocks run it on float32 copies
 
-    def forward(self, q, k, v, scale, causal, mask=None):
+    def forward(self, q, k, v, scale, causal, mask=None, mods=None):
         if mask is not None and q.dtype != torch.float32:  # see __init__: float32 copies of the block
             return self.forward(q.float(), k.float(), v.float(), scale, causal, mask=mask)
+        dv = v.shape[-1]
+        if dv != q.shape[-1]:
+            out, lse = self.forward(*pad_head_dims(q, k, v), scale, causal, mask=mask)
+            return out[..., :dv], lse
         hq = q.shape[1]
         # dense [B, H, S, D] strides: the fused kernels misread row slices of a longer sequence
         # (measured on an H200: wrong dQ/dK and illegal memory accesses with cuDNN)
@@ -72,10 +81,16 @@ class SdpaKernel:
             q, k, v, bias, True, 0.0, causal, scale=scale)
         return out, lse[..., :sq]
 
-    def backward(self, dout, q, k, v, out, lse, scale, causal, mask=None):
+    def backward(self, dout, q, k, v, out, lse, scale, causal, mask=None, mods=None):
         if mask is not None and q.dtype != torch.float32:
             return self.backward(dout.float(), q.float(), k.float(), v.float(), out.float(), lse, scale, causal,
                                  mask=mask)
+        d, dv = q.shape[-1], v.shape[-1]
+        if d != dv:
+            if dv < d:
+                dout, out = (torch.nn.functional.pad(x, (0, d - dv)) for x in (dout, out))
+            dq, dk, dv_ = self.backward(dout, *pad_head_dims(q, k, v), out, lse, scale, causal, mask=mask)
+            return dq[..., :d], dk[..., :d], dv_[..., :dv]
         hq, hkv = q.shape[1], k.shape[1]
         dout, q, out, lse = (x.contiguous() for x in (dout, q, out, lse))
         k, v = (x.contiguous() for x in (expand_kv(k, hq), expand_kv(v, hq)))

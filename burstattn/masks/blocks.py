@@ -21,7 +21,7 @@ FULL, CAUSAL, STRICT, PARTIAL); :func:`pair_ops` caches it in the mask object.
 """
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Union
 
 import torch
 
@@ -34,10 +34,11 @@ _KIND = {FULL: MaskKind.FULL, PARTIAL: MaskKind.PARTIAL, CAUSAL: MaskKind.CAUSAL
 
 
 def visible_ranges(mask: AttnMask, q_pos: torch.Tensor, k_pos: torch.Tensor, seq_len: int,
-                   causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                   causal: bool, k_len: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per query row, the index range ``[a, b)`` of the key shard its interval covers.
-    ``q_pos, k_pos`` LongTensor ``[n]`` (increasing) -> ``a, b`` LongTensor ``[n]``."""
-    lo, hi = mask.intervals(q_pos, seq_len, causal)
+    ``q_pos [n_q], k_pos [n_k]`` LongTensor (increasing; ``seq_len`` queries, ``k_len`` keys in all)
+    -> ``a, b`` LongTensor ``[n_q]``."""
+    lo, hi = mask.intervals(q_pos, seq_len, causal, k_len)
     a = torch.searchsorted(k_pos, lo)
     b = torch.maximum(torch.searchsorted(k_pos, hi, right=True), a)
     return a, b
@@ -51,11 +52,11 @@ def _tri_pattern(a, b, q0, k0, m, shift: int) -> bool:
 
 
 def classify(mask: AttnMask, q_pos: torch.Tensor, k_pos: torch.Tensor, seq_len: int,
-             causal: bool) -> torch.Tensor:
+             causal: bool, k_len: Optional[int] = None) -> torch.Tensor:
     """Tile classes ``[ceil(n_q/T), ceil(n_k/T)]`` (int8: EMPTY, FULL, PARTIAL, CAUSAL, STRICT)."""
     t = mask.block_size
     nq, nk = q_pos.numel(), k_pos.numel()
-    a, b = visible_ranges(mask, q_pos, k_pos, seq_len, causal)
+    a, b = visible_ranges(mask, q_pos, k_pos, seq_len, causal, k_len)
     k0s = torch.arange(0, nk, t)
     k1s = torch.clamp(k0s + t, max=nk)
     overlap = (torch.minimum(b[:, None], k1s[None, :]) - torch.maximum(a[:, None], k0s[None, :])).clamp_min(0)
@@ -70,7 +71,7 @@ def classify(mask: AttnMask, q_pos: torch.Tensor, k_pos: torch.Tensor, seq_len: 
             live = torch.nonzero(row_cls != EMPTY).flatten()
             if live.numel():
                 k_lo, k_hi = int(k0s[live[0]]), int(k1s[live[-1]])
-                dense = mask.dense(q_pos[q0:q1], k_pos[k_lo:k_hi], seq_len, causal)
+                dense = mask.dense(q_pos[q0:q1], k_pos[k_lo:k_hi], seq_len, causal, k_len)
                 for j in live.tolist():
                     blk = dense[:, int(k0s[j]) - k_lo:int(k1s[j]) - k_lo]
                     row_cls[j] = EMPTY if not blk.any() else (FULL if blk.all() else PARTIAL)
@@ -126,20 +127,24 @@ def layout_key(layout) -> Union[str, int]:
 
 
 def pair_ops(mask: AttnMask, causal: bool, seq_len: int, world_size: int, layout, q_rank: int,
-             k_rank: int) -> tuple[BlockOp, ...]:
-    """The kernel calls for the queries of ``q_rank`` against the keys of ``k_rank`` (cached)."""
-    key = ("ops", bool(causal), seq_len, world_size, layout_key(layout), q_rank, k_rank)
+             k_rank: int, k_len: Optional[int] = None, kv_layout=None) -> tuple[BlockOp, ...]:
+    """The kernel calls for the queries of ``q_rank`` against the keys of ``k_rank`` (cached):
+    ``seq_len`` queries in ``layout``, ``k_len`` keys (default as many) in ``kv_layout`` (default
+    ``layout``)."""
+    k_len = seq_len if k_len is None else k_len
+    kv_layout = layout if kv_layout is None else kv_layout
+    key = ("ops", bool(causal), seq_len, world_size, layout_key(layout), q_rank, k_rank, k_len, layout_key(kv_layout))
     ops = mask.cache.get(key)
     if ops is None:
         q_pos = local_positions(seq_len, q_rank, world_size, layout)
-        k_pos = local_positions(seq_len, k_rank, world_size, layout)
-        cls = classify(mask, q_pos, k_pos, seq_len, causal)
+        k_pos = local_positions(k_len, k_rank, world_size, kv_layout)
+        cls = classify(mask, q_pos, k_pos, seq_len, causal, k_len)
         ops = compile_ops(cls, q_pos.numel(), k_pos.numel(), mask.block_size)
         mask.cache[key] = ops
     return ops
 
 
 def op_mask(mask: AttnMask, causal: bool, seq_len: int, q_pos: torch.Tensor, k_pos: torch.Tensor,
-            op: BlockOp) -> torch.Tensor:
+            op: BlockOp, k_len: Optional[int] = None) -> torch.Tensor:
     """The explicit bool mask ``[q rows, k rows]`` of a PARTIAL op."""
-    return mask.dense(q_pos[op.q_start:op.q_stop], k_pos[op.k_start:op.k_stop], seq_len, causal)
+    return mask.dense(q_pos[op.q_start:op.q_stop], k_pos[op.k_start:op.k_stop], seq_len, causal, k_len)

@@ -23,14 +23,18 @@ Bytes each rank sends (``e``, ``a``: element sizes of the input and accumulator 
 
 * forward: ``|readers| * kv * e`` (op ``kv``) plus the 16-int validation (op ``meta``)
 * backward ``"kv"``: ``|readers| * kv * e`` (op ``kv``) + ``|sources| * kv * a`` (op ``ret_kv``)
-* backward ``"burst"``: ``|sources| * rows * (2*d*e + 2*a)`` (op ``q``) + ``|readers| * rows * d * a``
+* backward ``"burst"``: ``|sources| * rows * ((d + d_v)*e + 2*a)`` (op ``q``) + ``|readers| * rows * d * a``
   (op ``ret_q``)
+
+(``kv = B*n_k*Hkv*(d + d_v)`` when the key shard has its own length ``n_k`` or V its own head size
+``d_v``.)
 
 Dense (every pair needed) this equals the ring's bytes except for the accumulator's last hop home.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -90,26 +94,33 @@ class MaskPlan:
         return tuple(steps)
 
 
-def mask_plan(mask: AttnMask, causal: bool, seq_len: int, world_size: int, layout, rank: int) -> MaskPlan:
-    """The :class:`MaskPlan` of ``rank`` (its row and column of pair ops; cached in ``mask``)."""
+def mask_plan(mask: AttnMask, causal: bool, seq_len: int, world_size: int, layout, rank: int,
+              k_len: Optional[int] = None, kv_layout=None) -> MaskPlan:
+    """The :class:`MaskPlan` of ``rank`` (its row and column of pair ops; cached in ``mask``):
+    ``seq_len`` queries in ``layout``, ``k_len`` keys (default as many) in ``kv_layout``."""
     args = (mask, causal, seq_len, world_size, layout)
-    row = tuple(pair_ops(*args, rank, s) for s in range(world_size))
-    col = tuple(pair_ops(*args, s, rank) for s in range(world_size))
+    row = tuple(pair_ops(*args, rank, s, k_len, kv_layout) for s in range(world_size))
+    col = tuple(pair_ops(*args, s, rank, k_len, kv_layout) for s in range(world_size))
     return MaskPlan(rank, world_size, row, col)
 
 
 def mask_bytes(plan: MaskPlan, *, batch: int, local_seq: int, q_heads: int, kv_heads: int, head_dim: int,
-               dtype: torch.dtype, backward: str) -> dict:
-    """Bytes ``plan.rank`` sends per call (module docstring): ``{"forward", "backward", "ops"}``."""
+               dtype: torch.dtype, backward: str, kv_local_seq: Optional[int] = None,
+               v_head_dim: Optional[int] = None) -> dict:
+    """Bytes ``plan.rank`` sends per call (module docstring): ``{"forward", "backward", "ops"}``.
+    ``kv_local_seq`` / ``v_head_dim``: the key shard's length and V's head size (default: the
+    queries' length, ``head_dim``); K and V travel at their own sizes, ``kv = B*n_k*Hkv*(d + d_v)``."""
     e, a = element_size(dtype), element_size(accum_dtype(dtype))
-    kv = 2 * batch * local_seq * kv_heads * head_dim
+    nk = local_seq if kv_local_seq is None else kv_local_seq
+    dv = head_dim if v_head_dim is None else v_head_dim
+    kv = batch * nk * kv_heads * (head_dim + dv)
     rows = batch * local_seq * q_heads
     readers, sources = len(plan.readers), len(plan.sources)
     ops = {("forward", "kv"): readers * kv * e, ("forward", "meta"): (plan.world_size - 1) * META_INTS * 8}
     if backward == "kv":
         ops.update({("backward", "kv"): readers * kv * e, ("backward", "ret_kv"): sources * kv * a})
     elif backward == "burst":
-        ops.update({("backward", "q"): sources * rows * (2 * head_dim * e + 2 * a),
+        ops.update({("backward", "q"): sources * rows * ((head_dim + dv) * e + 2 * a),
                     ("backward", "ret_q"): readers * rows * head_dim * a})
     else:
         raise ValueError(f"backward must be 'burst' or 'kv', got {backward!r}")
@@ -117,17 +128,20 @@ def mask_bytes(plan: MaskPlan, *, batch: int, local_seq: int, q_heads: int, kv_h
 
 
 def choose_mask_backward(*, batch: int, local_seq: int, q_heads: int, kv_heads: int, head_dim: int,
-                         dtype: torch.dtype) -> str:
+                         dtype: torch.dtype, kv_local_seq: Optional[int] = None,
+                         v_head_dim: Optional[int] = None) -> str:
     """``"burst"`` or ``"kv"``: the backward with fewer bytes summed over all ranks (ties: burst).
 
     Every needed off-diagonal pair is one source of one rank and one reader of another, so the
-    sums are ``pairs * rows*(2*d*e + 2*a + d*a)`` against ``pairs * kv*(e + a)``: the choice does
-    not depend on the mask, and every rank makes the same one without communicating.
+    sums are ``pairs * rows*((d + d_v)*e + 2*a + d*a)`` against ``pairs * kv*(e + a)``: the choice
+    does not depend on the mask, and every rank makes the same one without communicating.
     """
     e, a = element_size(dtype), element_size(accum_dtype(dtype))
+    nk = local_seq if kv_local_seq is None else kv_local_seq
+    dv = head_dim if v_head_dim is None else v_head_dim
     rows = batch * local_seq * q_heads
-    kv = 2 * batch * local_seq * kv_heads * head_dim
-    return "burst" if rows * (2 * head_dim * e + 2 * a + head_dim * a) <= kv * (e + a) else "kv"
+    kv = batch * nk * kv_heads * (head_dim + dv)
+    return "burst" if rows * ((head_dim + dv) * e + 2 * a + head_dim * a) <= kv * (e + a) else "kv"
 
 
 def rank_work(mask: AttnMask, causal: bool, seq_len: int, world_size: int, layout) -> list[float]:

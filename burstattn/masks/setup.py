@@ -16,13 +16,31 @@ from .spec import AttnMask, make_mask
 Problem = Optional[tuple[type, str]]
 
 
-def build_mask(window=None, cu_seqlens=None, document_ids=None, mask_mod=None,
-               mask=None) -> tuple[Optional[AttnMask], Problem]:
-    """:func:`~.spec.make_mask`, its ``ValueError`` returned as a problem instead of raised."""
+def build_mask(window=None, cu_seqlens=None, document_ids=None, mask_mod=None, mask=None, cu_seqlens_q=None,
+               cu_seqlens_k=None, max_seqlen=None, max_seqlen_q=None,
+               max_seqlen_k=None) -> tuple[Optional[AttnMask], Problem]:
+    """:func:`~.spec.make_mask`, its ``ValueError`` returned as a problem instead of raised.
+
+    ``max_seqlen`` / ``max_seqlen_q`` / ``max_seqlen_k`` (flash-attn's varlen arguments, accepted for
+    compatibility; the engine sizes nothing by them): ``None`` or an int at least the longest query
+    (key) document; a smaller one is refused, since flash-attn would silently compute a wrong result."""
     try:
-        return make_mask(window, cu_seqlens, document_ids, mask_mod, mask), None
+        built = make_mask(window, cu_seqlens, document_ids, mask_mod, mask, cu_seqlens_q, cu_seqlens_k)
     except ValueError as e:
         return None, (ValueError, str(e))
+    if max_seqlen is not None and (max_seqlen_q is not None or max_seqlen_k is not None):
+        return built, (ValueError, "pass max_seqlen or max_seqlen_q / max_seqlen_k, not both")
+    for name, value, keys in (("max_seqlen", max_seqlen, None), ("max_seqlen_q", max_seqlen_q, False),
+                              ("max_seqlen_k", max_seqlen_k, True)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return built, (TypeError, f"{name} must be None or a positive int, got {value!r}")
+        longest = [built.longest(k) for k in ((False, True) if keys is None else (keys,))] if built else []
+        longest = max((x for x in longest if x is not None), default=None)
+        if longest is not None and value < longest:
+            return built, (ValueError, f"{name}={value} is shorter than the longest document ({longest} tokens)")
+    return built, None
 
 
 def effective_mask(cfg: AttnConfig) -> AttnMask:
@@ -30,23 +48,27 @@ def effective_mask(cfg: AttnConfig) -> AttnMask:
     return cfg.mask if cfg.mask is not None else AttnMask()
 
 
-def plan_for(q, cfg: AttnConfig, rank: int, world_size: int) -> tuple[Optional[MaskPlan], Problem]:
+def plan_for(q, cfg: AttnConfig, rank: int, world_size: int,
+             k_local: Optional[int] = None) -> tuple[Optional[MaskPlan], Problem]:
     """This rank's :class:`~.plan.MaskPlan` for a sparse call (``None`` for a dense one), or the
     problem that prevents it (the sequence length the mask does not fit, a partition for another
-    world size, a ``mask_mod`` that raises or returns a non-bool)."""
+    world size, a ``mask_mod`` that raises or returns a non-bool). ``k_local``: the key shard's
+    length (default the queries')."""
     if not cfg.sparse:
         return None, None
     seq_len = q.shape[1] * world_size
-    if not isinstance(cfg.layout, str) and (cfg.layout.world_size, cfg.layout.seq_len) != (world_size, seq_len):
-        return None, (ValueError, f"layout: the partition is for {cfg.layout.world_size} ranks and "
-                                  f"{cfg.layout.seq_len} tokens, but this call has {world_size} ranks and "
-                                  f"{seq_len} tokens")
+    k_len = seq_len if k_local is None else k_local * world_size
+    for arg, layout, length in (("layout", cfg.layout, seq_len), ("kv_layout", cfg.keys_layout, k_len)):
+        if not isinstance(layout, str) and (layout.world_size, layout.seq_len) != (world_size, length):
+            return None, (ValueError, f"{arg}: the partition is for {layout.world_size} ranks and "
+                                      f"{layout.seq_len} tokens, but this call has {world_size} ranks and "
+                                      f"{length} tokens")
     mask = effective_mask(cfg)
-    problem = mask.problem(seq_len)
+    problem = mask.problem(seq_len, k_len)
     if problem:
         return None, (ValueError, problem)
     try:
-        return mask_plan(mask, cfg.causal, seq_len, world_size, cfg.layout, rank), None
+        return mask_plan(mask, cfg.causal, seq_len, world_size, cfg.layout, rank, k_len, cfg.keys_layout), None
     except ValueError as e:
         return None, (ValueError, str(e))
 
@@ -60,16 +82,19 @@ def topology_problem(cfg: AttnConfig, world_size: int) -> Problem:
     return None
 
 
-def checked_config(q, k, v, ring, mask_args: dict, fn: str, **cfg_args) -> tuple[AttnConfig, Optional[MaskPlan]]:
+def checked_config(q, k, v, ring, mask_args: dict, fn: str, extra: Problem = None,
+                   **cfg_args) -> tuple[AttnConfig, Optional[MaskPlan]]:
     """The call's :class:`~burstattn.config.AttnConfig` (``cfg_args`` plus the mask built from
     ``mask_args``) and this rank's mask plan (``None`` for a dense call), after
     :func:`~burstattn.validate.check_inputs` has passed on every rank of ``ring``'s group: a bad
-    input, mask or topology on any rank raises on all of them."""
+    input, mask or topology on any rank raises on all of them (``extra``: a problem the caller
+    found, shared the same way)."""
     amask, problem = build_mask(**mask_args)
+    problem = problem or extra
     cfg = AttnConfig(mask=amask, **cfg_args)
     plan = None
     if problem is None and local_problem(q, k, v, cfg) is None:
-        plan, problem = plan_for(q, cfg, ring.rank, ring.world_size)
+        plan, problem = plan_for(q, cfg, ring.rank, ring.world_size, k.shape[1])
     problem = problem or topology_problem(cfg, ring.world_size)
     check_inputs(q, k, v, cfg, ring.group, ring.world_size, fn=fn, extra=problem)
     return cfg, plan
@@ -133,13 +158,16 @@ class MaskCache:
         self.size = size
         self.entries: "OrderedDict[tuple, AttnMask]" = OrderedDict()
 
-    def get(self, window, bounds: Optional[torch.Tensor], block_size: int) -> AttnMask:
+    def get(self, window, bounds: Optional[torch.Tensor], block_size: int,
+            kv_bounds: Optional[torch.Tensor] = None) -> AttnMask:
         """The cached mask of this definition (made on first use)."""
         key = (None if window is None else tuple(window),
-               None if bounds is None else bounds.cpu().numpy().tobytes(), block_size)
+               None if bounds is None else bounds.cpu().numpy().tobytes(), block_size,
+               None if kv_bounds is None else kv_bounds.cpu().numpy().tobytes())
         mask = self.entries.get(key)
         if mask is None:
-            mask = AttnMask(window=key[0], cu_seqlens=None if bounds is None else bounds.cpu(), block_size=block_size)
+            mask = AttnMask(window=key[0], cu_seqlens=None if bounds is None else bounds.cpu(), block_size=block_size,
+                            cu_seqlens_k=None if kv_bounds is None else kv_bounds.cpu())
             self.entries[key] = mask
             while len(self.entries) > self.size:
                 self.entries.popitem(last=False)

@@ -4,11 +4,19 @@ A mask says which key positions each query position may see. :class:`AttnMask` c
 conditions must hold):
 
 * ``window=(left, right)``: key j visible to query i iff ``i - left <= j <= i + right``
-  (``None`` on a side: unbounded). With ``causal=True`` (an argument of the call, not of the
-  mask) it is the usual causal sliding window ``(left, 0)``.
+  (``None`` or ``-1`` on a side: unbounded, flash-attn's convention). With ``causal=True`` (an
+  argument of the call, not of the mask) it is the usual causal sliding window ``(left, 0)``.
 * packed documents, ``cu_seqlens`` (cumulative lengths ``[0, l0, l0+l1, ..., N]``, as
   flash-attn's varlen API takes them) or ``document_ids`` (one id per global position, each
-  document one contiguous run): a token sees only tokens of its own document.
+  document one contiguous run): a token sees only tokens of its own document. With a key
+  sequence of its own (cross-attention, a query block against a longer cache), ``cu_seqlens`` are
+  the queries' documents and ``cu_seqlens_k`` the keys' (the same number of documents): query
+  document d sees key document d.
+
+Query and key sequences may differ in length (``Nq``, ``Nk``). Every position rule then works in
+the keys' coordinates with flash-attn's bottom-right alignment: query i of document d stands at
+``i + end_k(d) - end_q(d)`` (:meth:`AttnMask.aligned`; without documents ``i + Nk - Nq``), so the
+last query of a document lines up with its last key. Equal lengths change nothing.
 * ``mask_mod(q_pos, k_pos) -> bool``: any predicate over global positions (FlexAttention's
   convention, without batch and head): called with broadcastable LongTensors ``q_pos [R, 1]`` and
   ``k_pos [1, C]``, it must return a bool tensor broadcastable to ``[R, C]``.
@@ -28,6 +36,8 @@ from typing import Callable, Optional, Sequence, Union
 
 import torch
 
+from ..config import normalize_window
+
 IntSeq = Union[Sequence[int], torch.Tensor]
 
 
@@ -39,17 +49,13 @@ def _as_long(x: IntSeq, name: str) -> torch.Tensor:
     return t.to(torch.int64).cpu()
 
 
-def _check_window(window) -> Optional[tuple[Optional[int], Optional[int]]]:
-    if window is None:
-        return None
-    if not isinstance(window, (tuple, list)) or len(window) != 2:
-        raise ValueError(f"window must be a pair (left, right) of ints >= 0 or None, got {window!r}")
-    out = []
-    for side, w in zip(("left", "right"), window):
-        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 0):
-            raise ValueError(f"window {side} must be an int >= 0 or None (unbounded), got {w!r}")
-        out.append(w)
-    return out[0], out[1]
+def _cu(cu_seqlens, name: str) -> torch.Tensor:
+    cu = _as_long(cu_seqlens, name)
+    if cu.numel() < 2 or int(cu[0]) != 0:
+        raise ValueError(f"{name} must start at 0 and hold at least one document, got {cu.tolist()[:8]}")
+    if not bool((cu[1:] > cu[:-1]).all()):
+        raise ValueError(f"{name} must be strictly increasing (no empty documents), got {cu.tolist()[:16]}")
+    return cu
 
 
 def _doc_bounds(cu_seqlens, document_ids) -> Optional[torch.Tensor]:
@@ -57,14 +63,7 @@ def _doc_bounds(cu_seqlens, document_ids) -> Optional[torch.Tensor]:
     if cu_seqlens is not None and document_ids is not None:
         raise ValueError("pass cu_seqlens or document_ids, not both")
     if cu_seqlens is not None:
-        cu = _as_long(cu_seqlens, "cu_seqlens")
-        if cu.numel() < 2 or int(cu[0]) != 0:
-            raise ValueError(f"cu_seqlens must start at 0 and hold at least one document, got "
-                             f"{cu.tolist()[:8]}")
-        if not bool((cu[1:] > cu[:-1]).all()):
-            raise ValueError(f"cu_seqlens must be strictly increasing (no empty documents), got "
-                             f"{cu.tolist()[:16]}")
-        return cu
+        return _cu(cu_seqlens, "cu_seqlens")
     if document_ids is not None:
         ids = _as_long(document_ids, "document_ids")
         if ids.numel() == 0:
@@ -97,12 +96,23 @@ class AttnMask:
     document_ids: Optional[IntSeq] = None
     mask_mod: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None
     block_size: int = 256
+    cu_seqlens_k: Optional[IntSeq] = None
     bounds: Optional[torch.Tensor] = field(init=False, repr=False)
+    kv_bounds: Optional[torch.Tensor] = field(init=False, repr=False)  # the keys' documents (None: bounds)
     cache: dict = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "window", _check_window(self.window))
+        object.__setattr__(self, "window", normalize_window(self.window))
         object.__setattr__(self, "bounds", _doc_bounds(self.cu_seqlens, self.document_ids))
+        kv = None
+        if self.cu_seqlens_k is not None:
+            if self.bounds is None:
+                raise ValueError("cu_seqlens_k needs the queries' documents too (cu_seqlens_q / cu_seqlens)")
+            kv = _cu(self.cu_seqlens_k, "cu_seqlens_k")
+            if kv.numel() != self.bounds.numel():
+                raise ValueError(f"cu_seqlens_k must describe as many documents as the queries' cu_seqlens "
+                                 f"({self.bounds.numel() - 1}), got {kv.numel() - 1}")
+        object.__setattr__(self, "kv_bounds", kv)
         if self.mask_mod is not None and not callable(self.mask_mod):
             raise ValueError(f"mask_mod must be callable (q_pos, k_pos) -> bool tensor, got "
                              f"{type(self.mask_mod).__name__}")
@@ -112,15 +122,33 @@ class AttnMask:
     @property
     def empty(self) -> bool:
         """Whether the mask restricts nothing (then the dense engine runs)."""
-        return self.window in (None, (None, None)) and self.bounds is None and self.mask_mod is None
+        return self.window is None and self.bounds is None and self.mask_mod is None
 
-    def problem(self, seq_len: int) -> Optional[str]:
-        """Why this mask cannot apply to a sequence of ``seq_len`` tokens, or ``None``."""
+    @property
+    def keys_bounds(self) -> Optional[torch.Tensor]:
+        """The key sequence's document boundaries (``cu_seqlens_k``, else the queries')."""
+        return self.bounds if self.kv_bounds is None else self.kv_bounds
+
+    def problem(self, seq_len: int, k_len: Optional[int] = None) -> Optional[str]:
+        """Why this mask cannot apply to ``seq_len`` queries and ``k_len`` keys (default: as many),
+        or ``None``."""
+        k_len = seq_len if k_len is None else k_len
         if self.bounds is not None and int(self.bounds[-1]) != seq_len:
             what = "cu_seqlens must end at" if self.cu_seqlens is not None else "document_ids must have"
             return (f"{what} the global sequence length {seq_len} (local_seq x world_size), got "
                     f"{int(self.bounds[-1])}")
+        if self.bounds is not None and self.kv_bounds is None and k_len != seq_len:
+            return (f"the queries ({seq_len}) and keys ({k_len}) differ in length: give the keys' documents "
+                    f"as cu_seqlens_k")
+        if self.kv_bounds is not None and int(self.kv_bounds[-1]) != k_len:
+            return (f"cu_seqlens_k must end at the global key length {k_len} (k.shape[1] x world_size), got "
+                    f"{int(self.kv_bounds[-1])}")
         return None
+
+    def longest(self, keys: bool = False) -> Optional[int]:
+        """The longest query (``keys``: key) document, ``None`` without documents."""
+        b = self.keys_bounds if keys else self.bounds
+        return None if b is None else int((b[1:] - b[:-1]).max())
 
     def fingerprint(self, seq_len: Optional[int] = None) -> int:
         """A 31-bit checksum of what the mask is (equal on every rank that passes the same mask).
@@ -134,6 +162,8 @@ class AttnMask:
         parts = [repr(self.window), str(self.block_size)]
         if self.bounds is not None:
             parts.append(self.bounds.numpy().tobytes().hex())
+        if self.kv_bounds is not None:
+            parts.append("k" + self.kv_bounds.numpy().tobytes().hex())
         if self.mask_mod is not None and seq_len:
             parts.append(self.probe(seq_len))
         elif self.mask_mod is not None:
@@ -155,33 +185,49 @@ class AttnMask:
                 return f"raised {e} {id(self)}"
         return self.cache[key]
 
-    def intervals(self, q_pos: torch.Tensor, seq_len: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Visible key interval ``[lo, hi]`` (inclusive, global positions) of each query position.
+    def aligned(self, q_pos: torch.Tensor, seq_len: int, k_len: Optional[int] = None) -> torch.Tensor:
+        """Query positions ``[R]`` in the keys' coordinates (bottom-right alignment, see the module
+        docstring): ``q_pos + end_k(d) - end_q(d)`` for the query's document d (no documents:
+        ``q_pos + k_len - seq_len``). The identity for equal sequences."""
+        k_len = seq_len if k_len is None else k_len
+        if self.bounds is None or self.kv_bounds is None:
+            return q_pos + (k_len - seq_len) if k_len != seq_len else q_pos
+        b, kb = self.bounds.to(q_pos.device), self.kv_bounds.to(q_pos.device)
+        doc = torch.searchsorted(b, q_pos, right=True) - 1
+        return q_pos + kb[doc + 1] - b[doc + 1]
 
-        ``q_pos`` LongTensor ``[R]`` -> ``lo, hi`` LongTensor ``[R]`` (``lo > hi``: sees nothing).
+    def intervals(self, q_pos: torch.Tensor, seq_len: int, causal: bool,
+                  k_len: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Visible key interval ``[lo, hi]`` (inclusive, global key positions) of each query position.
+
+        ``q_pos`` LongTensor ``[R]`` (global query positions, of ``seq_len`` queries against ``k_len``
+        keys, default as many) -> ``lo, hi`` LongTensor ``[R]`` (``lo > hi``: sees nothing).
         ``mask_mod`` is not part of the interval (see :meth:`dense`).
         """
+        k_len = seq_len if k_len is None else k_len
+        at = self.aligned(q_pos, seq_len, k_len)
         lo = torch.zeros_like(q_pos)
-        hi = torch.full_like(q_pos, seq_len - 1)
+        hi = torch.full_like(q_pos, k_len - 1)
         if causal:
-            hi = torch.minimum(hi, q_pos)
+            hi = torch.minimum(hi, at)
         if self.window is not None:
             left, right = self.window
             if left is not None:
-                lo = torch.maximum(lo, q_pos - left)
+                lo = torch.maximum(lo, at - left)
             if right is not None:
-                hi = torch.minimum(hi, q_pos + right)
+                hi = torch.minimum(hi, at + right)
         if self.bounds is not None:
-            b = self.bounds.to(q_pos.device)
+            b, kb = self.bounds.to(q_pos.device), self.keys_bounds.to(q_pos.device)
             doc = torch.searchsorted(b, q_pos, right=True) - 1
-            lo = torch.maximum(lo, b[doc])
-            hi = torch.minimum(hi, b[doc + 1] - 1)
+            lo = torch.maximum(lo, kb[doc])
+            hi = torch.minimum(hi, kb[doc + 1] - 1)
         return lo, hi
 
-    def dense(self, q_pos: torch.Tensor, k_pos: torch.Tensor, seq_len: int, causal: bool) -> torch.Tensor:
+    def dense(self, q_pos: torch.Tensor, k_pos: torch.Tensor, seq_len: int, causal: bool,
+              k_len: Optional[int] = None) -> torch.Tensor:
         """The mask as a bool tensor ``[R, C]`` for query positions ``[R]`` x key positions ``[C]``
         (True: visible). O(R*C): only for tiles and for the test oracle."""
-        lo, hi = self.intervals(q_pos, seq_len, causal)
+        lo, hi = self.intervals(q_pos, seq_len, causal, k_len)
         vis = (k_pos[None, :] >= lo[:, None]) & (k_pos[None, :] <= hi[:, None])
         if self.mask_mod is not None:
             vis &= self.call_mod(q_pos, k_pos)
@@ -205,11 +251,16 @@ class AttnMask:
 
 
 def make_mask(window=None, cu_seqlens=None, document_ids=None, mask_mod=None,
-              mask: Optional[AttnMask] = None) -> Optional[AttnMask]:
+              mask: Optional[AttnMask] = None, cu_seqlens_q=None, cu_seqlens_k=None) -> Optional[AttnMask]:
     """The call's mask from the keyword arguments (``None``: no mask). ``mask`` (a prebuilt,
-    caching :class:`AttnMask`) excludes the others."""
+    caching :class:`AttnMask`) excludes the others; ``cu_seqlens_q`` is ``cu_seqlens`` under
+    flash-attn's varlen name (give one of them), ``cu_seqlens_k`` the keys' documents."""
+    if cu_seqlens_q is not None:
+        if cu_seqlens is not None:
+            raise ValueError("pass cu_seqlens or cu_seqlens_q (the same thing), not both")
+        cu_seqlens = cu_seqlens_q
     given = [n for n, v in (("window", window), ("cu_seqlens", cu_seqlens), ("document_ids", document_ids),
-                            ("mask_mod", mask_mod)) if v is not None]
+                            ("mask_mod", mask_mod), ("cu_seqlens_k", cu_seqlens_k)) if v is not None]
     if mask is not None:
         if not isinstance(mask, AttnMask):
             raise ValueError(f"mask must be a burstattn.AttnMask, got {type(mask).__name__}")
@@ -218,5 +269,6 @@ def make_mask(window=None, cu_seqlens=None, document_ids=None, mask_mod=None,
         return None if mask.empty else mask
     if not given:
         return None
-    built = AttnMask(window=window, cu_seqlens=cu_seqlens, document_ids=document_ids, mask_mod=mask_mod)
+    built = AttnMask(window=window, cu_seqlens=cu_seqlens, document_ids=document_ids, mask_mod=mask_mod,
+                     cu_seqlens_k=cu_seqlens_k)
     return None if built.empty else built

@@ -296,7 +296,8 @@ def attention_timeline(strategy: str, shape: AttnShape, hw: ClusterHW, cp: int, 
     if strategy == "usp":
         u = ulysses_degree or math.gcd(cp, shape.q_heads, hw.devices_per_node)
         if cp % u or shape.q_heads % u:
-            raise ValueError(f"usp: ulysses_degree ({u}) must divide cp ({cp}) and q_heads ({shape.q_heads})")
+            raise ValueError(f"--ulysses-degree ({u}) must divide cp ({cp}) and the query heads per tp rank "
+                             f"({shape.q_heads}) (usp)")
         return usp_strategy(hw, shape, cp, stride, u, backward)
     if schedule == "distflash":
         if not shape.causal:

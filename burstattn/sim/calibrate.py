@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 
@@ -91,18 +92,22 @@ def plain_rates(q, k, v, dout, seconds: float) -> tuple[float, float]:
 
 def _worker(rank: int, world: int, port: int, seconds: float, rounds: int, repeats: int, queue) -> None:
     """One rank: the kernel rates while every rank computes (``rounds``, best of each), then the
-    point-to-point ping-pong between ranks 0 and 1 while the others wait."""
+    point-to-point ping-pong between ranks 0 and 1 while the others wait. Rank 0 reports each stage
+    (``("progress", text)``) and the result (``("done", (rates, link))``) on ``queue``."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    say = (lambda text: queue.put(("progress", text))) if rank == 0 else (lambda text: None)
     best: dict = {}
-    for _ in range(rounds):
+    for i in range(rounds):
         dist.barrier()
+        say(f"kernel rates, round {i + 1}/{rounds} ({world} ranks computing at once)")
         for key, value in kernel_rates(seconds=seconds).items():
             best[key] = value if isinstance(value, str) else max(value, best.get(key, 0.0))
     res = {}
     for nbytes in (4096, 16 * 2**20):
+        say(f"gloo point-to-point, {nbytes // 1024:,} KiB x {repeats} round trips")
         buf = torch.empty(nbytes // 4)
         times = []
         for _ in range(repeats):
@@ -121,15 +126,22 @@ def _worker(rank: int, world: int, port: int, seconds: float, rounds: int, repea
     if rank == 0:
         lat = res[4096]
         rates = {k: (v if isinstance(v, str) else min(g[k] for g in gathered)) for k, v in best.items()}
-        queue.put((rates, {"latency_s": lat, "bandwidth": 16 * 2**20 / max(res[16 * 2**20] - lat, 1e-9)}))
+        queue.put(("done", (rates, {"latency_s": lat, "bandwidth": 16 * 2**20 / max(res[16 * 2**20] - lat, 1e-9)})))
     dist.destroy_process_group()
 
 
-def measure(ranks: int = 2, seconds: float = 1.0, rounds: int = 3, repeats: int = 15) -> tuple[dict, dict]:
+def measure(ranks: int = 2, seconds: float = 1.0, rounds: int = 3, repeats: int = 15,
+            progress: Optional[Callable[[str], None]] = None) -> tuple[dict, dict]:
     """``(rates, link)`` from ``ranks`` spawned processes of one thread each computing at once
     (the slowest rank's best rates: a rank's rate when its neighbours compute too, as in a run),
     and the gloo one-way link between two of them: latency (4 KiB ping-pong), bandwidth (16 MiB:
-    ``bytes / (time - latency)``)."""
+    ``bytes / (time - latency)``). ``progress(text)`` is called at each stage (the whole takes about
+    ``rounds * 10 * seconds`` seconds of kernel timing, plus starting the processes).
+
+    Raises:
+        RuntimeError: a rank died or nothing came back within 600 s per stage.
+    """
+    import queue as queue_mod
     import socket
 
     import torch.multiprocessing as mp
@@ -143,10 +155,20 @@ def measure(ranks: int = 2, seconds: float = 1.0, rounds: int = 3, repeats: int 
     for p in procs:
         p.start()
     try:
-        return queue.get(timeout=600)
+        while True:
+            try:
+                kind, value = queue.get(timeout=600)
+            except queue_mod.Empty:
+                raise RuntimeError("sim calibrate: no progress from the measuring processes in 600 s") from None
+            if kind == "done":
+                return value
+            if progress is not None:
+                progress(value)
     finally:
         for p in procs:
             p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
 
 
 @dataclass(frozen=True)
@@ -156,11 +178,13 @@ class Calibration:
     link: dict
 
 
-def calibrate(seconds: float = 1.0, ranks: int = 2, rounds: int = 3) -> Calibration:
+def calibrate(seconds: float = 1.0, ranks: int = 2, rounds: int = 3,
+              progress: Optional[Callable[[str], None]] = None) -> Calibration:
     """Measure this machine (one thread per rank, ``ranks`` ranks per 'node') as a :class:`ClusterHW`:
     ``peak_flops`` is the measured matmul rate (efficiency 1), the attention efficiencies are the
-    kernel's rates over it, both link levels are the measured gloo point-to-point link."""
-    rates, link = measure(ranks, seconds, rounds)
+    kernel's rates over it, both link levels are the measured gloo point-to-point link.
+    ``progress(text)``: called at each stage (:func:`measure`)."""
+    rates, link = measure(ranks, seconds, rounds, progress=progress)
     peak = rates["matmul"]
     hw = ClusterHW(
         "calibrated", ranks, peak, 1.0, rates["attn_fwd"] / peak, rates["attn_bwd"] / peak, rates["causal_eff"],

@@ -1,12 +1,19 @@
-"""The planner: every feasible strategy and degree choice, ranked by simulated time (pure).
+"""The planner: every feasible strategy and degree choice, ranked by simulated time per token (pure).
+
+``batch`` is the global batch (sequences per step over all replicas), as for ``sim`` and ``burstattn
+train``: every configuration of a plan does the same work per step, so the ranking by time per token
+(the inverse of ``tokens_per_s``) is the ranking by step time; ``dp`` takes only values that divide
+``batch`` (``--batch 1``: no data parallelism, one sequence over all the devices).
 
 :func:`plan` enumerates ``tp`` (a divisor of the GPU count that divides the heads and fits in a
 node), ``cp`` (a divisor of what is left; ``dp`` takes the rest), every strategy that can run at
 those degrees (burst with each schedule, ring, rsa, ulysses, allgather, usp, and Megatron ``tp-v1`` /
-``tp-v3`` at ``cp = 1``), checkpointing ``none | full | remat`` and FSDP on or off (training).
-Configurations over the memory limit are kept in the ranking, after every one that fits, with the
-reason; a configuration that does not fit is never first. :func:`max_seq_len` bisects, per strategy,
-the longest sequence that fits with the most memory-frugal options (full checkpointing, FSDP).
+``tp-v3`` at ``cp = 1``), checkpointing ``none | full | remat`` and FSDP on or off (training); a
+configuration ``burstattn train`` would refuse (:func:`burstattn.train.checks.check_parallel`: the
+model's kv heads, MLP or vocabulary not divisible by ``tp``, a sequence that does not split) is not
+offered. Configurations over the memory limit are kept in the ranking, after every one that fits,
+with the reason; a configuration that does not fit is never first. :func:`max_seq_len` bisects, per
+strategy, the longest sequence that fits with the most memory-frugal options (full checkpointing, FSDP).
 
 Speed: one layer's attention timeline is simulated once per (strategy, degrees, shape) and reused
 by every checkpointing / FSDP / dp variant; the memory model alone is used while bisecting.
@@ -21,6 +28,7 @@ from ..models.blockwise import MLP_TILE, auto_chunks
 from ..models.config import LlamaConfig
 from ..models.offload import OFFLOAD
 from .hardware import ClusterHW
+from .names import seconds, size
 from .step import SimConfig, SimResult, simulate
 
 
@@ -38,14 +46,30 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _options(model: LlamaConfig, gpus: int, hw: ClusterHW, seq_len: int, mode: str):
-    """Every (strategy, options, cp, tp) that can run."""
+def _runs(model: LlamaConfig, seq_len: int, batch: int, strategy: str, opts: dict, dp: int, cp: int,
+          tp: int) -> bool:
+    """Whether ``burstattn train`` can run this configuration (its own checks, no process group)."""
+    from ..train.checks import TRAIN_SCHEDULES, check_parallel
+    from ..train.config import TrainConfig
+
+    schedule = opts.get("schedule", "ring")  # "double": train runs the one-level ring (the plan's note says so)
+    try:
+        check_parallel(TrainConfig(model="plan", seq_len=seq_len, batch=batch, strategy=strategy, dp=dp, cp=cp, tp=tp,
+                                   layout=opts.get("layout"), ulysses_degree=opts.get("ulysses_degree", 0),
+                                   schedule=schedule if schedule in TRAIN_SCHEDULES else "ring"), dp * cp * tp, model)
+    except ValueError:
+        return False
+    return True
+
+
+def _options(model: LlamaConfig, gpus: int, hw: ClusterHW, seq_len: int, mode: str, batch: int = 1):
+    """Every (strategy, options, cp, tp) that can run with ``dp = gpus / (cp tp)`` dividing ``batch``."""
     for tp in _divisors(gpus):
         if tp > hw.devices_per_node or model.n_heads % tp:
             continue
         heads = model.n_heads // tp
         for cp in _divisors(gpus // tp):
-            if cp > 1 and seq_len % (2 * cp):
+            if cp > 1 and seq_len % (2 * cp) or batch % (gpus // (cp * tp)):
                 continue
             if cp == 1:
                 if tp > 1:
@@ -127,7 +151,9 @@ def candidates(model: LlamaConfig, seq_len: int, gpus: int, hw: ClusterHW, mode:
         raise ValueError(f"--gpus must be a positive int, got {gpus!r}")
     out = []
     choices = memory_choices(mode, fixed)
-    for strategy, opts, cp, tp in _options(model, gpus, hw, seq_len, mode):
+    for strategy, opts, cp, tp in _options(model, gpus, hw, seq_len, mode, batch):
+        if not _runs(model, seq_len, batch, strategy, opts, gpus // (cp * tp), cp, tp):
+            continue
         for choice in choices:
             cfg = _sim_config(model, seq_len, hw, strategy, opts, cp, tp, gpus, mode, batch, choice, fixed)
             out.append(Candidate(cfg, simulate(cfg), _label(strategy, opts)))
@@ -135,30 +161,35 @@ def candidates(model: LlamaConfig, seq_len: int, gpus: int, hw: ClusterHW, mode:
 
 
 def _why(c: Candidate, best: Candidate) -> str:
-    r = c.result
+    """Why ``c`` ranks where it does: out of memory, the best, a tie, or the part of the step (exposed
+    communication, idle, compute) that grew most against the best."""
+    r, b = c.result, best.result
     if not r.fits:
-        return (f"out of memory: {r.peak_memory_bytes / 2**30:.1f} GiB > "
-                f"{c.cfg.hw.mem_bytes / 2**30:.1f} GiB per device")
+        return f"out of memory: {size(r.peak_memory_bytes)} > {size(c.cfg.hw.mem_bytes)} per device"
     if c is best:
         return "fastest configuration that fits"
-    slower = r.time_s / best.result.time_s - 1
+    slower = r.time_s / b.time_s - 1
     if slower < 0.01:
         return f"a tie with the best ({slower:+.1%})"
-    if r.exposed_comm_s > max(r.idle_s, 0.25 * r.time_s):
+    grew = {"comm": r.exposed_comm_s - b.exposed_comm_s, "idle": r.idle_s - b.idle_s, "compute": r.compute_s - b.compute_s}
+    part = max(grew, key=grew.get)
+    if part == "comm":
         return f"communication-bound: {r.exposed_comm_s / r.time_s:.0%} of the step is exposed communication " \
                f"({slower:+.0%} vs best)"
-    if r.idle_s > 0.05 * r.time_s:
+    if part == "idle":
         return f"imbalanced: {r.idle_s / r.time_s:.0%} of the step idle ({slower:+.0%} vs best)"
-    return f"more compute: {r.compute_s:.3g} s vs {best.result.compute_s:.3g} s ({slower:+.0%} vs best)"
+    return f"more compute: {seconds(r.compute_s)} vs {seconds(b.compute_s)} ({slower:+.0%} vs best)"
 
 
 def plan(model: LlamaConfig, seq_len: int, gpus: int, hw: ClusterHW, mode: str = "train",
          batch: int = 1, model_name: Optional[str] = None, fixed: MemoryChoice = MemoryChoice()) -> list[dict]:
-    """The ranking: ``[{"strategy", "degrees", "time_s", "peak_memory_bytes", "fits", "why", ...}]``,
-    best first (configurations that fit before those that do not). Per strategy label and degrees
-    only the best checkpointing / FSDP / blockwise / offload choice is listed."""
+    """The ranking: ``[{"strategy", "degrees", "time_s", "tokens_per_s", "peak_memory_bytes", "fits", "why",
+    ...}]``, best first by time per token at the global ``batch`` (configurations that fit before those
+    that do not, those by memory). Per strategy label and degrees only the best checkpointing / FSDP /
+    blockwise / offload choice is listed."""
     cands = candidates(model, seq_len, gpus, hw, mode, batch, fixed)
-    cands.sort(key=lambda c: (not c.result.fits, c.result.time_s if c.result.fits else c.result.peak_memory_bytes))
+    cands.sort(key=lambda c: (not c.result.fits, c.result.time_s / c.cfg.tokens_per_step if c.result.fits
+                              else c.result.peak_memory_bytes))
     seen, rows = set(), []
     best = cands[0] if cands and cands[0].result.fits else None
     for c in cands:
@@ -167,8 +198,8 @@ def plan(model: LlamaConfig, seq_len: int, gpus: int, hw: ClusterHW, mode: str =
             continue
         seen.add(key)
         r = c.result
-        rows.append({"strategy": c.label, "degrees": c.degrees(), "time_s": r.time_s,
-                     "peak_memory_bytes": r.peak_memory_bytes, "fits": r.fits,
+        rows.append({"strategy": c.label, "degrees": c.degrees(), "time_s": r.time_s, "tokens_per_s": r.tokens_per_s,
+                     "tokens_per_step": c.cfg.tokens_per_step, "batch": c.cfg.batch, "peak_memory_bytes": r.peak_memory_bytes, "fits": r.fits,
                      "why": _why(c, best) if best is not None else _why(c, c),
                      "checkpointing": c.cfg.checkpointing, "fsdp": c.cfg.fsdp, "mlp_chunk": c.cfg.mlp_chunk,
                      "loss_chunk": c.cfg.loss_chunk, "offload": c.cfg.offload, "host_memory_bytes": int(r.memory.host),
@@ -178,8 +209,9 @@ def plan(model: LlamaConfig, seq_len: int, gpus: int, hw: ClusterHW, mode: str =
 
 
 def configuration(cfg: SimConfig, model_name: Optional[str] = None) -> dict:
-    """How to run ``cfg`` with this library: ``burstattn.attention(...)`` keywords and the
-    ``burstattn train`` flags (the training command's flags as the training issue names them)."""
+    """How to run ``cfg`` with this library: ``burstattn.attention(...)`` keywords and, for training
+    with a named model, the ``burstattn train`` command (its flags; ``--world-size`` is the GPU count:
+    local processes, or under torchrun equal to its WORLD_SIZE)."""
     strategy = {"tp-v1": "tp", "tp-v3": "tp"}.get(cfg.strategy, cfg.strategy)
     kwargs = {"strategy": strategy, "causal": cfg.causal}
     if cfg.layout:
@@ -189,19 +221,24 @@ def configuration(cfg: SimConfig, model_name: Optional[str] = None) -> dict:
     if cfg.strategy == "usp" and cfg.ulysses_degree:
         kwargs["ulysses_degree"] = cfg.ulysses_degree
         kwargs["ring_degree"] = cfg.cp // cfg.ulysses_degree
-    flags = [f"--model {model_name}" if model_name else "", f"--seq-len {cfg.seq_len}", f"--batch {cfg.batch}",
-             f"--strategy {cfg.strategy}", f"--dp {cfg.dp}", f"--cp {cfg.cp}", f"--tp {cfg.tp}",
+    out = {"attention": f"burstattn.attention(q, k, v, group=cp_group, {', '.join(f'{k}={v!r}' for k, v in kwargs.items())})",
+           "attention_kwargs": kwargs}
+    if cfg.mode != "train" or not model_name:
+        return out
+    flags = [f"--model {model_name}", f"--seq-len {cfg.seq_len}", f"--batch {cfg.batch}", f"--strategy {cfg.strategy}",
+             f"--world-size {cfg.gpus}", f"--dp {cfg.dp}", f"--cp {cfg.cp}", f"--tp {cfg.tp}",
              f"--checkpointing {cfg.checkpointing}", f"--mlp-chunk {cfg.mlp_chunk}", f"--loss-chunk {cfg.loss_chunk}",
              f"--offload {cfg.offload}", "--dtype bfloat16"] + (["--fsdp"] if cfg.fsdp else [])
     if cfg.layout:
         flags.append(f"--layout {cfg.layout}")
+    if cfg.strategy == "burst" and cfg.schedule == "distflash":
+        flags.append("--schedule distflash")
     if cfg.strategy == "usp" and cfg.ulysses_degree:
         flags.append(f"--ulysses-degree {cfg.ulysses_degree}")
-    out = {"attention": f"burstattn.attention(q, k, v, group=cp_group, {', '.join(f'{k}={v!r}' for k, v in kwargs.items())})",
-           "train": "burstattn train " + " ".join(f for f in flags if f), "attention_kwargs": kwargs}
-    if "schedule" in kwargs:
-        out["note"] = (f"schedule={cfg.schedule!r} is an option of burstattn.attention; `burstattn train` has no "
-                       "flag for it (its --strategy burst runs the ring schedule)")
+    out["train"] = "burstattn train " + " ".join(flags)
+    if cfg.strategy == "burst" and cfg.schedule == "double":
+        out["note"] = ("schedule='double' (the two-level ring) needs the node topology: `burstattn train` runs the "
+                       "one-level ring in its place; burstattn.attention(..., schedule='double', topology=...) runs it")
     return out
 
 
@@ -219,9 +256,11 @@ def max_seq_len(model: LlamaConfig, gpus: int, hw: ClusterHW, mode: str = "train
         choices = [c for c in memory_choices(mode, fixed) if c["fsdp"] and c["checkpointing"] != "none"]
     else:
         choices = memory_choices(mode, fixed)
-    for strategy, opts, cp, tp in _options(model, gpus, hw, 2 * granularity * gpus, mode):
+    probe = 2 * granularity * gpus
+    for strategy, opts, cp, tp in _options(model, gpus, hw, probe, mode, batch):
         label = _label(strategy, opts)
-        if (label, cp, tp) in seen or (labels is not None and label not in labels):
+        if (label, cp, tp) in seen or (labels is not None and label not in labels) or \
+                not _runs(model, probe, batch, strategy, opts, gpus // (cp * tp), cp, tp):
             continue
         seen.add((label, cp, tp))
         step = granularity * (2 * cp // _gcd(2 * cp, granularity) if cp > 1 else 1)

@@ -4,7 +4,12 @@
 returns a :class:`SimResult`: time split into compute / exposed communication / idle, peak memory
 per device and whether it fits, and the events of a timeline.
 
-Per layer and device (``tokens = batch * seq_len / cp`` local tokens, weights divided by ``tp``):
+``batch`` is the GLOBAL batch, as for ``burstattn train --batch``: sequences per step over all
+``dp`` data-parallel replicas (it must divide by ``dp``; each replica takes ``batch / dp``), so two
+configurations with the same ``batch`` do the same work and their step times compare directly
+(:attr:`SimResult.tokens_per_s`).
+
+Per layer and device (``tokens = (batch / dp) * seq_len / cp`` local tokens, weights divided by ``tp``):
 
 * projections and MLP: ``2 * tokens * (h*(h + 2 kvd) + h*h + 3*h*f) / tp`` FLOPs forward, twice
   that backward, at the cluster's matmul rate; norms, rotary and residuals at memory bandwidth;
@@ -53,6 +58,7 @@ class SimConfig:
     tp: int = 1
     dp: int = 1
     batch: int = 1
+    """Sequences per step over all data-parallel replicas (``burstattn train --batch``)."""
     layout: Optional[str] = None
     schedule: str = "ring"
     checkpointing: str = "full"
@@ -73,6 +79,16 @@ class SimConfig:
     def gpus(self) -> int:
         return self.dp * self.cp * self.tp
 
+    @property
+    def replica_batch(self) -> int:
+        """Sequences per data-parallel replica: ``batch / dp``."""
+        return self.batch // self.dp
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens one step processes over all devices (decode: one new token per sequence)."""
+        return self.batch * (1 if self.mode == "decode" else self.seq_len)
+
 
 @dataclass
 class SimResult:
@@ -83,6 +99,13 @@ class SimResult:
     memory: mem.Memory
     breakdown: dict = field(default_factory=dict)
     passes: tuple = ()  # (forward Pass, backward Pass or None) of one layer's attention
+    tokens_per_step: int = 0
+    """Tokens of the global batch this step processes (:attr:`SimConfig.tokens_per_step`)."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Throughput of the whole run: ``tokens_per_step / time_s`` (0 without a time)."""
+        return self.tokens_per_step / self.time_s if self.time_s > 0 else 0.0
 
     @property
     def layer_events(self) -> list:
@@ -105,7 +128,7 @@ class SimResult:
 
     def to_dict(self) -> dict:
         return {"time_s": self.time_s, "compute_s": self.compute_s, "exposed_comm_s": self.exposed_comm_s,
-                "idle_s": self.idle_s, "peak_memory_bytes": self.peak_memory_bytes, "fits": self.fits,
+                "idle_s": self.idle_s, "tokens_per_step": self.tokens_per_step, "tokens_per_s": self.tokens_per_s, "peak_memory_bytes": self.peak_memory_bytes, "fits": self.fits,
                 "capacity_bytes": int(self.memory.capacity), "memory": self.memory.to_dict(),
                 "breakdown": {k: float(v) for k, v in self.breakdown.items()}}
 
@@ -128,6 +151,11 @@ def check(cfg: SimConfig) -> None:
         raise ValueError(f"strategy {cfg.strategy!r} is tensor parallelism only: give --tp/--dp, not --cp {cfg.cp}")
     if cfg.cp > 1 and cfg.seq_len % (2 * cfg.cp):
         raise ValueError(f"--seq-len ({cfg.seq_len}) must be divisible by 2 * cp ({2 * cfg.cp})")
+    if cfg.ulysses_degree is not None and cfg.strategy != "usp":
+        raise ValueError(f"--ulysses-degree is an option of --strategy usp, not {cfg.strategy!r}")
+    if cfg.batch % cfg.dp:
+        raise ValueError(f"--batch ({cfg.batch}) must be divisible by --dp ({cfg.dp}): it is the global batch "
+                         "(sequences per step over all data-parallel replicas), as for `burstattn train`")
     for name in ("mlp_chunk", "loss_chunk"):
         check_chunk(f"--{name.replace('_', '-')}", getattr(cfg, name))
     check_offload(cfg.offload, "--offload")
@@ -152,7 +180,7 @@ def simulate(cfg: SimConfig, memory_only: bool = False) -> SimResult:
     Raises ``ValueError`` for bad configurations."""
     check(cfg)
     if memory_only:
-        return SimResult(0.0, 0.0, 0.0, 0.0, memory_model(cfg))
+        return SimResult(0.0, 0.0, 0.0, 0.0, memory_model(cfg), tokens_per_step=cfg.tokens_per_step)
     m, hw = cfg.model, cfg.hw
     e = torch.empty((), dtype=cfg.dtype).element_size()
     tp, cp = cfg.tp, cfg.cp
@@ -168,8 +196,9 @@ def simulate(cfg: SimConfig, memory_only: bool = False) -> SimResult:
     if cfg.strategy == "usp" and cfg.ulysses_degree is None:
         import math
         cfg = dataclasses.replace(cfg, ulysses_degree=math.gcd(cp, m.n_heads // tp, max(1, hw.devices_per_node // tp)))
-    tokens = cfg.batch * cfg.seq_len // cp
-    shape = AttnShape(cfg.batch, cfg.seq_len, m.n_heads // tp, kv_heads, m.head_dim, cfg.dtype, cfg.causal)
+    b = cfg.replica_batch
+    tokens = b * cfg.seq_len // cp
+    shape = AttnShape(b, cfg.seq_len, m.n_heads // tp, kv_heads, m.head_dim, cfg.dtype, cfg.causal)
     fwd, bwd, bmode = _attention(cfg.strategy, shape, hw, cp, tp, cfg.layout, cfg.schedule, cfg.ulysses_degree,
                                  cfg.window)
     mm_f = 2 * tokens * layer_w / hw.matmul_rate
@@ -204,7 +233,7 @@ def simulate(cfg: SimConfig, memory_only: bool = False) -> SimResult:
             ar = net.all_reduce_time(shard_pl, layer_w * e * m.n_layers)
             dp_comm = max(ar / m.n_layers, ar - m.n_layers * (mm_f * 2 + bwd.compute))
     head_f = 2 * tokens * h * m.vocab_size / tp / hw.matmul_rate
-    head = head_f * (4 if cfg.loss_chunk else 3) if train else (2 * cfg.batch * h * m.vocab_size / tp / hw.matmul_rate)
+    head = head_f * (4 if cfg.loss_chunk else 3) if train else (2 * b * h * m.vocab_size / tp / hw.matmul_rate)
     optimizer = (16 * 2 * m.num_params() / tp / (shard_pl.size if cfg.fsdp else 1) / hw.mem_bw) if train else 0.0
     compute = m.n_layers * comp + head + optimizer
     memory = memory_model(cfg, bmode)
@@ -216,7 +245,7 @@ def simulate(cfg: SimConfig, memory_only: bool = False) -> SimResult:
                  "layer_bwd_attn_comm_s": bwd.exposed_comm, "dp_comm_s": dp_comm, "head_s": head,
                  "optimizer_s": optimizer, "offload_exposed_s": offload_s}
     return SimResult(compute + exposed + idle_s, compute, exposed, idle_s, memory, breakdown,
-                     (fwd, bwd if train else None))
+                     (fwd, bwd if train else None), cfg.tokens_per_step)
 
 
 def offload_exposed(host_bytes: float, host_bw: float, *, forward_s: float, backward_s: float) -> float:
@@ -237,20 +266,21 @@ def memory_model(cfg: SimConfig, bwd_mode: Optional[str] = None) -> mem.Memory:
     h, f, kvd = m.dim, m.ffn_dim, m.n_kv_heads * m.head_dim
     train, sp = cfg.mode == "train", cfg.strategy != "tp-v1"
     kv_heads = max(1, m.n_kv_heads // tp)
-    tokens = cfg.batch * cfg.seq_len // cp
+    b = cfg.replica_batch
+    tokens = b * cfg.seq_len // cp
     if bwd_mode is None:
         bwd_mode = "kv" if cfg.strategy in ("ring", "rsa") else plans.choose_backward(
-            batch=cfg.batch, local_seq=cfg.seq_len // cp, world_size=cp, q_heads=m.n_heads // tp, kv_heads=kv_heads,
+            batch=b, local_seq=cfg.seq_len // cp, world_size=cp, q_heads=m.n_heads // tp, kv_heads=kv_heads,
             head_dim=m.head_dim, dtype=cfg.dtype)
     params, grads, opt = mem.state_bytes(m, tp=tp, shards=cfg.dp * cp, fsdp=cfg.fsdp, train=train, e=e)
     if cfg.mode == "decode":
-        cache = mem.kv_cache_bytes(m, batch=cfg.batch, tokens=tokens, tp=tp, e=e)
-        return mem.Memory(params, 0.0, 0.0, cfg.batch * h * 16 * e, 0.0, cache, hw.mem_bytes)
-    call = dict(batch=cfg.batch, local_seq=cfg.seq_len // cp, world=cp, q_heads=m.n_heads // tp, kv_heads=kv_heads,
+        cache = mem.kv_cache_bytes(m, batch=b, tokens=tokens, tp=tp, e=e)
+        return mem.Memory(params, 0.0, 0.0, b * h * 16 * e, 0.0, cache, hw.mem_bytes)
+    call = dict(batch=b, local_seq=cfg.seq_len // cp, world=cp, q_heads=m.n_heads // tp, kv_heads=kv_heads,
                 head_dim=m.head_dim, e=e, schedule=cfg.schedule, bwd_mode=bwd_mode)
     if not train:
         acts = tokens * (4 * h + 2 * (h + 2 * kvd) / tp + 3 * f / tp) * e  # one layer's transient activations
-        cache = mem.kv_cache_bytes(m, batch=cfg.batch, tokens=tokens, tp=tp, e=e)
+        cache = mem.kv_cache_bytes(m, batch=b, tokens=tokens, tp=tp, e=e)
         attn_mem = mem.attention_buffers(cfg.strategy, backward=False, **call)
         return mem.Memory(params, grads, opt, acts, attn_mem, cache, hw.mem_bytes)
     shape = ActivationShape(rows=tokens // tp if (sp and tp > 1) else tokens, attn_rows=tokens, tp=tp, e=e)
@@ -276,20 +306,20 @@ def _decode(cfg: SimConfig, e: int, layer_w: float, kv_heads: int) -> SimResult:
     """One decoding step over a cache of ``seq_len`` tokens split over cp: every layer reads its
     weights and its cache shard at memory bandwidth; cp ranks merge partial (out, LSE) with an
     all-gather, tp ranks all-reduce the activations twice."""
-    m, hw, tp, cp = cfg.model, cfg.hw, cfg.tp, cfg.cp
+    m, hw, tp, cp, b = cfg.model, cfg.hw, cfg.tp, cfg.cp, cfg.replica_batch
     cache_tokens = cfg.seq_len // cp
-    kv_bytes = 2 * cfg.batch * cache_tokens * kv_heads * m.head_dim * e
+    kv_bytes = 2 * b * cache_tokens * kv_heads * m.head_dim * e
     read = (layer_w * e + kv_bytes) / hw.mem_bw + 2 * hw.kernel_overhead_s * 6
-    flops = 2 * cfg.batch * layer_w + 4 * cfg.batch * cache_tokens * m.n_heads / tp * m.head_dim
+    flops = 2 * b * layer_w + 4 * b * cache_tokens * m.n_heads / tp * m.head_dim
     comp = max(read, flops / hw.matmul_rate)
     comm = 0.0
     if cp > 1:
-        comm += net.all_gather_time(net.placement(hw, cp, tp), cfg.batch * m.n_heads / tp * (m.head_dim + 1) * 4)
+        comm += net.all_gather_time(net.placement(hw, cp, tp), b * m.n_heads / tp * (m.head_dim + 1) * 4)
     if tp > 1:
-        comm += 2 * net.all_reduce_time(net.placement(hw, tp, 1), cfg.batch * m.dim * e)
+        comm += 2 * net.all_reduce_time(net.placement(hw, tp, 1), b * m.dim * e)
     head = m.vocab_size * m.dim / tp * e / hw.mem_bw
     memory = memory_model(cfg)
     compute = m.n_layers * comp + head
     exposed = m.n_layers * comm
     return SimResult(compute + exposed, compute, exposed, 0.0, memory,
-                     {"layer_s": comp, "layer_comm_s": comm, "head_s": head})
+                     {"layer_s": comp, "layer_comm_s": comm, "head_s": head}, tokens_per_step=cfg.tokens_per_step)

@@ -7,8 +7,19 @@ from typing import Sequence
 
 def plot_timeline(events: Sequence[tuple], path: str, title: str = "", max_ranks: int = 8) -> str:
     """Write ``events`` (``(phase, rank, kind, start_s, stop_s)``, kind ``compute`` or ``comm``) as a
-    PNG at ``path``: one row per rank, compute blue, communication orange (drawn thinner, below:
-    it overlaps compute when hidden), idle is the white between bars. Returns ``path``."""
+    PNG at ``path`` (:func:`timeline_figure`). Returns ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = timeline_figure(events, title, max_ranks)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # "tight": the legend right of the axes is kept
+    plt.close(fig)
+    return path
+
+
+def timeline_figure(events: Sequence[tuple], title: str = "", max_ranks: int = 8):
+    """The Gantt chart as a matplotlib figure: one row per rank, compute blue, communication orange
+    (drawn thinner, below: it overlaps compute when hidden), idle is the white between bars; the
+    legend right of the axes, clear of the x label whatever the number of ranks."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -34,8 +45,6 @@ def plot_timeline(events: Sequence[tuple], path: str, title: str = "", max_ranks
     ax.set_title(title)
     ax.legend(handles=[Patch(color="#3b75af", label="compute (forward)"), Patch(color="#6a3d9a",
                        label="compute (backward)"), Patch(color="#ef8636", label="communication in flight")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3, fontsize=8, frameon=False)
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig

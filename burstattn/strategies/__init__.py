@@ -14,14 +14,15 @@ import torch.distributed as dist
 
 from ..config import LAYOUTS
 from ..layout import DEFAULT_LAYOUT  # layout=None means this for every strategy, as for shard_sequence
-from .base import MASK_OPTIONS, StrategySpec
+from .base import ENGINE_STRATEGIES, MASK_OPTIONS, MODEL_OPTIONS, StrategySpec
 
 _ALL = LAYOUTS
 STRATEGIES = MappingProxyType({s.name: s for s in (
-    StrategySpec("burst", "burst", _ALL, DEFAULT_LAYOUT, ("backend", "backward", "schedule", "topology") + MASK_OPTIONS,
+    StrategySpec("burst", "burst", _ALL, DEFAULT_LAYOUT,
+                 ("backend", "backward", "schedule", "topology") + MASK_OPTIONS + MODEL_OPTIONS,
                  "BurstAttention: K/V ring forward, query-ring (or K/V-ring) backward, balanced layouts; masks "
                  "skip work and traffic", partitions=True),
-    StrategySpec("ring", "ring", _ALL, DEFAULT_LAYOUT, ("backend",) + MASK_OPTIONS,
+    StrategySpec("ring", "ring", _ALL, DEFAULT_LAYOUT, ("backend",) + MASK_OPTIONS + MODEL_OPTIONS,
                  "RingAttention: K/V ring, K/V/dK/dV backward ring (the paper's layout is contiguous; every "
                  "layout runs exactly)", partitions=True),
     StrategySpec("rsa", "rsa", _ALL, DEFAULT_LAYOUT, ("backend",),
@@ -46,8 +47,10 @@ def _registry_problem(spec, strategy: str, layout, options: dict):
         return ValueError, f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}"
     unknown = sorted(set(options) - set(spec.options))
     if unknown:
+        takers = [s.name for s in STRATEGIES.values() if set(unknown) <= set(s.options)]
+        hint = f"; strategies that take {unknown}: {takers}" if takers else ""
         return ValueError, (f"strategy {strategy!r} does not take option(s) {unknown}; it takes "
-                            f"{list(spec.options)}")
+                            f"{list(spec.options)}{hint}")
     if layout is not None and not isinstance(layout, str):
         if not spec.partitions:
             return ValueError, (f"strategy {strategy!r} takes layout names {list(spec.layouts)}, not a "

@@ -22,12 +22,13 @@ from typing import Optional
 
 import torch
 
-from ..autograd import RingContext, block_calls, refuse_double_backward, without_autocast
+from ..autograd import RingContext, block_calls, call_positions, refuse_double_backward, without_autocast
 from ..comm.collectives import Collectives
 from ..comm.stats import CommStats, active_stats
 from ..config import AttnConfig
 from ..engine.loop import run_plan
 from ..engine.passes import BackwardAccs, ForwardAccs, backward_compute, backward_lse, forward_compute
+from ..kernels.base import row_dot
 from ..engine.plan import local, ops_from_positions
 from ..formulas import accum_dtype, byte_totals, element_size, meta_bytes
 from ..kernels import resolve_backend
@@ -69,8 +70,8 @@ class _AllGatherAttn(torch.autograd.Function):
         kv = _gather_kv(ring, kh, vh, "forward", stats)
         data = {("q", ring.rank): (qh,), **{("kv", j): (kv[j],) for j in range(ring.world_size)}}
         accs = ForwardAccs(qh)
-        res = run_plan(None, _local_plan(ring, cfg, n, plan), data, forward_compute(block_calls(cfg, plan, n, scale)),
-                       accs)
+        calls = block_calls(cfg, plan, call_positions(cfg, ring.world_size, n, n), scale, qh, vh)
+        res = run_plan(None, _local_plan(ring, cfg, n, plan), data, forward_compute(calls), accs)
         out32, lse = res.get(("q", ring.rank)) or accs.empty()
         out = out32.transpose(1, 2).to(q.dtype).contiguous()  # (B, n, Hq, D)
         if any(ctx.needs_input_grad[:3]):
@@ -88,12 +89,12 @@ class _AllGatherAttn(torch.autograd.Function):
         qh, kh, vh, oh, doh = (x.transpose(1, 2) for x in (q, k, v, out, dout.to(q.dtype)))
         n, scale, acc = q.shape[1], cfg.scale_for(q.shape[-1]), accum_dtype(q.dtype)
         kv = _gather_kv(ring, kh, vh, "backward", stats)
-        delta = (doh.to(acc) * oh.to(acc)).sum(-1)  # D = rowsum(dO * O), [B, Hq, n]
+        delta = row_dot(doh, oh, acc)  # D = rowsum(dO * O), [B, Hq, n]
         data = {("q", ring.rank): (qh, doh, torch.stack([backward_lse(lse), delta])),
                 **{("kv", j): (kv[j],) for j in range(ring.world_size)}}
         accs = BackwardAccs(qh, kh)
-        res = run_plan(None, _local_plan(ring, cfg, n, ctx.plan), data,
-                       backward_compute(block_calls(cfg, ctx.plan, n, scale), ring.rank, oh), accs)
+        calls = block_calls(cfg, ctx.plan, call_positions(cfg, ring.world_size, n, n), scale, qh, vh)
+        res = run_plan(None, _local_plan(ring, cfg, n, ctx.plan), data, backward_compute(calls, ring.rank, oh), accs)
         dq = (res.get(("q", ring.rank)) or accs.zeros("q"))[0]
         dkv = torch.zeros(kv.shape, dtype=acc, device=q.device)  # (P, 2, B, Hkv, n, D)
         for j in range(ring.world_size):

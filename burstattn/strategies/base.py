@@ -13,6 +13,35 @@ from ..masks.setup import checked_config
 from ..validate import check_inputs, scale_value
 
 MASK_OPTIONS = ("window", "cu_seqlens", "document_ids", "mask_mod", "mask")
+# the options of today's models (cross-attention, varlen documents of their own, score modifiers,
+# sinks, flash-attn's flags): the engine strategies (burst, ring) take them all
+MODEL_OPTIONS = ("kv_layout", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen", "max_seqlen_q", "max_seqlen_k",
+                 "softcap", "alibi_slopes", "sinks", "dropout_p", "deterministic", "grad_partials")
+ENGINE_STRATEGIES = ("burst", "ring")
+
+
+MASK_ARGS = MASK_OPTIONS + ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen", "max_seqlen_q", "max_seqlen_k")
+
+
+def split_options(options: dict) -> tuple[dict, dict]:
+    """``(mask_args, model_args)`` of an engine strategy's options: what builds the mask, and the
+    rest (``kv_layout``, the score modifiers, flash-attn's flags)."""
+    mask_args = {k: v for k, v in options.items() if k in MASK_ARGS}
+    return mask_args, {k: v for k, v in options.items() if k not in MASK_ARGS}
+
+
+def one_sequence_problem(name: str, q, k, v) -> Optional[tuple[type, str]]:
+    """Why a strategy that needs one sequence and one head size cannot take ``q, k, v``, or ``None``."""
+    import torch
+
+    if not all(isinstance(x, torch.Tensor) and x.dim() == 4 for x in (q, k, v)):
+        return None  # the shared input check reports it
+    if q.shape[1] != k.shape[1] or v.shape[3] != q.shape[3]:
+        return ValueError, (f"strategy {name!r} needs queries and keys of one sequence (q.shape[1] == k.shape[1]) "
+                            f"and one head size for q, k and v, got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                            f"v {tuple(v.shape)}; cross-attention, unequal lengths and a V head size of its own "
+                            f"run on strategy {' or '.join(map(repr, ENGINE_STRATEGIES))}")
+    return None
 
 
 @dataclass(frozen=True)
@@ -60,6 +89,7 @@ def start(name: str, q, k, v, *, group, causal: bool, softmax_scale, layout: str
     ring = ring_context(group)
     cfg = AttnConfig(causal=causal, softmax_scale=scale_value(softmax_scale), layout=layout, backend=backend,
                      backward=backward)
+    extra = extra or one_sequence_problem(name, q, k, v)
     check_inputs(q, k, v, cfg, ring.group, ring.world_size, fn=label(name), extra=extra)
     return ring, cfg
 
@@ -72,5 +102,6 @@ def start_masked(name: str, q, k, v, *, group, causal: bool, softmax_scale, layo
     raises on every rank like any bad input."""
     ring = ring_context(group)
     cfg, plan = checked_config(q, k, v, ring, mask_args or {}, label(name), causal=causal,
-                               softmax_scale=scale_value(softmax_scale), layout=layout, backend=backend)
+                               softmax_scale=scale_value(softmax_scale), layout=layout, backend=backend,
+                               extra=one_sequence_problem(name, q, k, v))
     return ring, cfg, plan

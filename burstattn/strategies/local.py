@@ -62,4 +62,4 @@ def masked_local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cf
     plan = mask_plan(cfg.mask, cfg.causal, n, 1, "contiguous", 0)
     local = replace(cfg, layout="contiguous", backend=resolve_backend(cfg.backend, q.device, q.dtype),
                     backward="burst")
-    return BurstAttnFunction.apply(q, k, v, RingContext(None, 0, 1), local, plan)[0]
+    return BurstAttnFunction.apply(q, k, v, None, None, RingContext(None, 0, 1), local, plan)[0]

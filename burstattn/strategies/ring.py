@@ -9,19 +9,21 @@ from __future__ import annotations
 
 from ..api import attend
 from ..formulas import ring_bytes
-from .base import label
+from .base import label, split_options
 
 
-def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", **mask_args):
-    """``layout`` must be ``"contiguous"`` (checked by the registry). With a mask (``mask_args``)
-    the K/V go only where the mask needs them (the same sparse direct schedule as ``burst``),
-    and the backward still moves K/V and dK/dV."""
+def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", **options):
+    """Every layout runs exactly (the paper's is contiguous). With a mask (``options``) the K/V go
+    only where the mask needs them (the same sparse direct schedule as ``burst``), and the backward
+    still moves K/V and dK/dV; the other options are burst's (cross-attention, score modifiers, sinks)."""
+    mask_args, model_args = split_options(options)
     return attend(label("ring"), q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
-                  backend=backend, backward="kv", mask_args=mask_args)[0]
+                  backend=backend, backward="kv", mask_args=mask_args, **model_args)[0]
 
 
 def bytes_formula(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,
-                  head_dim: int, dtype) -> dict:
+                  head_dim: int, dtype, kv_local_seq=None, v_head_dim=None) -> dict:
     """Bytes each rank sends per call (:func:`burstattn.formulas.ring_bytes` with the K/V-ring backward)."""
     return ring_bytes(batch=batch, local_seq=local_seq, world_size=world_size, q_heads=q_heads,
-                      kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, backward="kv")
+                      kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, backward="kv", kv_local_seq=kv_local_seq,
+                      v_head_dim=v_head_dim)

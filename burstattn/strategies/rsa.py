@@ -35,6 +35,7 @@ from ..config import AttnConfig
 from ..engine.ring import ring_loop
 from ..engine.schedule import ring_plan
 from ..formulas import accum_dtype, byte_totals, element_size, meta_bytes
+from ..kernels.base import row_dot
 from ..layout import local_positions
 from ..comm.trace import active_trace
 from .base import start
@@ -103,7 +104,7 @@ class _RingSelfAttn(torch.autograd.Function):
         n, hkv = q.shape[1], k.shape[2]
         acc, scale = out.dtype, ctx.cfg.scale_for(q.shape[3])
         qg, dog = _grouped(q, hkv, acc), _grouped(dout, hkv, acc)  # (B, Hkv, g, n, D)
-        delta = (dog * out).sum(-1, keepdim=True)  # D = rowsum(dO * O), (B, Hkv, g, n, 1)
+        delta = row_dot(dog, out, acc).unsqueeze(-1)  # D = rowsum(dO * O), (B, Hkv, g, n, 1)
         dq = torch.zeros_like(qg)
 
         def compute(plan, kv):  # kv (2, B, Hkv, n, D) of rank plan.k_rank

@@ -10,6 +10,11 @@ pick-a-port race). Values travel as plain pickles (full copies of tensors, no sh
 handles), so a rank may exit as soon as it has reported. A rank's exception comes back as a
 :class:`RankError` (type names, traceback text) inside a :class:`LocalGroupError`; ``pg_timeout_s``
 bounds every collective, so a vanished peer makes its partners raise instead of hang.
+
+No rank outlives its parent: a rank ignores SIGINT (the parent, which gets Ctrl-C too, stops the
+ranks) and exits with :data:`PARENT_GONE_EXIT` as soon as the process that started it is gone, even
+when that one was killed with SIGKILL (the OOM killer): a daemon thread of each rank waits on
+multiprocessing's parent sentinel, a pipe the parent holds open for as long as it lives.
 """
 from __future__ import annotations
 
@@ -17,6 +22,8 @@ import datetime
 import os
 import pickle
 import queue as queue_mod
+import signal
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -24,10 +31,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from multiprocessing.connection import wait as wait_ready
 
-__all__ = ["run_local", "LocalPool", "LocalGroupError", "RankError"]
+__all__ = ["run_local", "LocalPool", "LocalGroupError", "RankError", "PARENT_GONE_EXIT"]
 
 _POLL_S = 0.05
+PARENT_GONE_EXIT = 75
+"""Exit code of a rank whose parent died (it stops at once, wherever it was)."""
 
 
 @dataclass(frozen=True)
@@ -101,12 +111,35 @@ def _reinit(rank, world_size, port, backend, generation, pg_timeout_s) -> tuple[
         return "err", pickle.dumps(_error_of(rank, exc))
 
 
+def exit_with_parent() -> bool:
+    """In a process started by ``multiprocessing`` (spawn or forkserver): exit with
+    :data:`PARENT_GONE_EXIT` as soon as the parent process dies, however it died. A daemon thread
+    blocks on the parent sentinel (the read end of a pipe whose write end only the parent holds;
+    it reads EOF when the parent is gone), so there is no polling and no Linux-only
+    ``PR_SET_PDEATHSIG`` (which fires when the parent's *thread* exits). Returns False when this
+    process has no multiprocessing parent (nothing to watch)."""
+    parent = mp.parent_process()
+    sentinel = getattr(parent, "sentinel", None)
+    if sentinel is None:
+        return False
+
+    def watch() -> None:
+        wait_ready([sentinel])
+        os._exit(PARENT_GONE_EXIT)
+
+    threading.Thread(target=watch, name="burstattn-parent-watch", daemon=True).start()
+    return True
+
+
 def _worker(rank, world_size, port, backend, threads, pg_timeout_s, tasks, results) -> None:
-    """Process body: set threads, join the group, serve (kind, case_id, payload) messages.
+    """Process body: watch the parent, set threads, join the group, serve (kind, case_id, payload)
+    messages.
 
     Kinds: "run" (payload: pickled fn and args) and "reinit" (payload: the new generation; a
     fresh default group, so no half-finished collective of a failed case leaks forward).
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which stops every rank
+    exit_with_parent()
     torch.set_num_threads(threads)
     status, blob = _reinit(rank, world_size, port, backend, 0, pg_timeout_s)
     results.put((-1, rank, status, blob))  # ready (case -1), or why not
@@ -207,7 +240,9 @@ class LocalPool:
     def __enter__(self) -> "LocalPool":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
+            self._kill()  # Ctrl-C / SIGTERM: the ranks are busy, asking them politely would only wait
         self.close()
 
     def __del__(self) -> None:
@@ -303,5 +338,8 @@ def run_local(fn, world_size: int, *args, backend: str | None = None, threads_pe
                      timeout_s=timeout_s, pg_timeout_s=pg_timeout_s)
     try:
         return pool._run_once(fn, args)
+    except BaseException:  # Ctrl-C, SIGTERM's SystemExit, a failure: stop the ranks now, not politely
+        pool._kill()
+        raise
     finally:
         pool.close()

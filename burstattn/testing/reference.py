@@ -7,7 +7,11 @@ of query rows against the full key/value sequence in O(R N) memory.
 
 Mask semantics (global positions): non-causal, every query sees every key; causal, the query at
 position i sees the keys at positions j <= i. GQA: query head h uses key/value head
-``h // (Hq // Hkv)``.
+``h // (Hq // Hkv)``. Query and key sequences may differ in length (``Nq``, ``Nk``); causal is then
+flash-attn's bottom-right alignment (query i sees keys ``j <= i + Nk - Nq``), and v may have a head
+size of its own. Score modifiers as :class:`burstattn.kernels.ScoreMods` describes them: softcap,
+ALiBi (``-slope * |i + Nk - Nq - j|``), and attention sinks (a logit per query head that joins
+every row's softmax denominator, with no value).
 """
 from __future__ import annotations
 
@@ -21,8 +25,8 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.ndim != 4:
             raise ValueError(f"{name} must be [batch, seq, heads, head_dim], got shape {tuple(t.shape)}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k and v must agree in batch, seq and heads, got {tuple(k.shape)} and {tuple(v.shape)}")
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head_dim")
     if q.shape[2] % k.shape[2] != 0:
@@ -30,8 +34,10 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
     return q.shape[2] // k.shape[2]
 
 
-def _attend(q, k, v, q_pos, k_pos, causal, softmax_scale, visible_mask=None):
-    """Dense attention of q [B, R, Hq, D] at q_pos [R] against k/v [B, N, Hkv, D] at k_pos [N]."""
+def _attend(q, k, v, q_pos, k_pos, causal, softmax_scale, visible_mask=None, softcap=None, alibi_slopes=None,
+            sinks=None):
+    """Dense attention of q [B, R, Hq, D] at q_pos [R] (in the keys' coordinates) against k [B, N, Hkv, D],
+    v [B, N, Hkv, Dv] at k_pos [N]."""
     group = _check(q, k, v)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     q64, k64, v64 = q.double(), k.double(), v.double()
@@ -39,11 +45,21 @@ def _attend(q, k, v, q_pos, k_pos, causal, softmax_scale, visible_mask=None):
     k64 = k64.repeat_interleave(group, dim=2)
     v64 = v64.repeat_interleave(group, dim=2)
     scores = torch.einsum("brhd,bnhd->bhrn", q64, k64) * scale  # (B, Hq, R, N)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.double().reshape(-1, q.shape[2], 1, 1)  # [B or 1, Hq, 1, 1]
+        dist = (q_pos.to(k_pos.device)[:, None] - k_pos[None, :]).abs().double()  # (R, N)
+        scores = scores - slopes.to(scores.device) * dist
     if causal:
         visible = q_pos.to(k_pos.device)[:, None] >= k_pos[None, :]  # (R, N)
         scores = scores.masked_fill(~visible, float("-inf"))
     if visible_mask is not None:
         scores = scores.masked_fill(~visible_mask.to(scores.device), float("-inf"))
+    if sinks is not None:  # a column per head with the sink logit and no value
+        sink = sinks.double().reshape(1, -1, 1, 1).expand(scores.shape[0], -1, scores.shape[2], 1)
+        scores = torch.cat([scores, sink.to(scores.device)], dim=-1)
+        v64 = torch.cat([v64, v64.new_zeros(v64.shape[0], 1, *v64.shape[2:])], dim=1)
     lse = torch.logsumexp(scores, dim=-1)  # (B, Hq, R); -inf for a row that sees no key
     # rows that see no key get probability 0 everywhere (output 0), not NaN
     safe_lse = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
@@ -53,28 +69,34 @@ def _attend(q, k, v, q_pos, k_pos, causal, softmax_scale, visible_mask=None):
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                        softmax_scale: float | None = None,
-                        mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact attention over the full sequence, in float64.
+                        softmax_scale: float | None = None, mask: torch.Tensor | None = None,
+                        softcap: float | None = None, alibi_slopes: torch.Tensor | None = None,
+                        sinks: torch.Tensor | None = None,
+                        q_positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact attention over the full sequences, in float64.
 
     Args:
-        q: [B, N, Hq, D]; k, v: [B, N, Hkv, D] with Hq % Hkv == 0. Any floating dtype.
-        causal: query i sees keys j <= i.
+        q: [B, Nq, Hq, D]; k: [B, Nk, Hkv, D], v: [B, Nk, Hkv, Dv] with Hq % Hkv == 0. Any floating dtype.
+        causal: query i sees keys j <= i + Nk - Nq (bottom-right aligned, as flash-attn).
         softmax_scale: defaults to D ** -0.5.
-        mask: optional bool [N, N] (True: query i may see key j), ANDed with ``causal``; e.g.
+        mask: optional bool [Nq, Nk] (True: query i may see key j), ANDed with ``causal``; e.g.
             ``AttnMask.dense(arange(N), arange(N), N, causal)``.
+        softcap, alibi_slopes ([Hq] or [B, Hq]), sinks ([Hq]): see the module docstring.
+        q_positions: the queries' positions in the keys' coordinates ([Nq], for ``causal`` and ALiBi;
+            default ``arange(Nq) + Nk - Nq``; packed documents align per document).
 
     Returns:
-        out [B, N, Hq, D] float64 and lse [B, Hq, N] float64 (log-sum-exp of the scaled scores;
-        a row that sees no key: output 0, LSE -inf).
+        out [B, Nq, Hq, Dv] float64 and lse [B, Hq, Nq] float64 (log-sum-exp of the modified scores,
+        sinks included; a row that sees no key: output 0, LSE -inf, or the sink's logit).
 
     Raises:
         ValueError: on shapes that do not fit together.
     """
-    if q.ndim == 4 and k.ndim == 4 and q.shape[1] != k.shape[1]:
-        raise ValueError(f"q and k must have the same sequence length, got {q.shape[1]} and {k.shape[1]}")
-    pos = torch.arange(k.shape[1] if k.ndim == 4 else 0, device=k.device)
-    return _attend(q, k, v, pos, pos, causal, softmax_scale, mask)
+    nk = k.shape[1] if k.ndim == 4 else 0
+    nq = q.shape[1] if q.ndim == 4 else 0
+    k_pos = torch.arange(nk, device=k.device)
+    q_pos = torch.arange(nq, device=k.device) + nk - nq if q_positions is None else q_positions.to(k.device)
+    return _attend(q, k, v, q_pos, k_pos, causal, softmax_scale, mask, softcap, alibi_slopes, sinks)
 
 
 def reference_rows(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_positions: torch.Tensor, *,

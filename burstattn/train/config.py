@@ -6,10 +6,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from ..models.config import check_chunk
-from ..models.offload import check_offload
-
-DTYPES = ("float32", "bfloat16", "float16")
+from ..config import LOW_DTYPES as DTYPES  # names only: no torch at import
+OFFLOAD = ("none", "inputs", "all")  # burstattn.models.offload.OFFLOAD (names only; kept equal by a test)
 DATA_FORMATS = ("auto", "uint16", "uint32", "text")
 TARGETS = ("all", "answer")
 
@@ -20,6 +18,9 @@ class TrainConfig:
 
     model: str = "tiny"
     """Model preset name (``burstattn.models.PRESETS``)."""
+    vocab_size: Optional[int] = None
+    """Token ids of the model (``None``: the preset's; the small presets have 256, the byte-level
+    tokenizer's): set it to a tokenizer's vocabulary to train on its ``--data`` token file."""
     seq_len: int = 256
     """Tokens per global sequence (split over the ``cp`` ranks)."""
     batch: int = 2
@@ -46,6 +47,10 @@ class TrainConfig:
     """Sequence layout over ``cp`` (``None``: the strategy's default)."""
     backend: str = "auto"
     """Local attention kernel (``burstattn.attention``'s ``backend``)."""
+    schedule: str = "ring"
+    """``burst`` only: ``ring`` or ``distflash`` (DistFlashAttn's load-balanced causal schedule over the
+    contiguous layout, the default layout with it). ``double`` needs a node topology the job does
+    not build: ``burstattn.attention(..., schedule="double", topology=...)``."""
     ulysses_degree: int = 0
     """``usp`` only: Ulysses ranks inside each ring group (0: the largest that divides cp and the heads)."""
     dp: Optional[int] = None
@@ -91,7 +96,11 @@ class TrainConfig:
     keep: int = 3
     """Keep the newest this many checkpoints."""
     resume: bool = False
-    """Continue from the newest complete checkpoint in ``ckpt_dir``."""
+    """Continue from the newest checkpoint in ``ckpt_dir`` that loads (damaged ones are skipped, with
+    the reason); ``ckpt_dir`` must exist."""
+    allow_changes: bool = False
+    """With ``resume``: accept a run whose data or optimisation settings (seed, lr, batch, ...)
+    differ from the checkpoint's (warned; the new values apply); without it they are refused."""
     metrics: Optional[str] = None
     """JSON-lines file: one object per step (``step, loss, tokens_per_s, peak_mem_bytes, lr`` ...)."""
     log_every: int = 1
@@ -108,9 +117,12 @@ class TrainConfig:
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {getattr(self, name)!r}")
         for name in ("mlp_chunk", "loss_chunk"):
-            if getattr(self, name) is not None:
-                check_chunk(f"{name} (--{name.replace('_', '-')})", getattr(self, name))
-        check_offload(self.offload, "offload (--offload)")
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"{name} (--{name.replace('_', '-')}) must be a non-negative int (tokens per chunk, "
+                                 f"0: the whole local sequence), got {value!r}")
+        if self.offload not in OFFLOAD:
+            raise ValueError(f"offload (--offload) must be one of {OFFLOAD}, got {self.offload!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.data_format not in DATA_FORMATS:
@@ -125,6 +137,9 @@ class TrainConfig:
             raise ValueError(f"lr must be positive, got {self.lr!r}")
         if self.resume and not self.ckpt_dir:
             raise ValueError("resume needs ckpt_dir")
+        if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or isinstance(self.vocab_size, bool)
+                                            or self.vocab_size < 1):
+            raise ValueError(f"vocab_size must be a positive int, got {self.vocab_size!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

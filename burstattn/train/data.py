@@ -93,21 +93,13 @@ class FileData:
     """
 
     def __init__(self, path: str, fmt: str, seed: int, batch: int, seq_len: int) -> None:
-        p = Path(path)
-        if not p.is_file():
-            raise ValueError(f"--data: no such file {path!r}")
-        fmt = self.guess_format(p) if fmt == "auto" else fmt
+        p, fmt = _token_file(path, fmt)
         raw = p.read_bytes()
         if fmt == "text":
             self.ids = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(torch.int64)
-        elif fmt in ("uint16", "uint32"):
-            width = 2 if fmt == "uint16" else 4
-            if len(raw) % width:
-                raise ValueError(f"--data: {path!r} has {len(raw)} bytes, not a multiple of {width} ({fmt})")
+        else:
             dtype = torch.uint16 if fmt == "uint16" else torch.uint32
             self.ids = torch.frombuffer(bytearray(raw), dtype=dtype).to(torch.int64)
-        else:
-            raise ValueError(f"--data-format must be auto, uint16, uint32 or text, got {fmt!r}")
         if len(self.ids) < seq_len:
             raise ValueError(f"--data: {path!r} holds {len(self.ids)} tokens, fewer than seq_len {seq_len}")
         self.format, self.seed, self.batch_size, self.seq_len = fmt, seed, batch, seq_len
@@ -118,14 +110,42 @@ class FileData:
             return "text"
         return "uint32" if path.suffix in (".u32", ".uint32") else "uint16"
 
-    def max_id(self) -> int:
-        return int(self.ids.max())
-
     def batch(self, step: int) -> Batch:
         gen = _generator(self.seed, step)
         starts = torch.randint(0, len(self.ids) - self.seq_len + 1, (self.batch_size,), generator=gen)
         tokens = torch.stack([self.ids[s:s + self.seq_len] for s in starts.tolist()])
         return Batch(tokens, torch.zeros_like(tokens, dtype=torch.bool))
+
+
+WIDTHS = {"text": 1, "uint16": 2, "uint32": 4}
+
+
+def _token_file(path: str, fmt: str) -> tuple[Path, str]:
+    """The file and its format (``auto`` resolved); ``ValueError`` naming ``--data`` / ``--data-format``
+    for a missing file, an unknown format or a length that is not a whole number of ids."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"--data: no such file {path!r}")
+    fmt = FileData.guess_format(p) if fmt == "auto" else fmt
+    if fmt not in WIDTHS:
+        raise ValueError(f"--data-format must be auto, uint16, uint32 or text, got {fmt!r}")
+    size = p.stat().st_size
+    if size % WIDTHS[fmt]:
+        raise ValueError(f"--data: {path!r} has {size} bytes, not a multiple of {WIDTHS[fmt]} ({fmt})")
+    return p, fmt
+
+
+def scan_tokens(path: str, fmt: str = "auto") -> tuple[int, int]:
+    """``(tokens, largest id)`` of a token file, read through a memory map in chunks (no copy of the
+    file in memory). Raises ``ValueError`` as :class:`FileData` does."""
+    import numpy as np
+
+    p, fmt = _token_file(path, fmt)
+    ids = np.memmap(p, dtype={"text": np.uint8, "uint16": np.uint16, "uint32": np.uint32}[fmt], mode="r") \
+        if p.stat().st_size else np.zeros(0, np.uint8)
+    chunk = 1 << 24
+    largest = max((int(ids[i:i + chunk].max()) for i in range(0, len(ids), chunk)), default=-1)
+    return len(ids), largest
 
 
 def make_data(data: Optional[str], fmt: str, seed: int, batch: int, seq_len: int):

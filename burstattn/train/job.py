@@ -14,16 +14,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from ..models import AttnCall, Llama, auto_chunks, preset
+from ..config import torch_dtype
+from ..models import AttnCall, Llama, auto_chunks
 from ..models.offload import offload_problem, offloaded_bytes
-from ..parallel import (IGNORE, TP_STRATEGIES, ParallelDims, apply_fsdp, apply_tp, build_mesh, cp_attention,
-                        default_layout, flat_mesh, mixed_precision, resolve_dims, shard_positions, shift_labels,
-                        tp_problem, usp_mesh)
-from ..strategies import STRATEGIES
+from ..parallel import (IGNORE, ParallelDims, apply_fsdp, apply_tp, build_mesh, cp_attention, flat_mesh,
+                        mixed_precision, shard_positions, shift_labels, usp_mesh)
+from .checks import check_config, model_config
 from .config import TrainConfig
 from .data import make_data
 
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -63,29 +62,6 @@ def lr_lambda(cfg: TrainConfig):
     return factor
 
 
-def choose_ulysses(cp: int, heads: int, given: int) -> int:
-    """USP's Ulysses degree: ``given``, or the largest divisor of ``cp`` that divides ``heads``."""
-    if given:
-        return given
-    return max(u for u in range(1, cp + 1) if cp % u == 0 and heads % u == 0)
-
-
-def check_job(cfg: TrainConfig, dims: ParallelDims, strategy: str, layout: str, variant: str) -> None:
-    """Raise ``ValueError`` (the same on every rank: it reads only the config) for bad combinations."""
-    spec = STRATEGIES[strategy]
-    if layout not in spec.layouts:
-        raise ValueError(f"strategy {strategy!r} supports layout(s) {list(spec.layouts)}, got {layout!r}")
-    if cfg.batch % dims.dp:
-        raise ValueError(f"batch ({cfg.batch}) must be divisible by dp ({dims.dp})")
-    mcfg = preset(cfg.model)
-    if dims.tp > 1:
-        problem = tp_problem(mcfg, dims.tp, cfg.seq_len // dims.cp, variant)
-        if problem:
-            raise ValueError(problem)
-    if cfg.dtype == "float16" and _device_type() == "cpu":
-        raise ValueError("dtype float16 needs a GPU (use bfloat16 on CPU)")
-
-
 def local_rows(cfg: TrainConfig, dims: ParallelDims, variant: str) -> int:
     """Rows of the residual stream one rank holds per sequence: ``seq_len / cp``, and ``/ tp`` with
     Megatron-V3's sequence parallelism."""
@@ -93,9 +69,8 @@ def local_rows(cfg: TrainConfig, dims: ParallelDims, variant: str) -> int:
     return rows // dims.tp if dims.tp > 1 and variant == "v3" else rows
 
 
-def model_config(cfg: TrainConfig, dims: ParallelDims, variant: str):
-    """The preset with the run's blockwise chunks (``None`` resolved by :func:`~burstattn.models.auto_chunks`)."""
-    mcfg = preset(cfg.model)
+def with_chunks(mcfg, cfg: TrainConfig, dims: ParallelDims, variant: str):
+    """``mcfg`` with the run's blockwise chunks (``None`` resolved by :func:`~burstattn.models.auto_chunks`)."""
     auto_mlp, auto_loss = auto_chunks(mcfg.dim, mcfg.vocab_size, local_rows(cfg, dims, variant))
     return mcfg.with_overrides(mlp_chunk=auto_mlp if cfg.mlp_chunk is None else cfg.mlp_chunk,
                                loss_chunk=auto_loss if cfg.loss_chunk is None else cfg.loss_chunk)
@@ -116,7 +91,7 @@ def check_host_memory(cfg: TrainConfig, dims: ParallelDims, variant: str, mcfg, 
     rows = local_rows(cfg, dims, variant)
     need = offloaded_bytes(mcfg, batch=cfg.batch // dims.dp, rows=rows, attn_rows=cfg.seq_len // dims.cp,
                            heads=mcfg.n_heads // dims.tp, checkpointing=cfg.checkpointing, mode=cfg.offload,
-                           element_size=TORCH_DTYPES[cfg.dtype].itemsize)
+                           element_size=torch_dtype(cfg.dtype).itemsize)
     problem = offload_problem(cfg.offload, need, float(share))
     if problem:
         raise ValueError(problem)
@@ -142,31 +117,30 @@ def build_job(cfg: TrainConfig) -> Job:
     """The job of ``cfg`` on this rank (every rank of the default group must call it).
 
     Raises:
-        ValueError: on every rank, for degrees, layouts, batch or model shapes that do not fit.
+        ValueError: on every rank, for degrees, layouts, batch or model shapes that do not fit
+            (:func:`~burstattn.train.checks.check_config`).
     """
     if not dist.is_initialized():
         raise ValueError("build_job: torch.distributed is not initialized (use burstattn.testing.launch or torchrun)")
-    dims = resolve_dims(dist.get_world_size(), cfg.strategy, cfg.dp, cfg.cp, cfg.tp)
-    attn_strategy = "burst" if cfg.strategy in TP_STRATEGIES else cfg.strategy
-    variant = cfg.strategy[3:] if cfg.strategy in TP_STRATEGIES else cfg.tp_variant
-    layout = cfg.layout or default_layout(attn_strategy)
-    check_job(cfg, dims, attn_strategy, layout, variant)
     device_type = _device_type()
+    plan = check_config(cfg, dist.get_world_size(), device_type)
+    dims, attn_strategy, variant, layout, ulysses = plan.dims, plan.strategy, plan.variant, plan.layout, plan.ulysses
     device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
     mesh = build_mesh(dims, device_type)
-    mcfg = model_config(cfg, dims, variant)
+    mcfg = with_chunks(model_config(cfg), cfg, dims, variant)
     check_host_memory(cfg, dims, variant, mcfg, device)
     d, c, _ = dims.coords(dist.get_rank())
-    ulysses = choose_ulysses(dims.cp, mcfg.n_heads // dims.tp, cfg.ulysses_degree) if attn_strategy == "usp" else 1
     grid = usp_mesh(dims, ulysses, device_type)["ring", "ulysses"] if attn_strategy == "usp" else None
-    attn = cp_attention(attn_strategy, mesh.get_group("cp"), layout, backend=cfg.backend, usp_mesh=grid)
+    options = {"schedule": cfg.schedule} if cfg.schedule != "ring" else None
+    attn = cp_attention(attn_strategy, mesh.get_group("cp"), layout, backend=cfg.backend, usp_mesh=grid,
+                        options=options)
     positions = shard_positions(cfg.seq_len, strategy=attn_strategy, layout=layout, cp_rank=c, cp_size=dims.cp,
                                 ulysses_degree=ulysses)
     torch.manual_seed(cfg.seed)
     model = Llama(mcfg, attn=attn, checkpointing=cfg.checkpointing, offload=cfg.offload).to(device)
     if dims.tp > 1:
         apply_tp(model, mesh["tp"], variant)
-    dtype = TORCH_DTYPES[cfg.dtype]
+    dtype = torch_dtype(cfg.dtype)
     replica_mesh = flat_mesh(mesh, ("dp", "cp"))
     if cfg.fsdp:
         apply_fsdp(model, replica_mesh, zero=cfg.zero, mp_policy=mixed_precision(dtype))
@@ -177,9 +151,6 @@ def build_job(cfg: TrainConfig) -> Job:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     b = cfg.batch // dims.dp
     data = make_data(cfg.data, cfg.data_format, cfg.seed, cfg.batch, cfg.seq_len)
-    if cfg.data and data.max_id() >= mcfg.vocab_size:
-        raise ValueError(f"--data holds token id {data.max_id()} but model {cfg.model!r} has vocab_size "
-                         f"{mcfg.vocab_size}")
     return Job(cfg, dims, mesh, model, optimizer, scheduler, attn, positions.to(device), slice(d * b, (d + 1) * b),
                replica_mesh.get_group(), data, device, attn_strategy, variant, layout)
 

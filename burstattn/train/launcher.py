@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ..testing.launch import run_local
+from .checks import check_config
 from .config import TrainConfig
 from .loop import train
 
@@ -26,9 +27,11 @@ def _rank_main(rank: int, world: int, cfg: TrainConfig, progress: bool) -> list[
 
 
 def run_torchrun(cfg: TrainConfig, progress: bool = True) -> list[dict]:
-    """Join the torchrun job's group (NCCL with one GPU per local rank, else gloo), train, leave."""
+    """Check ``cfg`` (before joining: a bad flag makes every worker exit at once), join the torchrun
+    job's group (NCCL with one GPU per local rank, else gloo), train, leave."""
     local_rank = int(os.environ["LOCAL_RANK"])
     backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > local_rank else "gloo"
+    check_config(cfg, int(os.environ["WORLD_SIZE"]), "cuda" if backend == "nccl" else "cpu")
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.pg_timeout_s))
@@ -41,10 +44,12 @@ def run_torchrun(cfg: TrainConfig, progress: bool = True) -> list[dict]:
 def run_training(cfg: TrainConfig, world_size: Optional[int] = None, *, threads_per_rank: int = 1,
                  progress: bool = True, environ: Optional[Mapping[str, str]] = None) -> list[dict]:
     """Train ``cfg`` under torchrun when its environment is present, else on ``world_size`` (default 1)
-    local processes. Returns rank 0's metrics records.
+    local processes. The configuration is checked (:func:`~burstattn.train.checks.check_config`)
+    before any rank starts. Returns rank 0's metrics records.
 
     Raises:
-        ValueError: ``world_size`` given under torchrun with another value, or not positive.
+        ValueError: a bad configuration; ``world_size`` given under torchrun with another value, or
+            not positive.
         burstattn.testing.launch.LocalGroupError: a local rank failed (its traceback inside).
     """
     environ = os.environ if environ is None else environ
@@ -55,5 +60,7 @@ def run_training(cfg: TrainConfig, world_size: Optional[int] = None, *, threads_
     world_size = 1 if world_size is None else world_size
     if world_size < 1:
         raise ValueError(f"--world-size must be positive, got {world_size}")
+    gpus = torch.cuda.is_available() and torch.cuda.device_count() >= world_size  # LocalPool's choice of nccl
+    check_config(cfg, world_size, "cuda" if gpus else "cpu")
     return run_local(_rank_main, world_size, cfg, progress, threads_per_rank=threads_per_rank,
                      timeout_s=RUN_FOREVER_S, pg_timeout_s=cfg.pg_timeout_s)[0]

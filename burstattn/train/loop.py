@@ -1,13 +1,17 @@
 """The training loop behind ``burstattn train``: resume, steps, metrics (JSON lines), progress,
 checkpoints, and a clear error when a peer dies.
 
-Runs on every rank of an initialised process group; only rank 0 prints and writes metrics.
+Runs on every rank of an initialised process group; only rank 0 prints and writes metrics. What a
+resume did (the checkpoint, the ones skipped and why, warnings) is said in one line each, on
+stderr; a resumed run's ``--metrics`` file keeps the lines up to the resumed step and goes on
+from there (no step twice).
 """
 from __future__ import annotations
 
 import json
 import os
 import resource
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -15,10 +19,11 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from .checkpoint import resume, save_checkpoint
+from .checkpoint import save_checkpoint
 from .config import TrainConfig
 from .job import Job, build_job
 from .progress import Progress
+from .resume import resume
 from .step import StepResult, train_step
 
 
@@ -29,11 +34,13 @@ class TrainingError(RuntimeError):
 @dataclass(frozen=True)
 class Hooks:
     """Optional callbacks (benchmarks, fault tests): ``storage_writer(step) -> DCP writer or None``,
-    ``before_step(job, step)``, ``memory_probe(fn) -> (result, peak_bytes)`` around one step."""
+    ``before_step(job, step)``, ``memory_probe(fn) -> (result, peak_bytes)`` around one step,
+    ``log(line)`` on rank 0 for each line the run says (default: ``burstattn train: LINE`` on stderr)."""
 
     storage_writer: Optional[Callable] = None
     before_step: Optional[Callable] = None
     memory_probe: Optional[Callable] = None
+    log: Optional[Callable] = None
 
 
 def rss_bytes() -> int:
@@ -74,6 +81,34 @@ def record(job: Job, result: StepResult, step: int, seconds: float, peak: int, m
                 targets=job.cfg.targets)
 
 
+def _say(line: str) -> None:
+    print(f"burstattn train: {line}", file=sys.stderr, flush=True)
+
+
+def trim_metrics(path: str, step: int) -> int:
+    """Keep the lines of the JSON-lines file ``path`` up to ``step`` (a resumed run writes the later
+    steps again; a line cut short by a kill is dropped too); rewritten through a temporary file and
+    a rename. Returns the number of lines dropped."""
+    if not os.path.isfile(path):
+        return 0
+    kept, dropped = [], 0
+    with open(path) as f:
+        for line in f:
+            try:
+                ok = int(json.loads(line)["step"]) <= step
+            except (ValueError, KeyError, TypeError):
+                ok = False
+            if ok:
+                kept.append(line if line.endswith("\n") else line + "\n")
+            else:
+                dropped += 1
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
+    return dropped
+
+
 def _guarded_step(job: Job, step: int, hooks: Hooks) -> tuple[StepResult, Optional[int]]:
     try:
         if hooks.memory_probe is not None:
@@ -89,14 +124,26 @@ def train(cfg: TrainConfig, *, hooks: Hooks = Hooks(), progress: bool = True) ->
     """Train per ``cfg`` on this rank; returns the metrics records (every rank gets the same).
 
     Raises:
-        ValueError: bad configuration (on every rank).
+        ValueError: bad configuration (on every rank); :class:`~burstattn.train.resume.ResumeError`:
+            ``--resume`` cannot continue (on every rank, naming the directory).
         TrainingError: a peer died or a collective timed out.
     """
     job = build_job(cfg)
-    start = resume(job, cfg.ckpt_dir) if cfg.resume else 0
-    show = progress and dist.get_rank() == 0
+    lead = dist.get_rank() == 0
+    say = (hooks.log or _say) if lead else (lambda line: None)
+    start = 0
+    if cfg.resume:
+        resumed = resume(job, cfg.ckpt_dir)
+        start = resumed.step
+        for line in resumed.lines():
+            say(line)
+    if lead and cfg.metrics and start:
+        dropped = trim_metrics(cfg.metrics, start)
+        if dropped:
+            say(f"--metrics {cfg.metrics}: dropped {dropped} line(s) past step {start} (they are trained again)")
+    show = progress and lead
     records: list[dict] = []
-    metrics = open(cfg.metrics, "a" if start else "w") if cfg.metrics and dist.get_rank() == 0 else None
+    metrics = open(cfg.metrics, "a" if start else "w") if cfg.metrics and lead else None
     try:
         with Progress(cfg.steps, start, enabled=show) as bar:
             for step in range(start, cfg.steps):

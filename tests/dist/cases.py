@@ -165,8 +165,8 @@ def vanish(rank: int, world: int, when: str) -> str:
     if rank == 1 and when == "before":
         os._exit(17)
     if rank == 1 and when == "mid":
-        from burstattn.kernels.plain import ReferenceKernel
-        real, calls = ReferenceKernel.forward, []
+        from burstattn.kernels.plain import PlainKernel
+        real, calls = PlainKernel.forward, []
 
         def dying(self, *a, **kw):
             calls.append(1)
@@ -174,7 +174,7 @@ def vanish(rank: int, world: int, when: str) -> str:
                 os._exit(17)
             return real(self, *a, **kw)
 
-        ReferenceKernel.forward = dying  # only in this rank's process
+        PlainKernel.forward = dying  # only in this rank's process
     out = burstattn.burst_attn_func(q, k, v, causal=True, layout="zigzag", backend="reference")
     out.backward(dout)
     return "finished"

@@ -28,9 +28,10 @@ class HfCase:
     batch: int = 2
     new_tokens: int = 6
     seed: int = 0
+    options: tuple = ()  # the strategy's own options, as (name, value) pairs
 
     def id(self) -> str:
-        return f"{self.kind}-w{self.world}-{self.strategy}-{self.layout}-n{self.seq}"
+        return f"{self.kind}-w{self.world}-{self.strategy}-{self.layout}-n{self.seq}{dict(self.options) or ''}"
 
 
 def build(kind: str, seed: int = 0):
@@ -60,7 +61,7 @@ def _layout(case: HfCase) -> str:
 def train_and_generate(rank: int, world: int, case: HfCase) -> dict:
     """Loss, logits and gradients of a sequence-parallel forward/backward, and greedy generation over a
     ShardedCache, each against the eager single-process model; plus the decode bytes and shard sizes."""
-    bhf.register(strategy=case.strategy, layout=case.layout, backend="reference")
+    bhf.register(strategy=case.strategy, layout=case.layout, backend="reference", **dict(case.options))
     model = build(case.kind, case.seed)
     ids = _tokens(case)
     model.set_attn_implementation("eager")
@@ -80,12 +81,13 @@ def train_and_generate(rank: int, world: int, case: HfCase) -> dict:
     grad_err = max(float((p.grad - ref_grads[name]).abs().max()) for name, p in model.named_parameters())
     cache = bhf.ShardedCache()
     with burstattn.comm_stats() as stats, torch.no_grad():
-        tokens = model.generate(prompt, max_new_tokens=case.new_tokens, do_sample=False, past_key_values=cache)
+        tokens = model.generate(prompt, max_new_tokens=case.new_tokens, do_sample=False, **bhf.cache_kwargs(model, cache))
     return dict(loss_err=float((out.loss.detach() - ref.loss.detach()).abs()),
                 logits_err=float((logits - ref.logits.detach()).abs().max()), grad_err=grad_err,
                 tokens=tokens, ref_tokens=ref_tokens, decode_sent=stats.sent(op="decode"),
                 shard_len=int(cache.layers[0].keys.shape[-2]), total=cache.get_seq_length(),
-                other_ops=sorted(op for phase in stats.as_dict().values() for op in phase if op != "decode"))
+                agree_sent=stats.sent(op="agree"),
+                other_ops=sorted(op for phase in stats.as_dict().values() for op in phase if op not in ("decode", "agree")))
 
 
 def padding_refused(rank: int, world: int, masked_rank: int) -> str:
@@ -119,5 +121,5 @@ def save_load_generate(rank: int, world: int, directory: str) -> dict:
     ref = tf.AutoModelForCausalLM.from_pretrained(directory, attn_implementation="eager", dtype=torch.float32)
     ref_tokens = ref.generate(prompt, max_new_tokens=5, do_sample=False)
     model = tf.AutoModelForCausalLM.from_pretrained(directory, attn_implementation="burst", dtype=torch.float32)
-    tokens = model.generate(prompt, max_new_tokens=5, do_sample=False, past_key_values=bhf.ShardedCache())
+    tokens = model.generate(prompt, max_new_tokens=5, do_sample=False, **bhf.cache_kwargs(model, bhf.ShardedCache()))
     return dict(tokens=tokens, ref_tokens=ref_tokens, impl=model.config._attn_implementation)

@@ -2,8 +2,9 @@
 
 Every rank builds the same full random q/k/v/grad_out from a seed and shards them with
 shard_sequence; the parent reassembles out, lse, dq, dk, dv from the ranks and compares with
-reference_attention (autograd in float64). Relative Frobenius error <= 1e-5 (float32),
-<= 2e-2 (bfloat16).
+reference_attention (autograd in float64), by the tolerance rule of tests/helpers.py: relative
+Frobenius error <= 1e-5 (float32); bfloat16 within flash-attn's rule (2x / 3x the error of a plain
+bfloat16 PyTorch attention against a float32 truth).
 
 The grid is not the Cartesian product: worlds 2 and 3 cover every pair of factor values
 (a greedy pairwise design); worlds 2, 3, 4 and 8 also run every (causal, layout, backward)
@@ -18,7 +19,7 @@ import pytest
 import torch
 
 from tests.dist import cases
-from tests.helpers import TOL, Case, assemble, reference_results, rel_err
+from tests.helpers import Case, assemble, reference_results, tolerance_failures
 
 FACTORS = {
     "causal": [False, True],
@@ -96,9 +97,8 @@ def check_against_reference(pool, case: Case) -> None:
                dq=assemble(case, [r["dq"] for r in results], 1),
                dk=assemble(case, [r["dk"] for r in results], 1),
                dv=assemble(case, [r["dv"] for r in results], 1))
-    errors = {name: rel_err(got[name], ref[name]) for name in got}
-    tol = TOL[case.dtype]
-    assert all(err <= tol for err in errors.values()), f"{case.id()}: relative errors {errors} > {tol}"
+    bad = tolerance_failures(case, got, ref)
+    assert not bad, f"{case.id()}: (error, bound) {bad}"
     dtype = results[0]["out"].dtype
     assert all(r[x].dtype == dtype for r in results for x in ("out", "dq", "dk", "dv"))
     assert results[0]["lse"].dtype == torch.float32 and not results[0]["lse_requires_grad"]

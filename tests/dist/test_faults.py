@@ -1,8 +1,6 @@
 """A peer that disappears mid-ring: the surviving ranks must raise, not hang."""
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from burstattn.testing.launch import LocalGroupError, run_local
@@ -11,16 +9,15 @@ from tests.dist import cases
 
 @pytest.mark.parametrize("world,when", [(2, "before"), (3, "mid")])
 def test_vanished_peer_makes_survivors_raise(world, when):
-    start = time.monotonic()
+    # a hang would end at the pool's timeout_s with no RuntimeError from the collective on the survivors:
+    # the type checks below tell the collective's own timeout (pg_timeout_s) from the pool's
     with pytest.raises(LocalGroupError) as info:
         run_local(cases.vanish, world, when, pg_timeout_s=5.0, timeout_s=120.0)
-    elapsed = time.monotonic() - start
     errors = info.value.errors
     assert "exited with code 17" in errors[1].message, errors
     for rank in set(range(world)) - {1}:
         assert rank in errors, f"rank {rank} finished although rank 1 vanished: {info.value.results}"
         assert {"RuntimeError", "DistBackendError"} & set(errors[rank].type_names), str(errors[rank])
-    assert elapsed < 60.0, f"took {elapsed:.1f}s"
 
 
 def test_vanished_peer_is_reported_as_ring_comm_error():

@@ -46,3 +46,43 @@ def test_save_pretrained_directory(capsys, tmp_path):
 def test_bad_input_exits_with_error(capsys):
     assert main(["generate", "--model", "tiny", "--world-size", "1", "--prompt-len", "0", "--no-memory"]) == 2
     assert "prompt is empty" in capsys.readouterr().err
+
+
+def test_usp_needs_degrees_and_runs_with_them(capsys):
+    """Issue 17.9: --strategy usp takes --ulysses-degree / --ring-degree (refused without)."""
+    common = ["--model", "tiny", "--prompt-len", "24", "--max-new-tokens", "3", "--seed", "2", "--world-size", "2"]
+    assert main(["generate", *common, "--strategy", "usp", "--no-memory"]) == 2
+    assert "--ulysses-degree" in capsys.readouterr().err
+    assert main(["generate", *common, "--strategy", "burst", "--ring-degree", "2", "--no-memory"]) == 2
+    assert "options of --strategy usp" in capsys.readouterr().err
+    assert main(["bench", "infer", "--quick", "--strategies", "usp", "--world-size", "2"]) == 2
+    assert "--ulysses-degree" in capsys.readouterr().err
+    usp = _run(capsys, *common, "--strategy", "usp", "--ulysses-degree", "2", "--no-memory")
+    burst = _run(capsys, *common, "--strategy", "burst", "--no-memory")
+    assert usp["tokens"] == burst["tokens"] and len(usp["tokens"]) == 3
+
+
+def test_hf_dir_without_transformers_says_how_to_install(capsys, tmp_path, monkeypatch):
+    """Issue 17.11: no bare ModuleNotFoundError."""
+    (tmp_path / "m").mkdir()
+    monkeypatch.setitem(__import__("sys").modules, "transformers", None)  # import transformers -> ImportError
+    assert main(["generate", "--model", str(tmp_path / "m"), "--world-size", "1", "--prompt-len", "4"]) == 2
+    assert "pip install 'burstattn[hf]'" in capsys.readouterr().err
+
+
+def test_hf_dir_uses_the_current_cache_keyword(tmp_path):
+    """Issue 17.8: no `past_key_values` deprecation warning (transformers >= 5.24 calls it `cache`)."""
+    import warnings
+
+    pytest.importorskip("transformers", minversion="5")
+    from burstattn.bench.generate_run import GenerateConfig, generate_rank
+    from tests.dist.hf_cases import build
+
+    build("llama", seed=3).save_pretrained(tmp_path / "m")
+    cfg = GenerateConfig(model=str(tmp_path / "m"), prompt_len=9, max_new_tokens=3, measure_memory=False,
+                         warmup=False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        res = generate_rank(0, 1, cfg)
+    assert len(res["tokens"]) == 3
+    assert not [w for w in seen if "past_key_values" in str(w.message)], [str(w.message) for w in seen]

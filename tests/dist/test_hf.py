@@ -23,7 +23,8 @@ TOL = 1e-4
 CASES = [hc.HfCase("llama", 1), hc.HfCase("llama", 2), hc.HfCase("mistral", 3, strategy="ring"),
          hc.HfCase("qwen3", 4, strategy="ulysses", layout="zigzag"), hc.HfCase("qwen2", 2, strategy="allgather"),
          hc.HfCase("mistral", 4, strategy="burst", layout="striped", seq=30),
-         hc.HfCase("llama", 2, strategy="tp", seq=17)]
+         hc.HfCase("llama", 2, strategy="tp", seq=17),
+         hc.HfCase("qwen2", 4, strategy="usp", options=(("ulysses_degree", 2), ("ring_degree", 2)))]
 
 
 @pytest.mark.parametrize("case", CASES, ids=hc.HfCase.id)
@@ -37,6 +38,9 @@ def test_loss_logits_gradients_generate(pools, case):
         # every layer: (P-1) * B*Hq*(D+1)*4 bytes per token fed (prompt included), 2 layers
         expected = 2 * decode_bytes(batch=1, new_tokens=cached, world_size=case.world, q_heads=4, head_dim=16)
         assert res["decode_sent"] == expected, (rank, res["decode_sent"], expected)
+        # plus the ranks' token agreement check: one all-gather of 3 float64 per row and forward
+        forwards = 1 + case.new_tokens - 1
+        assert res["agree_sent"] == forwards * (case.world - 1) * 1 * 3 * 8, res["agree_sent"]
         assert res["other_ops"] == [], res["other_ops"]
     lengths = [res["shard_len"] for res in results]
     assert sum(lengths) == cached and max(lengths) - min(lengths) <= 1, lengths
@@ -65,6 +69,11 @@ def test_register_rejects_bad_options():
         bhf.register(strategy="nope")
     with pytest.raises(ValueError, match="supports layout"):
         bhf.register(strategy="ring", layout="diagonal")  # not a layout name
+    with pytest.raises(ValueError, match="needs ulysses_degree"):  # issue 17.9: usp's degrees are options
+        bhf.register(strategy="usp")
+    with pytest.raises(ValueError, match="unknown option"):
+        bhf.register(strategy="ring", ulysses_degree=2)
+    assert bhf.register(strategy="usp", ulysses_degree=2).options == {"ulysses_degree": 2}
 
 
 def test_single_process_refusals():

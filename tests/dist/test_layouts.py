@@ -9,7 +9,7 @@ import pytest
 
 from burstattn.strategies import STRATEGIES
 from tests.dist import layout_cases
-from tests.helpers import TOL, Case
+from tests.helpers import EXACT, Case
 
 HEADS = {2: "4/2", 3: "6/2", 4: "4/2"}
 
@@ -32,7 +32,7 @@ def test_every_strategy_every_layout(pools, world):
     results = pools.get(world).run(layout_cases.run_grid, grid)
     failures = []
     for (case, strategy, layout), res in zip(grid, results[0]):
-        if isinstance(res, str) or max(res.values()) > TOL["float32"]:
+        if isinstance(res, str) or max(res.values()) > EXACT["float32"]:
             failures.append(f"{strategy} layout={layout} causal={case.causal}: {res}")
     assert not failures, "\n".join(failures)
     assert all(r == results[0] for r in results), "the ranks disagree"  # all gathered the same tensors

@@ -62,12 +62,10 @@ def test_resume_is_bitwise_exact(pools, tmp_path):
 
 def test_sigkill_during_save_leaves_previous_checkpoint(pools, tmp_path):
     cfg = BASE.with_overrides(ckpt_dir=str(tmp_path), ckpt_every=2, keep=3, pg_timeout_s=5.0)
-    start = time.monotonic()
     with pytest.raises(LocalGroupError) as info:
         run_local(tc.loop_run, 2, cfg, 0, "save", 4, pg_timeout_s=5.0, timeout_s=120.0)
     assert "exited" in info.value.errors[1].message or "died" in info.value.errors[1].message, info.value.errors[1]
     assert 0 in info.value.errors
-    assert time.monotonic() - start < 90
     assert (tmp_path / "step-4").is_dir() and not (tmp_path / "step-4" / ".metadata").exists()
     assert latest_checkpoint(tmp_path)[0] == 2
     whole = pools.get(2).run(tc.loop_run, BASE)[0]["records"]
@@ -96,17 +94,15 @@ def test_checkpoint_reshards(pools, tmp_path, save, load):
 
 def test_dead_rank_mid_step_makes_the_others_exit(tmp_path):
     cfg = BASE.with_overrides(pg_timeout_s=5.0)
-    start = time.monotonic()
     with pytest.raises(LocalGroupError) as info:
         run_local(tc.loop_run, 3, cfg, 0, "step", 2, pg_timeout_s=5.0, timeout_s=120.0)
-    elapsed = time.monotonic() - start
     errors = info.value.errors
     assert "exited" in errors[1].message or "died" in errors[1].message, errors[1]
     for rank in (0, 2):
         assert rank in errors, f"rank {rank} did not fail"
         assert "TrainingError" in errors[rank].type_names, errors[rank].traceback
+        # the survivors' own error (naming the step), not the pool's timeout: they did not hang
         assert "step 3" in errors[rank].message and "peer died" in errors[rank].message
-    assert elapsed < 60, elapsed
 
 
 def test_burstattn_train_cli(tmp_path):

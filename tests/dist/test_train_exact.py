@@ -21,7 +21,7 @@ CASES = {
         dict(strategy="ring"), dict(strategy="ulysses"), dict(strategy="allgather"), dict(strategy="usp"),
         dict(strategy="rsa"), dict(strategy="tp-v1"), dict(strategy="tp-v3", checkpointing="full"),
         dict(strategy="burst", fsdp=True), dict(strategy="burst", dp=2, fsdp=True, zero=2),
-        dict(strategy="burst", dp=2)],
+        dict(strategy="burst", dp=2), dict(strategy="burst", schedule="distflash")],
     3: [dict(strategy="burst"), dict(strategy="ring"), dict(strategy="allgather"), dict(strategy="rsa"),
         dict(strategy="burst", fsdp=True, checkpointing="remat")],
     4: [dict(strategy="burst"), dict(strategy="ring"), dict(strategy="ulysses"), dict(strategy="allgather"),
@@ -29,7 +29,8 @@ CASES = {
         dict(strategy="burst", dp=2, fsdp=True), dict(strategy="burst", dp=2, fsdp=True, zero=2),
         dict(strategy="burst", dp=2, fsdp=False), dict(strategy="burst", tp=2), dict(strategy="ulysses", tp=2, tp_variant="v1"),
         dict(strategy="tp-v3", cp=2, fsdp=True), dict(strategy="tp-v3", dp=2, fsdp=True, checkpointing="remat"),
-        dict(strategy="tp-v1", dp=2)],
+        dict(strategy="tp-v1", dp=2), dict(strategy="burst", schedule="distflash", dp=2, fsdp=True),
+        dict(strategy="burst", schedule="distflash")],
 }
 GRID = [(world, case) for world, cases in CASES.items() for case in cases]
 

@@ -2,6 +2,8 @@
 fixed), never a silent wrong answer, never a hang."""
 from __future__ import annotations
 
+import pytest
+
 from tests.dist import trap_cases
 
 
@@ -43,3 +45,14 @@ def test_module_topology_and_return_lse(pools):
 def test_nan_reaches_every_rank(pools):
     for r in pools.get(2).run(trap_cases.nan_across_ranks):
         assert r == dict(all_nan_head0=True, head1_finite=True), r
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_layout_none_is_zigzag_for_every_function_and_strategy(pools, world):
+    from burstattn.strategies import STRATEGIES
+
+    for r in pools.get(world).run(trap_cases.layout_none_is_zigzag):
+        assert r["not_identity"] and r["shard"] and r["positions"] and r["gather"], r
+        for name in STRATEGIES:
+            assert r[name]["same"], (name, r[name])
+            assert r[name]["error"] <= 1e-5, (name, r[name])  # and the answer is the float64 one

@@ -105,19 +105,21 @@ def loop_run(rank: int, world: int, cfg: TrainConfig, stop_before: int = 0, kill
             return KillingWriter(os.path.join(cfg.ckpt_dir, f"step-{step}"))
         return None
 
+    lines: list[str] = []  # what rank 0 says (resumed from, skipped, warnings)
     try:
-        return dict(records=train(cfg, hooks=Hooks(storage_writer=writer, before_step=before), progress=False))
+        hooks = Hooks(storage_writer=writer, before_step=before, log=lines.append)
+        return dict(records=train(cfg, hooks=hooks, progress=False), log=lines)
     except Interrupt:
-        return dict(records=None)
+        return dict(records=None, log=lines)
 
 
 def load_and_continue(rank: int, world: int, cfg: TrainConfig, extra_steps: int) -> dict:
     """Resume ``cfg`` from its newest checkpoint, return the loaded step, the full parameters as
     loaded and the losses of ``extra_steps`` more steps."""
-    from burstattn.train.checkpoint import resume
+    from burstattn.train.resume import resume
 
     job = build_job(cfg)
-    start = resume(job, cfg.ckpt_dir)
+    start = resume(job, cfg.ckpt_dir).step
     params = full_params(job.model)
     losses = [train_step(job, s).loss for s in range(start, start + extra_steps)]
     return dict(start=start, params=params if rank == 0 else None, losses=losses)

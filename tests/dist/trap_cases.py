@@ -120,3 +120,43 @@ def nan_across_ranks(rank: int, world: int) -> dict:
         k[0, 0, 0, 0] = float("nan")
     out = burstattn.burst_attn_func(q, k, v, layout="contiguous")  # non-causal: every query sees it
     return dict(all_nan_head0=bool(out[..., 0, :].isnan().all()), head1_finite=bool(out[..., 1, :].isfinite().all()))
+
+
+def layout_none_is_zigzag(rank: int, world: int) -> dict:
+    """``layout=None`` against ``layout="zigzag"`` for the sharding functions and every strategy, on
+    real data (at world > 1 zigzag is not the identity). Returns, per function or strategy, whether
+    the two agree exactly (outputs and q/k/v gradients), and whether zigzag differs from contiguous."""
+    from burstattn.strategies import STRATEGIES
+    from burstattn.testing.reference import reference_attention
+
+    seq, heads = 8 * world, 4
+    gen = torch.Generator().manual_seed(7)
+    full = [torch.randn(1, seq, heads, 16, generator=gen) for _ in range(4)]  # q, k, v, grad_out
+    x = full[0]
+    out = {"shard": torch.equal(burstattn.shard_sequence(x, layout=None), burstattn.shard_sequence(x, layout="zigzag")),
+           "positions": torch.equal(burstattn.sequence_positions(seq, layout=None),
+                                    burstattn.sequence_positions(seq, layout="zigzag")),
+           "not_identity": not torch.equal(burstattn.shard_sequence(x, layout="zigzag"),
+                                           burstattn.shard_sequence(x, layout="contiguous"))}
+    local = burstattn.shard_sequence(x, layout="zigzag")
+    out["gather"] = torch.equal(burstattn.gather_sequence(local, layout=None), x)
+    want, _ = reference_attention(*(t.double() for t in full[:3]), causal=True)
+    for name in sorted(STRATEGIES):
+        opts = dict(ulysses_degree=2, ring_degree=world // 2) if name == "usp" else {}
+        if name == "usp" and world % 2:
+            continue
+        runs = []
+        for layout in (None, "zigzag"):
+            q, k, v = (burstattn.shard_sequence(t, layout="zigzag").clone().requires_grad_() for t in full[:3])
+            o = burstattn.attention(q, k, v, strategy=name, causal=True, layout=layout, **opts)
+            o.backward(burstattn.shard_sequence(full[3], layout="zigzag"))
+            runs.append((o.detach(), q.grad, k.grad, v.grad))
+        same = all(torch.equal(a, b) for a, b in zip(*runs))
+        err = float((burstattn.gather_sequence(runs[0][0], layout="zigzag").double() - want).abs().max())
+        out[name] = dict(same=same, error=err)
+    if SUBGROUPS.entries:
+        for e in list(SUBGROUPS.entries.values()):
+            for g in (e.ulysses_group, e.ring_group):
+                dist.destroy_process_group(g)
+        SUBGROUPS.clear()
+    return out

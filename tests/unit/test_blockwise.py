@@ -197,3 +197,10 @@ def test_simulator_names_the_same_offload_modes():
     from burstattn.sim.names import OFFLOAD as SIM_OFFLOAD
 
     assert SIM_OFFLOAD == OFFLOAD
+
+
+def test_train_config_names_the_same_offload_modes():
+    from burstattn.models import OFFLOAD
+    from burstattn.train.config import OFFLOAD as TRAIN_OFFLOAD
+
+    assert TRAIN_OFFLOAD == OFFLOAD

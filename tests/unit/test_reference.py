@@ -73,12 +73,26 @@ def test_rows_gradients_match_full():
     (((2, 8, 4), (2, 8, 4, 8), (2, 8, 4, 8)), "q"),
     (((2, 8, 4, 8), (1, 8, 4, 8), (1, 8, 4, 8)), "batch"),
     (((2, 8, 6, 8), (2, 8, 4, 8), (2, 8, 4, 8)), "heads"),
-    (((2, 8, 4, 8), (2, 8, 4, 8), (2, 8, 2, 8)), "same shape"),
-    (((2, 8, 4, 8), (2, 9, 4, 8), (2, 9, 4, 8)), "sequence length"),
+    (((2, 8, 4, 8), (2, 8, 4, 8), (2, 8, 2, 8)), "agree in batch, seq and heads"),
+    (((2, 8, 4, 8), (2, 9, 4, 8), (2, 8, 4, 8)), "agree in batch, seq and heads"),
 ])
 def test_reference_rejects_bad_shapes(shapes, word):
     with pytest.raises(ValueError, match=word):
         reference_attention(*(torch.randn(s) for s in shapes))
+
+
+def test_unequal_lengths_are_bottom_right_aligned():
+    """Nq < Nk causal: query i is the last query of a longer sequence, so it equals the rows of the
+    full self-attention at positions Nk - Nq + i; Nq > Nk: the first Nq - Nk rows see nothing."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 10, 2, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    full, full_lse = reference_attention(q, k, v, causal=True)
+    tail, tail_lse = reference_attention(q[:, 6:], k, v, causal=True)
+    torch.testing.assert_close(tail, full[:, 6:])
+    torch.testing.assert_close(tail_lse, full_lse[:, :, 6:])
+    out, lse = reference_attention(q, k[:, :7], v[:, :7], causal=True)
+    assert torch.isinf(lse[:, :, :3]).all() and (out[:, :3] == 0).all()
+    torch.testing.assert_close(out[:, 3:], reference_attention(q[:, 3:], k[:, :7], v[:, :7], causal=True)[0])
 
 
 def test_rows_reject_bad_positions():

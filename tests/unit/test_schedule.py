@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from burstattn.engine.ring import op_slices
+from burstattn.engine.passes import op_slices
 from burstattn.engine.schedule import MaskKind, block_ops, rank_cost, ring_plan
 from burstattn.layout import local_positions
 

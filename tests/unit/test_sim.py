@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from burstattn.cli import main
-from burstattn.formulas import distflash_bytes, double_bytes
+from burstattn.formulas import distflash_bytes, double_bytes, meta_bytes
 from burstattn.models.config import preset as model_preset
 from burstattn.sim import net, plans
 from burstattn.sim.attention import AttnShape, attention_timeline
 from burstattn.sim.hardware import PRESETS, ClusterHW, preset
 from burstattn.sim.planner import max_seq_len, plan
-from burstattn.sim.step import SimConfig, memory_model
+from burstattn.sim.step import SimConfig, memory_model, simulate
 from burstattn.strategies import STRATEGIES
 
 HW = ClusterHW("test", 4, 100e12, 0.5, 0.5, 0.5, 1.0, 1e30, 80e9, intra_bw=100e9, intra_lat=2e-6,
@@ -89,10 +89,10 @@ def test_simulated_bytes_distflash_and_double(shape):
     if shape.causal:
         t = attention_timeline("burst", shape, HW, p, schedule="distflash")
         f = distflash_bytes(rank=p - 1, **kw)
-        assert t.forward.bytes_sent + t.backward.bytes_sent == f["forward"] + f["backward"] - (p - 1) * 128
+        assert t.forward.bytes_sent + t.backward.bytes_sent == f["forward"] + f["backward"] - meta_bytes(p)
     t = attention_timeline("burst", shape, HW, p, schedule="double")
     f = double_bytes(ranks_per_node=4, backward=t.backward_mode, **kw)
-    assert t.forward.bytes_sent + t.backward.bytes_sent == f["forward"] + f["backward"] - (p - 1) * 128
+    assert t.forward.bytes_sent + t.backward.bytes_sent == f["forward"] + f["backward"] - meta_bytes(p)
 
 
 def test_window_replays_the_mask_plan():
@@ -107,7 +107,7 @@ def test_window_replays_the_mask_plan():
     sent = [mask_bytes(mask_plan(mask, True, 4096, 8, "contiguous", r), batch=1, local_seq=512, q_heads=8,
                        kv_heads=8, head_dim=64, dtype=torch.bfloat16, backward="kv") for r in range(8)]
     busiest = max(f["forward"] + f["backward"] for f in sent)
-    assert win.forward.bytes_sent + win.backward.bytes_sent == busiest - 7 * 128
+    assert win.forward.bytes_sent + win.backward.bytes_sent == busiest - meta_bytes(8)
     with pytest.raises(ValueError, match="--window"):
         attention_timeline("ring", shape, HW, 8, window=512)
 
@@ -171,8 +171,9 @@ def test_cli_json_keys(capsys, tmp_path):
     assert {"time_s", "compute_s", "exposed_comm_s", "idle_s", "peak_memory_bytes", "fits"} <= set(out)
     assert out["degrees"] == {"dp": 1, "cp": 8, "tp": 1} and (tmp_path / "t.png").stat().st_size > 1000
     out = _cli_json(capsys, ["sim", "--model", "llama-7b", "--seq-len", "32768", "--gpus", "16", "--cluster",
-                             "h100-nvlink-ib", "--strategy", "tp-v3", "--dp", "2", "--mode", "prefill", "--json"])
-    assert out["degrees"] == {"dp": 2, "cp": 1, "tp": 8}
+                             "h100-nvlink-ib", "--strategy", "tp-v3", "--dp", "2", "--batch", "2", "--mode", "prefill",
+                             "--json"])
+    assert out["degrees"] == {"dp": 2, "cp": 1, "tp": 8} and out["tokens_per_step"] == 2 * 32768
     out = _cli_json(capsys, ["sim", "--model", "llama3-8b", "--seq-len", "131072", "--gpus", "8", "--strategy",
                              "burst", "--mode", "decode", "--json", "--inter-gbps", "100"])
     assert out["time_s"] > 0
@@ -194,6 +195,10 @@ def test_cli_json_keys(capsys, tmp_path):
     (["--cp", "2", "--tp", "2", "--dp", "1"], "must multiply to the GPU count (--gpus 8)"),
     (["--tp", "3", "--cp", "1", "--dp", "1", "--gpus", "3"], "--tp (3) must divide the model's heads (32)"),
     (["--model", "llama-9b"], "unknown model preset 'llama-9b'"),
+    (["--gpus", "0"], "--gpus must be a positive int, got 0"),
+    (["--ulysses-degree", "2"], "--ulysses-degree is an option of --strategy usp, not 'burst'"),
+    (["--strategy", "usp", "--ulysses-degree", "3"], "--ulysses-degree (3) must divide cp (8)"),
+    (["--dp", "2", "--batch", "1"], "--batch (1) must be divisible by --dp (2): it is the global batch"),
 ])
 def test_cli_clear_errors(capsys, argv, message):
     base = ["sim", "--model", "llama-7b", "--seq-len", "32768", "--gpus", "8", "--strategy", "burst"]
@@ -201,14 +206,83 @@ def test_cli_clear_errors(capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
-def test_a_thousand_devices_and_millions_of_tokens_in_seconds():
+def test_plan_gpus_zero_names_gpus(capsys):
+    assert main(["plan", "--model", "tiny", "--seq-len", "1024", "--gpus", "0"]) == 2
+    assert "--gpus must be a positive int, got 0" in capsys.readouterr().err
+
+
+def test_batch_is_the_global_batch():
+    """``batch`` means what `burstattn train --batch` means: sequences per step over all replicas."""
+    m, hw = model_preset("llama-7b"), preset("a100-nvlink-ib")
+    one = simulate(SimConfig(m, 32768, hw, "burst", cp=8, dp=1, batch=1))
+    two = simulate(SimConfig(m, 32768, hw, "burst", cp=8, dp=2, batch=2))  # 16 devices, one sequence per replica
+    assert two.compute_s == pytest.approx(one.compute_s, rel=1e-12)
+    assert two.peak_memory_bytes == one.peak_memory_bytes
+    assert (one.tokens_per_step, two.tokens_per_step) == (32768, 65536)
+    assert two.tokens_per_s == pytest.approx(two.tokens_per_step / two.time_s) and two.tokens_per_s > one.tokens_per_s
+    with pytest.raises(ValueError, match=r"--batch \(1\) must be divisible by --dp \(2\)"):
+        simulate(SimConfig(m, 32768, hw, "burst", cp=8, dp=2, batch=1))
+
+
+def test_plan_ranks_by_time_per_token_at_one_global_batch():
+    """docs/simulation.md's case: at a global batch of 2, ulysses dp=2 x cp=16 (one sequence per
+    replica) beats ulysses cp=32 running both sequences; at batch 1 there is no data parallelism."""
+    model, hw = model_preset("llama-7b"), preset("a100-pcie-roce")
+    rows = [r for r in plan(model, 131072, 32, hw, batch=2) if r["fits"]]
+    assert all(r["tokens_per_step"] == 2 * 131072 and r["batch"] == 2 for r in rows)
+    per_token = [r["time_s"] / r["tokens_per_step"] for r in rows]
+    assert per_token == sorted(per_token)
+    assert all(r["tokens_per_s"] == pytest.approx(r["tokens_per_step"] / r["time_s"]) for r in rows)
+    where = {(r["strategy"], r["degrees"]["dp"], r["degrees"]["cp"]): i for i, r in enumerate(rows)}
+    assert where[("ulysses", 2, 16)] < where[("ulysses", 1, 32)]
+    assert {r["degrees"]["dp"] for r in plan(model, 131072, 32, hw, batch=1)} == {1}
+
+
+@pytest.mark.parametrize("model,seq_len,gpus,batch", [("tiny", 512, 4, 2), ("tiny", 1024, 6, 3), ("tiny", 768, 3, 1),
+                                                      ("small", 2048, 8, 4), ("llama-7b", 131072, 32, 2)])
+def test_every_printed_train_command_is_accepted_by_burstattn_train(model, seq_len, gpus, batch):
+    """Each row's `burstattn train` command parses and passes train's own checks at its --world-size
+    (the run itself: tests/dist/test_plan_train.py)."""
+    from burstattn.cli import build_parser
+    from burstattn.cli.train import config_of
+    from burstattn.train.checks import check_config
+
+    rows = plan(model_preset(model), seq_len, gpus, preset("a100-nvlink-ib"), batch=batch, model_name=model)
+    assert rows
+    parser = build_parser()
+    for r in rows:
+        argv = r["config"]["train"].split()
+        assert argv[:2] == ["burstattn", "train"]
+        ns = parser.parse_args(argv[1:])
+        assert ns.world_size == gpus and ns.batch == batch
+        check_config(config_of(ns), ns.world_size, "cuda")  # raises ValueError if train would refuse it
+
+
+def test_plan_of_a_tiny_model_prints_units_that_fit(capsys):
+    assert main(["plan", "--model", "tiny", "--seq-len", "4096", "--gpus", "4", "--top", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "0.000s" not in out and "0.0G" not in out
+    import re
+    rows = [line for line in out.splitlines() if re.match(r"\s+\d+ ", line)]
+    assert rows and all(re.search(r" \d[\d.]* (s|ms|us|ns) +[\d.]+[kMG]? +[\d.]+ (B|KiB|MiB|GiB|TiB) ", line)
+                        for line in rows), rows
+
+
+def test_a_thousand_devices_and_millions_of_tokens():
     model = model_preset("llama-7b")
-    start = time.process_time()  # CPU seconds: the wall clock counts other processes on a shared machine
     rows = plan(model, 1 << 21, 1024, preset("h100-nvlink-ib"))
     longest = max_seq_len(model, 1024, preset("tpuv4"))
-    elapsed = time.process_time() - start
     assert rows[0]["fits"] and longest["burst"]["tokens"] > 1 << 22
-    assert elapsed < 10, elapsed
+
+
+@pytest.mark.timed
+def test_a_thousand_devices_in_seconds():
+    """The planner's speed at 1,024 devices (CPU seconds: the wall clock counts other processes)."""
+    model = model_preset("llama-7b")
+    start = time.process_time()
+    plan(model, 1 << 21, 1024, preset("h100-nvlink-ib"))
+    max_seq_len(model, 1024, preset("tpuv4"))
+    assert time.process_time() - start < 10
 
 
 def test_calibrated_spec_file_serves_sim_and_cluster(tmp_path):
@@ -226,3 +300,47 @@ def test_calibrated_spec_file_serves_sim_and_cluster(tmp_path):
     assert resolve(path, 2, 2).world_size == 4
     with pytest.raises(ValueError, match="unknown cluster preset"):
         load(str(tmp_path / "missing.json"))
+
+
+def test_sim_calibrate_shows_progress(capsys, monkeypatch, tmp_path):
+    """`sim calibrate` says what it measures while it measures (the measurement itself is replaced:
+    its stages are what `measure` reports from the spawned ranks)."""
+    import burstattn.sim.calibrate as cal
+
+    def fake_measure(ranks, seconds, rounds, progress=None):
+        for i in range(rounds):
+            progress(f"kernel rates, round {i + 1}/{rounds}")
+        progress("gloo point-to-point")
+        rates = {"attn_fwd": 1e11, "attn_bwd": 9e10, "causal_eff": 0.8, "matmul": 2e11, "mem_bw": 4e10,
+                 "backend": "cpu_flash", "plain_fwd": 1e8, "plain_bwd": 5e7}
+        return rates, {"latency_s": 1e-4, "bandwidth": 3e9}
+
+    monkeypatch.setattr(cal, "measure", fake_measure)
+    out = tmp_path / "spec.json"
+    assert main(["sim", "calibrate", "--seconds", "0.5", "--rounds", "2", "--out", str(out)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("burstattn sim calibrate: measuring this machine, about 15 s"), err
+    assert err[1:] == ["  kernel rates, round 1/2", "  kernel rates, round 2/2", "  gloo point-to-point"]
+    assert out.is_file()
+    assert main(["sim", "calibrate", "--rounds", "0"]) == 2
+    assert "--rounds at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 8])
+def test_timeline_legend_clear_of_the_x_label(ranks, tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from burstattn.sim.timeline import plot_timeline, timeline_figure
+
+    events = [(ph, r, kind, 0.1 * i, 0.1 * i + 0.08) for r in range(ranks) for i, (ph, kind) in
+              enumerate([("fwd", "compute"), ("fwd", "comm"), ("bwd", "compute"), ("bwd", "comm")])]
+    fig = timeline_figure(events, "one layer")
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    label, legend = ax.xaxis.label.get_window_extent(renderer), ax.get_legend().get_window_extent(renderer)
+    assert not label.overlaps(legend), (label, legend)
+    for tick in ax.get_xticklabels():
+        assert not tick.get_window_extent(renderer).overlaps(legend)
+    plt.close(fig)
+    assert plot_timeline(events, str(tmp_path / "t.png")) and (tmp_path / "t.png").stat().st_size > 1000

@@ -5,22 +5,22 @@ from __future__ import annotations
 
 import pytest
 
-from burstattn.bench.maxlen import longest_fitting
+from burstattn.bench.maxlen import search_longest
 from burstattn.bench.train_maxlen import CONTENDERS, MaxLenConfig, per_token, train_config
 from burstattn.bench.train_report import maxlen_markdown, plot_maxlen
 
 
-def test_longest_fitting_doubles_then_bisects():
+def test_search_longest_doubles_then_bisects():
     seen = []
 
     def fits(n):
         seen.append(n)
         return n <= 11000
 
-    assert longest_fitting(fits, start=1024, cap=1 << 20, granule=1024, bisect_steps=4) == (10240, None)
+    assert search_longest(fits, start=1024, cap=1 << 20, granule=1024, bisect_steps=4) == (10240, None)
     assert seen[:5] == [1024, 2048, 4096, 8192, 16384]
-    assert longest_fitting(lambda n: False, start=1024, cap=4096, granule=1024, bisect_steps=2)[0] is None
-    assert longest_fitting(lambda n: True, start=1024, cap=4096, granule=1024, bisect_steps=2) == (
+    assert search_longest(lambda n: False, start=1024, cap=4096, granule=1024, bisect_steps=2)[0] is None
+    assert search_longest(lambda n: True, start=1024, cap=4096, granule=1024, bisect_steps=2) == (
         4096, "reached the cap N=4096")
 
 

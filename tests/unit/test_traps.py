@@ -148,16 +148,6 @@ def test_layout_none_is_zigzag_everywhere():
     assert inspect.signature(burstattn.shard_sequence).parameters["layout"].default == "zigzag"
 
 
-def test_layout_none_accepted_by_every_function():
-    x = torch.arange(8.0).view(1, 8)
-    assert torch.equal(burstattn.shard_sequence(x, layout=None), burstattn.shard_sequence(x))
-    assert torch.equal(burstattn.gather_sequence(x, layout=None), x)
-    assert torch.equal(burstattn.sequence_positions(8, layout=None), burstattn.sequence_positions(8))
-    q = k = v = torch.randn(1, 8, 2, 16)
-    assert torch.equal(burstattn.burst_attn_func(q, k, v, layout=None, causal=True),
-                       burstattn.burst_attn_func(q, k, v, causal=True))
-
-
 @pytest.mark.parametrize("kind", ["window", "mask", "partition"])
 def test_compile_fullgraph_with_data_masks(kind):
     """Masks that are data (a window, a prebuilt AttnMask, a Partition) compile into the op's arguments."""

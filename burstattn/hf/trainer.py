@@ -1,0 +1,260 @@
+"""``transformers.Trainer`` with context parallelism: :class:`ContextParallelMixin` and :class:`ContextParallelTrainer`.
+
+The world is a ``dp x cp`` mesh (``cp_size`` ranks per data-parallel replica). What the mixin changes,
+and nothing else:
+
+* data: the Trainer's dataloader (accelerate's ``BatchSamplerShard``) is re-pointed from ``world`` to
+  ``dp`` replicas, so every cp rank of a replica gets the SAME batch, the same one a plain Trainer with
+  ``dp`` processes would give that replica;
+* batch: each batch is cut by :func:`burstattn.hf.shard_inputs` for the cp group (packed
+  documents, padding, global label shift) before transformers counts ``num_items_in_batch``;
+* loss and gradients: ``num_items_in_batch`` is the global target count (one all-reduce), so every
+  rank's loss is ``its shard's token-loss sum / global count``, scaled by the world size exactly as
+  transformers does under DDP; DDP's average over ``dp x cp`` then gives the single-process gradient
+  (no double counting), and the logged loss (the mean over ranks) is the single-process loss;
+* attention: the model's ``attn_implementation`` becomes burstattn's over the cp group
+  (:func:`burstattn.hf.register` under ``attn_implementation``, default ``"burst_cp"``); ``save_model``
+  writes the model's original implementation;
+* evaluation and ``predict``: the loss is made equal on the cp ranks of a replica and the logits are
+  gathered over cp, then metrics are gathered over the replicas only. As with plain DDP, accelerate
+  repeats samples to even out the last batch over dp > 1 replicas, and those repeats count in that
+  batch's loss: the evaluation loss is the single-process one when the evaluation set is a multiple of
+  ``dp x per_device_eval_batch_size`` (always at dp = 1).
+
+Refused with ``ValueError`` (on every rank, at construction): a world not divisible by ``cp_size``,
+label smoothing, ``compute_loss_func`` (both shift labels themselves), models whose forward takes no
+loss kwargs, iterable datasets dispatched by accelerate.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from transformers import Trainer
+
+from .attention import register
+from .families import check_model
+from .batch import SHARD_KEY, gather_logits, shard_inputs
+
+IGNORE_INDEX = -100
+
+
+class ContextParallelMixin:
+    """Context parallelism for any ``transformers.Trainer`` subclass: put it first in the bases,
+    ``class SFT(ContextParallelMixin, trl.SFTTrainer): ...``.
+
+    Args (keyword-only, before the Trainer's own):
+        cp_size: ranks that share one sequence (default: the world). ``world % cp_size == 0``.
+        strategy: a :data:`burstattn.strategies.STRATEGIES` name (default ``"burst"``).
+        layout: ``None`` (a document-balanced partition for packed or padded batches, else the
+            strategy's default) or a layout name.
+        attn_implementation: the name registered with transformers (default ``"burst_cp"``).
+        backend: local attention kernel (default ``"auto"``).
+        **strategy_options: the strategy's own options (``ulysses_degree``, ``backward``, ...).
+    """
+
+    def __init__(self, *args, cp_size: Optional[int] = None, strategy: str = "burst", layout=None,
+                 attn_implementation: str = "burst_cp", backend: str = "auto", strategy_options: Optional[dict] = None,
+                 **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        cp = world if cp_size is None else cp_size
+        if not isinstance(cp, int) or isinstance(cp, bool) or cp < 1 or world % cp:
+            raise ValueError(f"ContextParallelTrainer: cp_size must be a positive divisor of the world size {world}, "
+                             f"got {cp_size!r}")
+        self._refuse_unsupported()
+        self.cp_size, self.dp_size = cp, world // cp
+        self.cp_group, self.dp_rank, self.cp_rank = None, 0, 0
+        if world > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            kind = "cuda" if self.args.device.type == "cuda" else "cpu"
+            self.mesh = init_device_mesh(kind, (self.dp_size, cp), mesh_dim_names=("dp", "cp"))
+            self.cp_group = self.mesh["cp"].get_group()
+            self.dp_rank, self.cp_rank = self.mesh.get_coordinate()
+        self.cp_attn_implementation = attn_implementation
+        self.cp_options = register(attn_implementation, strategy=strategy, layout=layout, backend=backend,
+                                   group=self.cp_group, **(strategy_options or {}))
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # PEFT
+        check_model(base)  # a model that never calls the registered attention would train silently wrong
+        self._original_attn = getattr(base.config, "_attn_implementation", None)
+        base.set_attn_implementation(attn_implementation)
+
+    def _refuse_unsupported(self) -> None:
+        problem = None
+        if self.args.label_smoothing_factor:
+            problem = "label smoothing shifts labels itself; it is not supported with context parallelism"
+        elif self.compute_loss_func is not None:
+            problem = ("compute_loss_func shifts labels itself; with context parallelism the model's own loss "
+                       "(labels shifted on the global sequence) is used")
+        elif not self.model_accepts_loss_kwargs:
+            problem = "the model's forward takes no loss kwargs (num_items_in_batch): its loss cannot be made exact"
+        if problem:
+            raise ValueError(f"ContextParallelTrainer: {problem}")
+
+    # ---- data: every cp rank of a replica gets the replica's batch
+    def _replica_dataloader(self, dataloader):
+        from accelerate.data_loader import BatchSamplerShard, DataLoaderDispatcher, IterableDatasetShard
+
+        if isinstance(dataloader, DataLoaderDispatcher):
+            raise ValueError("ContextParallelTrainer: accelerate dispatches this dataset's batches from rank 0 "
+                             "(an iterable dataset); give a map-style dataset (with __len__)")
+        sampler = getattr(dataloader, "batch_sampler", None)
+        if isinstance(sampler, BatchSamplerShard):
+            sampler.num_processes, sampler.process_index = self.dp_size, self.dp_rank
+            # one replica: the batches of one process, the last one left short (as without accelerate)
+            sampler.even_batches = sampler.even_batches and self.dp_size > 1
+        dataset = getattr(dataloader, "dataset", None)
+        if isinstance(dataset, IterableDatasetShard):
+            dataset.num_processes, dataset.process_index = self.dp_size, self.dp_rank
+        return dataloader
+
+    def get_train_dataloader(self):
+        return self._replica_dataloader(super().get_train_dataloader())
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        return self._replica_dataloader(super().get_eval_dataloader(eval_dataset))
+
+    def get_test_dataloader(self, test_dataset):
+        return self._replica_dataloader(super().get_test_dataloader(test_dataset))
+
+    def get_cp_size(self) -> int:
+        """Ranks that share a batch (transformers uses it for the global batch size)."""
+        return self.cp_size
+
+    # ---- batches: sharded before anything counts them
+    def _cp_shard(self, inputs):
+        if SHARD_KEY in inputs:
+            return inputs
+        extra = {k: inputs[k] for k in ("use_cache", "return_loss") if k in inputs}
+        batch = shard_inputs({k: v for k, v in inputs.items() if k not in extra}, group=self.cp_group,
+                             name=self.cp_attn_implementation)
+        batch.pop("num_items_in_batch", None)  # the Trainer passes its own (global) count
+        return {**batch, **extra}
+
+    def get_batch_samples(self, epoch_iterator, num_batches: int, device):
+        batches = []
+        for _ in range(num_batches):
+            try:
+                batches.append(self._cp_shard(next(epoch_iterator)))
+            except StopIteration:
+                break
+        return batches, self._get_num_items_in_batch(batches, device)
+
+    def _prepare_inputs(self, inputs):
+        return super()._prepare_inputs(self._cp_shard(inputs))
+
+    def _get_num_items_in_batch(self, batch_samples: list, device):
+        """The number of targets of the global batch (every dp replica, every accumulation step) when
+        ``average_tokens_across_devices``, else of this replica: the shards partition the targets, so
+        one all-reduce of the shards' counts."""
+        if not batch_samples or "shift_labels" not in batch_samples[0]:
+            return None
+        count = sum(int((b["shift_labels"] != IGNORE_INDEX).sum()) for b in batch_samples)
+        total = torch.tensor(count, dtype=torch.int64, device=device)
+        if dist.is_available() and dist.is_initialized():
+            group = None if self.args.average_tokens_across_devices else self.cp_group
+            dist.all_reduce(total, group=group)
+        return total
+
+    def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
+        out = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        if self.args.average_tokens_across_devices or num_items_in_batch is None or self.cp_size == 1:
+            return out
+        # per-replica counts: DDP averages over dp x cp ranks, the replica's loss is the sum over its cp ranks
+        return (out[0] * self.cp_size, out[1]) if return_outputs else out * self.cp_size
+
+    # ---- evaluation and predict
+    def prediction_step(self, model, inputs, prediction_loss_only: bool, ignore_keys=None):
+        full_labels = None
+        if self.label_names and all(inputs.get(k) is not None for k in self.label_names):
+            full_labels = tuple(inputs[k] for k in self.label_names)
+            full_labels = full_labels[0] if len(full_labels) == 1 else full_labels
+        sharded = self._cp_shard(inputs)
+        loss, logits, _ = super().prediction_step(model, sharded, prediction_loss_only, ignore_keys)
+        if loss is not None and self.cp_size > 1:
+            loss = loss.detach().clone().to(self.args.device)
+            dist.all_reduce(loss, group=self.cp_group)  # the same value on the replica's cp ranks
+            loss = loss / self.cp_size
+        if logits is not None:
+            shard = sharded[SHARD_KEY]
+            n = shard.positions.numel()
+
+            def full(x):
+                if isinstance(x, torch.Tensor) and x.dim() >= 2 and x.shape[1] == n:
+                    return gather_logits(x, group=self.cp_group, shard=shard)
+                return x
+
+            logits = tuple(full(x) for x in logits) if isinstance(logits, tuple) else full(logits)
+        return loss, logits, full_labels
+
+    def evaluation_loop(self, *args, **kwargs):
+        # the Trainer resets gather_function to accelerate's after every loop: set ours for each
+        self.gather_function = self._gather_for_metrics
+        return super().evaluation_loop(*args, **kwargs)
+
+    def _gather_for_metrics(self, data, use_gather_object: bool = False):
+        """accelerate's ``gather_for_metrics`` over the dp replicas only (the cp ranks of a replica
+        hold the same values): gather over the world, keep the cp-rank-0 chunks, drop the remainder."""
+        from accelerate.utils import gather, gather_object, recursively_apply
+
+        world = self.dp_size * self.cp_size
+        if world == 1:
+            return data
+        leaders = [i * self.cp_size for i in range(self.dp_size)]
+        try:
+            recursively_apply(lambda x: x, data, error_on_other_type=True)
+            tensors = not use_gather_object
+        except TypeError:
+            tensors = False
+        if tensors:
+            def pick(t):  # [world * b, ...] -> [dp * b, ...]
+                return t.reshape(world, -1, *t.shape[1:])[leaders].reshape(-1, *t.shape[1:])
+
+            data = recursively_apply(pick, gather(data))
+        else:
+            items = list(data) if isinstance(data, (list, tuple)) else [data]
+            every = gather_object(items)
+            data = [x for r in leaders for x in every[r * len(items):(r + 1) * len(items)]]
+        state = self.accelerator.gradient_state
+        if state.end_of_dataloader and state.remainder > 0:
+            data = recursively_apply(lambda t: t[:state.remainder], data) if tensors else data[:state.remainder]
+        return data
+
+    def save_model(self, output_dir: Optional[str] = None, _internal_call: bool = False) -> None:
+        """As the Trainer's, with the model's original ``attn_implementation`` in the saved config."""
+        model = self.accelerator.unwrap_model(self.model)
+        model = model.get_base_model() if hasattr(model, "get_base_model") else model
+        restore = self._original_attn not in (None, self.cp_attn_implementation)
+        if restore:
+            model.config._attn_implementation = self._original_attn
+        try:
+            super().save_model(output_dir, _internal_call=_internal_call)
+        finally:
+            if restore:
+                model.config._attn_implementation = self.cp_attn_implementation
+
+
+class ContextParallelTrainer(ContextParallelMixin, Trainer):
+    """``transformers.Trainer`` with burstattn context parallelism (see :class:`ContextParallelMixin`):
+    ``ContextParallelTrainer(model=..., args=..., train_dataset=..., cp_size=2, strategy="burst")``."""
+
+
+def local_group_environment(rank: int, world_size: int) -> None:
+    """Make accelerate (and so the Trainer) see a process group that was started without torchrun, e.g. by
+    :class:`burstattn.testing.launch.LocalPool`: the ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` variables torchrun
+    would set (``LOCAL_RANK`` left out at world size 1: a plain single process), and accelerate's cached
+    state reset, so that a process can run several Trainers one after another."""
+    import os
+
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size))
+    if world_size > 1:
+        os.environ["LOCAL_RANK"] = str(rank)
+    else:
+        os.environ.pop("LOCAL_RANK", None)
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()

@@ -1,0 +1,255 @@
+"""Issue 20's features on the engine strategies (burst, ring): cross-attention and unequal lengths,
+separate documents, softcap, ALiBi, sinks, a V head size of its own. Rank-side functions (module-level
+so they pickle by reference) and the float64 oracle they are checked against.
+
+The oracle's visibility (:func:`visibility`) is written independently of the library's masks: one
+document at a time, in the document's local coordinates, with flash-attn's bottom-right alignment.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import torch
+
+import burstattn
+from burstattn.layout import local_positions
+from burstattn.testing.reference import reference_attention
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+@dataclass(frozen=True)
+class FCase:
+    """One call: ``nq`` / ``nk`` query / key rows per rank, heads ``"hq/hkv"``, q/k head size ``d`` and
+    V's ``dv``; ``docs``: ``None``, or ``(cu_q, cu_k)`` fractions of the two lengths (document ends as
+    fractions, the last one 1.0); ``alibi``: ``""``, ``"heads"`` (``[Hq]``) or ``"batch"`` (``[B, Hq]``)."""
+
+    world: int
+    nq: int = 8
+    nk: int = 8
+    batch: int = 1
+    heads: str = "4/2"
+    d: int = 16
+    dv: int = 16
+    dtype: str = "float32"
+    causal: bool = False
+    layout: str = "zigzag"
+    kv_layout: Optional[str] = None
+    backward: str = "auto"
+    backend: str = "reference"
+    strategy: str = "burst"
+    schedule: str = "ring"
+    softcap: Optional[float] = None
+    alibi: str = ""
+    sinks: bool = False
+    window: Optional[tuple] = None
+    docs: Optional[tuple] = None
+    seed: int = 0
+
+    @property
+    def hq(self) -> int:
+        return int(self.heads.split("/")[0])
+
+    @property
+    def hkv(self) -> int:
+        return int(self.heads.split("/")[1])
+
+    @property
+    def q_len(self) -> int:
+        return self.nq * self.world
+
+    @property
+    def k_len(self) -> int:
+        return self.nk * self.world
+
+    @property
+    def keys_layout(self) -> str:
+        return self.kv_layout or self.layout
+
+    def cu(self) -> Optional[tuple[list, list]]:
+        """The documents as ``(cu_seqlens_q, cu_seqlens_k)`` in tokens (``None``: none)."""
+        if self.docs is None:
+            return None
+        ends_q, ends_k = self.docs
+
+        def cut(ends, n):
+            return [0] + [max(1, round(f * n)) for f in ends[:-1]] + [n]
+        return cut(ends_q, self.q_len), cut(ends_k, self.k_len)
+
+    def id(self) -> str:
+        bits = [f"w{self.world}", f"{self.nq}x{self.nk}", self.heads, f"d{self.d}" + (f"v{self.dv}" if self.dv != self.d
+                else ""), self.dtype, "causal" if self.causal else "full", self.layout,
+                self.kv_layout or "", self.backward, self.backend, self.strategy, self.schedule,
+                f"cap{self.softcap}" if self.softcap else "", f"alibi-{self.alibi}" if self.alibi else "",
+                "sinks" if self.sinks else "", f"win{self.window}" if self.window else "",
+                "docs" if self.docs else ""]
+        return "-".join(b for b in bits if b)
+
+    def with_(self, **kw) -> "FCase":
+        return replace(self, **kw)
+
+
+def inputs(case: FCase) -> dict:
+    """Full q ``[B, Nq, Hq, d]``, k ``[B, Nk, Hkv, d]``, v ``[B, Nk, Hkv, dv]``, grad_out, and the
+    modifier tensors, the same on every rank (from the seed)."""
+    gen = torch.Generator().manual_seed(case.seed)
+    dt = DTYPES[case.dtype]
+    b = case.batch
+    t = dict(q=torch.randn(b, case.q_len, case.hq, case.d, generator=gen),
+             k=torch.randn(b, case.k_len, case.hkv, case.d, generator=gen),
+             v=torch.randn(b, case.k_len, case.hkv, case.dv, generator=gen),
+             dout=torch.randn(b, case.q_len, case.hq, case.dv, generator=gen))
+    t = {name: x.to(dt) for name, x in t.items()}
+    if case.alibi:
+        shape = (case.hq,) if case.alibi == "heads" else (b, case.hq)
+        t["alibi"] = torch.rand(shape, generator=gen) * 0.5 + 0.05
+    if case.sinks:
+        t["sinks"] = torch.randn(case.hq, generator=gen) + 1.0
+    return t
+
+
+def visibility(case: FCase) -> tuple[torch.Tensor, torch.Tensor]:
+    """The oracle's bool ``[Nq, Nk]`` visibility and the queries' positions in the keys' coordinates
+    ``[Nq]``, one document at a time (local coordinates, offset ``L_k - L_q``: bottom-right)."""
+    nq, nk = case.q_len, case.k_len
+    cu_q, cu_k = case.cu() or ([0, nq], [0, nk])
+    vis = torch.zeros(nq, nk, dtype=torch.bool)
+    aligned = torch.empty(nq, dtype=torch.int64)
+    left, right = case.window or (None, None)
+    left = None if left == -1 else left
+    right = None if right == -1 else right
+    for d in range(len(cu_q) - 1):
+        lq, lk = cu_q[d + 1] - cu_q[d], cu_k[d + 1] - cu_k[d]
+        a = torch.arange(lq)[:, None] + (lk - lq)  # query row in the document's key coordinates
+        bk = torch.arange(lk)[None, :]
+        ok = torch.ones(lq, lk, dtype=torch.bool)
+        if case.causal:
+            ok &= bk <= a
+        if left is not None:
+            ok &= bk >= a - left
+        if right is not None:
+            ok &= bk <= a + right
+        vis[cu_q[d]:cu_q[d + 1], cu_k[d]:cu_k[d + 1]] = ok
+        aligned[cu_q[d]:cu_q[d + 1]] = cu_k[d] + torch.arange(lq) + (lk - lq)
+    return vis, aligned
+
+
+def reference(case: FCase) -> dict:
+    """The float64 oracle: out, lse, dq, dk, dv (and dsinks) over the full sequences."""
+    t = inputs(case)
+    vis, aligned = visibility(case)
+    q, k, v = (t[n].double().requires_grad_() for n in ("q", "k", "v"))
+    sinks = t["sinks"].double().requires_grad_() if case.sinks else None
+    out, lse = reference_attention(q, k, v, softmax_scale=None, mask=vis, softcap=case.softcap,
+                                   alibi_slopes=t.get("alibi"), sinks=sinks, q_positions=aligned)
+    out.backward(t["dout"].double())
+    res = dict(out=out.detach(), lse=lse.detach(), dq=q.grad, dk=k.grad, dv=v.grad)
+    if case.sinks:
+        res["dsinks"] = sinks.grad
+    return res
+
+
+def options(case: FCase, t: dict) -> dict:
+    """The keyword arguments of the call (beyond q, k, v) for ``case``."""
+    kw = dict(causal=case.causal, layout=case.layout, backend=case.backend)
+    if case.kv_layout:
+        kw["kv_layout"] = case.kv_layout
+    if case.strategy == "burst":
+        kw.update(backward=case.backward, schedule=case.schedule)
+    if case.schedule == "double":
+        kw["topology"] = burstattn.two_level_groups(2)
+    for name, value in (("softcap", case.softcap), ("window", case.window), ("alibi_slopes", t.get("alibi"))):
+        if value is not None:
+            kw[name] = value
+    if case.docs:
+        cu_q, cu_k = case.cu()
+        kw.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(b - a for a, b in zip(cu_q, cu_q[1:])))
+    return kw
+
+
+def formula(case: FCase, rank: int, dtype) -> dict:
+    """The bytes ``rank`` must send: the sparse plan's (masks), the double ring's or the ring's."""
+    from burstattn import formulas
+    from burstattn.masks import AttnMask, choose_mask_backward, mask_bytes, mask_plan
+
+    shape = dict(batch=case.batch, local_seq=case.nq, q_heads=case.hq, kv_heads=case.hkv, head_dim=case.d,
+                 dtype=dtype, kv_local_seq=case.nk, v_head_dim=case.dv)
+    if case.world == 1:
+        return {}
+    sparse = case.window is not None or case.docs is not None
+    mode = "kv" if case.strategy == "ring" else case.backward
+    if sparse:
+        cu = case.cu()
+        mask = AttnMask(window=case.window, cu_seqlens=cu and cu[0], cu_seqlens_k=cu and cu[1])
+        mode = choose_mask_backward(**shape) if mode == "auto" else mode
+        plan = mask_plan(mask, case.causal, case.q_len, case.world, case.layout, rank, case.k_len, case.keys_layout)
+        return mask_bytes(plan, backward=mode, **shape)["ops"]
+    mode = formulas.choose_backward(world_size=case.world, **shape) if mode == "auto" else mode
+    if case.schedule == "double":
+        return formulas.double_bytes(world_size=case.world, ranks_per_node=2, backward=mode, **shape)["ops"]
+    return formulas.ring_bytes(world_size=case.world, backward=mode, **shape)["ops"]
+
+
+def run_one(rank: int, world: int, case: FCase) -> dict:
+    """Forward (with LSE) + backward of this rank's shard; the bytes sent and their formula."""
+    t = inputs(case)
+    q_pos = local_positions(case.q_len, rank, world, case.layout)
+    k_pos = local_positions(case.k_len, rank, world, case.keys_layout)
+    q = t["q"].index_select(1, q_pos).requires_grad_()
+    k, v = (t[n].index_select(1, k_pos).requires_grad_() for n in ("k", "v"))
+    dout = t["dout"].index_select(1, q_pos)
+    sinks = t["sinks"].clone().requires_grad_() if case.sinks else None
+    kw = options(case, t)
+    with burstattn.comm_stats() as stats:
+        if case.strategy == "burst":
+            out, lse = burstattn.burst_attn_func(q, k, v, sinks=sinks, return_lse=True, **kw)
+        else:
+            out, lse = burstattn.attention(q, k, v, strategy=case.strategy, sinks=sinks, **kw), None
+        out.backward(dout)
+    sent = {key: b for key, b in stats.sent_by_op().items() if b}
+    return dict(out=out.detach(), lse=lse, dq=q.grad, dk=k.grad, dv=v.grad,
+                dsinks=None if sinks is None else sinks.grad, q_pos=q_pos, k_pos=k_pos, sent=sent,
+                formula={key: b for key, b in formula(case, rank, q.dtype).items() if b})
+
+
+def run_many(rank: int, world: int, cases: list) -> list:
+    """:func:`run_one` for every case (one pool call for many small cases)."""
+    return [run_one(rank, world, c) for c in cases]
+
+
+def assemble(results: list, name: str, pos: str, length: int, dim: int) -> torch.Tensor:
+    """Every rank's shard of ``name`` back at its global positions (``pos``: ``"q_pos"`` / ``"k_pos"``)."""
+    shape = list(results[0][name].shape)
+    shape[dim] = length
+    full = torch.empty(shape, dtype=results[0][name].dtype)
+    for r in results:
+        full.index_copy_(dim, r[pos], r[name])
+    return full
+
+
+def errors(case: FCase, results: list) -> dict:
+    """Relative Frobenius errors against the oracle, and whether LSE is ``-inf`` exactly where the
+    oracle's is (rows that see nothing)."""
+    ref = reference(case)
+    got = dict(out=assemble(results, "out", "q_pos", case.q_len, 1), dq=assemble(results, "dq", "q_pos", case.q_len, 1),
+               dk=assemble(results, "dk", "k_pos", case.k_len, 1), dv=assemble(results, "dv", "k_pos", case.k_len, 1))
+    if results[0]["lse"] is not None:
+        got["lse"] = assemble(results, "lse", "q_pos", case.q_len, 2)
+    if case.sinks:
+        got["dsinks"] = sum(r["dsinks"].double() for r in results)
+    # a gradient that is exactly 0 in exact arithmetic is measured against the scale of dv instead
+    floor = float(ref["dv"].norm())
+    err = {}
+    for name, x in got.items():
+        r = ref[name]
+        if name == "lse":
+            blind = torch.isinf(r)
+            err["lse_blind_match"] = bool(torch.equal(torch.isinf(x) & (x < 0), blind))
+            x, r = x[~blind], r[~blind]
+        if not torch.isfinite(x).all():
+            err[name] = float("inf")
+            continue
+        scale = float(r.norm()) if name in ("lse", "dsinks", "out") else max(float(r.norm()), floor)
+        err[name] = float((x.double() - r).norm() / max(scale, 1e-300))
+    return err

@@ -1,0 +1,175 @@
+"""Rank-side functions of tests/dist/test_hf_families.py: the model families of issue 20 (Gemma 2,
+gpt-oss, a DeepSeek-V3-style MLA model, the encoder-decoder T5Gemma) from small configs with random
+weights, under ``attn_implementation="burst"`` against transformers' eager attention on one process."""
+from __future__ import annotations
+
+import torch
+
+import burstattn
+import burstattn.hf as bhf
+
+VOCAB = 128
+
+
+def _sharpen(model, factor: float = 12.0):
+    """Scale the query/key projections up so that scores are O(1-10): with the tiny default init the
+    scores are ~0 and a softcap would change nothing the test could see."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(factor)
+    return model
+
+
+def build(kind: str, seed: int = 0):
+    """A 2-layer float32 model of ``kind`` with seeded random weights (no download)."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    small = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 max_position_embeddings=512)
+    if kind == "gemma2":  # softcap on every layer, a sliding window of 8 on alternate layers
+        cfg = tf.Gemma2Config(**small, intermediate_size=128, num_key_value_heads=2, head_dim=16, sliding_window=8,
+                              attn_logit_softcapping=2.0)
+        return _sharpen(tf.Gemma2ForCausalLM(cfg).float().eval())
+    if kind == "gpt_oss":  # learned sinks, alternating sliding windows, a small MoE
+        cfg = tf.GptOssConfig(**small, intermediate_size=64, num_key_value_heads=2, head_dim=16, sliding_window=8,
+                              num_local_experts=4, num_experts_per_tok=2)
+        model = tf.GptOssForCausalLM(cfg).float().eval()
+        with torch.no_grad():  # away from 0 so that they matter
+            for layer in model.model.layers:
+                layer.self_attn.sinks.normal_(1.0, 1.0)
+        return model
+    if kind == "deepseek_v3":  # MLA: q/k head size 24 (16 + 8 rope), v head size 16
+        cfg = tf.DeepseekV3Config(**small, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=4,
+                                  q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16,
+                                  v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
+                                  first_k_dense_replace=1, rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+        return tf.DeepseekV3ForCausalLM(cfg).float().eval()
+    if kind == "t5gemma":  # bidirectional encoder (sliding windows), causal decoder, cross-attention, softcap
+        sub = dict(**small, intermediate_size=128, num_key_value_heads=2, head_dim=16, sliding_window=6,
+                   attn_logit_softcapping=2.0)
+        cfg = tf.T5GemmaConfig(encoder=tf.T5GemmaModuleConfig(**sub), decoder=tf.T5GemmaModuleConfig(**sub),
+                               vocab_size=VOCAB)
+        return _sharpen(tf.T5GemmaForConditionalGeneration(cfg).float().eval())
+    raise ValueError(kind)
+
+
+def _tokens(batch: int, seq: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed + 1)
+    return torch.randint(2, VOCAB, (batch, seq), generator=gen)
+
+
+def _grad_err(model, ref_grads: dict) -> float:
+    return max(float((p.grad - ref_grads[name]).abs().max()) for name, p in model.named_parameters()
+               if name in ref_grads)
+
+
+def decoder_only(rank: int, world: int, kind: str, seq: int = 21, new_tokens: int = 6) -> dict:
+    """Loss, logits and every parameter's gradient of a sequence-parallel forward/backward, and greedy
+    tokens over a ShardedCache, each against the eager single-process model."""
+    bhf.register(strategy="burst", backend="auto")
+    model = build(kind)
+    bhf.check_model(model)
+    ids = _tokens(2, seq, 0)
+    model.set_attn_implementation("eager")
+    ref = model(input_ids=ids, labels=ids)
+    ref.loss.backward()
+    ref_grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    prompt = ids[:1, :seq - 4]
+    ref_tokens = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+    model.zero_grad(set_to_none=True)
+
+    model.set_attn_implementation("burst")
+    batch = bhf.shard_batch(ids, ids)
+    out = model(**batch)
+    out.loss.backward()
+    bhf.sync_gradients(model)
+    logits = bhf.gather_logits(out.logits.detach(), shard=batch["burst_shard"])
+    with torch.no_grad():
+        tokens = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                                past_key_values=bhf.ShardedCache())
+    return dict(loss_err=float((out.loss.detach() - ref.loss.detach()).abs()),
+                logits_err=float((logits - ref.logits.detach()).abs().max()), grad_err=_grad_err(model, ref_grads),
+                grads=len(ref_grads), tokens=tokens, ref_tokens=ref_tokens)
+
+
+def _greedy(model, enc: torch.Tensor, start: int, steps: int, sharded: bool) -> torch.Tensor:
+    """Greedy decoding by full forwards (no cache): sequence-parallel (``sharded``) or on one process."""
+    dec = torch.full((enc.shape[0], 1), start, dtype=torch.long)
+    for _ in range(steps):
+        if sharded:
+            logits = bhf.gather_logits(model(**bhf.shard_seq2seq_batch(enc, dec)).logits)[:, :dec.shape[1]]
+        else:
+            logits = model(input_ids=enc, decoder_input_ids=dec).logits
+        dec = torch.cat([dec, logits[:, -1].argmax(-1, keepdim=True)], 1)
+    return dec
+
+
+def encoder_decoder(rank: int, world: int, enc_len: int = 16, dec_len: int = 11, new_tokens: int = 5) -> dict:
+    """T5Gemma: loss, logits and gradients of a sequence-parallel forward/backward (encoder and
+    decoder sequences sharded, cross-attention between them), and greedy tokens by sharded forwards,
+    against the eager single-process model (and its ``generate``)."""
+    bhf.register(strategy="burst", backend="auto")
+    model = build("t5gemma")
+    bhf.check_model(model)
+    enc, labels = _tokens(2, enc_len, 3), _tokens(2, dec_len, 4)
+    start = model.generation_config.decoder_start_token_id
+    start = model.config.decoder.bos_token_id if start is None else start
+    dec = torch.cat([torch.full((2, 1), start), labels[:, :-1]], 1)  # shifted right
+    model.set_attn_implementation("eager")
+    ref = model(input_ids=enc, decoder_input_ids=dec, labels=labels)
+    ref.loss.backward()
+    ref_grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    with torch.no_grad():
+        ref_tokens = _greedy(model, enc[:1], start, new_tokens, sharded=False)
+        gen_tokens = model.generate(enc[:1], max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+    model.zero_grad(set_to_none=True)
+
+    model.set_attn_implementation("burst")
+    out = model(**bhf.shard_seq2seq_batch(enc, dec, labels))
+    out.loss.backward()
+    bhf.sync_gradients(model)
+    logits = bhf.gather_logits(out.logits.detach())[:, :dec_len]
+    with torch.no_grad():
+        tokens = _greedy(model, enc[:1], start, new_tokens, sharded=True)
+    return dict(loss_err=float((out.loss.detach() - ref.loss.detach()).abs()),
+                logits_err=float((logits - ref.logits.detach()).abs().max()), grad_err=_grad_err(model, ref_grads),
+                grads=len(ref_grads), tokens=tokens, ref_tokens=ref_tokens, gen_tokens=gen_tokens)
+
+
+def refused(rank: int, world: int, what: str) -> str:
+    """The error of a model or option burstattn cannot honour (``"no error"`` if none)."""
+    import transformers as tf
+
+    try:
+        if what == "bloom":
+            bhf.check_model(tf.BloomForCausalLM(tf.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=1, n_head=2)))
+        elif what == "bloom_sync":  # the manual loop, without check_model: refused before the optimizer step
+            bhf.register(strategy="burst", backend="auto")
+            model = tf.BloomForCausalLM(tf.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=1, n_head=2))
+            model.set_attn_implementation("burst")  # transformers warns and keeps its own attention
+            ids = _tokens(1, 8 * world, 0)
+            batch = bhf.shard_batch(ids, labels=ids)
+            batch.pop("burst_shard", None)  # Bloom's forward takes no such keyword
+            model(**batch).loss.backward()
+            bhf.sync_gradients(model)
+        elif what == "t5gemma_generate":  # every rank runs the same tokens: no shard to attend to
+            bhf.register(strategy="burst", backend="auto")
+            model = build("t5gemma")
+            model.set_attn_implementation("burst")
+            with torch.no_grad():
+                model.generate(_tokens(1, 16, 3), max_new_tokens=2, do_sample=False)
+        elif what == "ulysses_sinks":
+            bhf.register(strategy="ulysses", backend="auto")
+            model = build("gpt_oss")
+            model.set_attn_implementation("burst")
+            model(**bhf.shard_batch(_tokens(1, 8 * world, 0)))
+        elif what == "unknown_kwarg":
+            bhf.register(strategy="burst", backend="auto")
+            model = build("gemma2")
+            model.set_attn_implementation("burst")
+            model(**bhf.shard_batch(_tokens(1, 8 * world, 0)), position_bias=torch.ones(1))
+    except (ValueError, TypeError) as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"

@@ -1,0 +1,47 @@
+"""One-line messages of the command line: `bench` without a suite names every suite, a bad
+`--cluster` is one line before anything is measured, Ctrl-C is one line."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+import burstattn.cli as cli
+from burstattn.cli import build_parser, main
+
+
+def _suites() -> list[str]:
+    bench = build_parser()._subparsers._group_actions[0].choices["bench"]
+    sub = next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction))
+    return list(sub.choices)
+
+
+def test_bench_alone_names_every_suite(capsys):
+    assert main(["bench"]) == 2
+    err = capsys.readouterr().err
+    suites = _suites()
+    assert {"core", "grid", "maxlen", "masks", "train", "infer"} <= set(suites)
+    assert err.count("\n") == 1 and all(name in err for name in suites), err
+
+
+@pytest.mark.parametrize("argv,prefix", [(["bench", "--cluster", "nope"], "burstattn bench: error: "),
+                                         (["bench", "train", "--cluster", "nope"], "burstattn bench train: error: "),
+                                         (["bench", "infer", "--cluster", "inter=1x"], "burstattn bench infer: error: ")])
+def test_bench_bad_cluster_is_one_line(capsys, monkeypatch, argv, prefix):
+    import burstattn.cluster.spec as spec
+
+    monkeypatch.setattr(spec, "calibrate", lambda *a, **k: pytest.fail("measured before checking --cluster"))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(prefix) and err.count("\n") == 1 and "--cluster" in err and "a100-pcie-roce" in err, err
+
+
+def test_ctrl_c_is_one_line(capsys, monkeypatch):
+    def interrupted(ns):
+        raise KeyboardInterrupt
+
+    parser = build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    parser._subparsers._group_actions[0].choices["plan"].set_defaults(handler=interrupted)
+    assert main(["plan", "--seq-len", "1024"]) == 130
+    assert capsys.readouterr().err == "burstattn plan: interrupted\n"
