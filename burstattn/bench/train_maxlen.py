@@ -88,13 +88,19 @@ def search(cfg: MaxLenConfig, name: str, log=print) -> dict:
     budget = cfg.budget_mb * 2**20
     probes: list[dict] = []
 
+    refused: list[str] = []
+
     def fits(n: int) -> bool:
+        if refused:  # the library rejects this configuration: no length fits
+            return False
         tcfg, variant = train_config(cfg, name, n)
         t0 = time.perf_counter()
-        ranks = fresh_probe(cfg.world_size, tcfg, variant, threads=cfg.threads)
+        ranks, why = fresh_probe(cfg.world_size, tcfg, variant, threads=cfg.threads)
         rec = dict(seq_len=n, wall_s=time.perf_counter() - t0)
         if ranks is None:
-            rec["error"] = "the step failed"
+            rec["error"] = why
+            if why.startswith("refused:"):
+                refused.append(why)
         else:
             rec.update(peak_bytes=[r["peak_bytes"] for r in ranks], maxrss_bytes=[r["maxrss_bytes"] for r in ranks],
                        seconds=ranks[0]["seconds"], param_bytes=max(r["param_bytes"] for r in ranks),
@@ -107,6 +113,7 @@ def search(cfg: MaxLenConfig, name: str, log=print) -> dict:
         return rec["fits"]
 
     lo, note = search_longest(fits, start=cfg.start, cap=cfg.cap, granule=cfg.granule, bisect_steps=cfg.bisect_steps)
+    note = refused[0] if refused else note
     return dict(contender=name, longest=lo, note=note, probes=probes)
 
 
@@ -176,7 +183,8 @@ def run_maxlen(cfg: MaxLenConfig) -> dict:
         rec["bytes_per_token"] = per_token(rec)
         records.append(rec)
     fitted = [r["longest"] for r in records if r["longest"]]
-    time_len = cfg.time_len or min([8192] + fitted) // (2 * cfg.world_size * 256) * (2 * cfg.world_size * 256)
+    unit = 2 * cfg.world_size * 256
+    time_len = cfg.time_len or (min([8192] + fitted) // unit * unit if fitted else 0)
     best = max((r for r in records if r["contender"] == "remat+blockwise" and r["longest"]), default=None,
                key=lambda r: r["longest"])
     doc = dict(config=asdict(cfg), machine=machine_info(), code=code_version(), records=records,

@@ -135,12 +135,16 @@ def sim_config(cfg, world: int, hw=None):
 
 
 def fresh_probe(world: int, cfg, variant: str = "lean", threads: int = 1,
-                timeout_s: float = 3600.0) -> Optional[list[dict]]:
-    """:func:`probe_step` in a fresh local group (so ``ru_maxrss`` is this step's); ``None`` when the
-    step failed on some rank (out of memory, a length the layout cannot split)."""
+                timeout_s: float = 3600.0) -> tuple[Optional[list[dict]], Optional[str]]:
+    """:func:`probe_step` in a fresh local group (so ``ru_maxrss`` is this step's): ``(every rank's
+    record, None)``, or ``(None, why)`` when the step failed on some rank (``why`` starts with
+    ``refused:`` for a configuration the library rejects, e.g. tp over more ranks than kv heads)."""
     from ..testing.launch import LocalGroupError, run_local
 
     try:
-        return run_local(probe_step, world, cfg, variant, threads_per_rank=threads, timeout_s=timeout_s)
-    except LocalGroupError:
-        return None
+        return run_local(probe_step, world, cfg, variant, threads_per_rank=threads, timeout_s=timeout_s), None
+    except LocalGroupError as exc:
+        first = exc.errors[min(exc.errors)] if exc.errors else None
+        if first is not None and "ValueError" in first.type_names:
+            return None, "refused: " + first.message.splitlines()[-1][:300]
+        return None, exc.summary[:300]
