@@ -124,7 +124,7 @@ class TransformerBlock(nn.Module):
 
     The second half (``wo``, the residual, the norm and the MLP) runs over chunks of the local
     rows (``LayerRun.mlp_chunk``); under Megatron-V3 the attention output has ``tp`` times the
-    block's rows and each chunk takes its rows of it (:func:`~burstattn.models.blockwise.take_rows`)."""
+    block's rows and each chunk takes its rows of it (:func:`~burstattn.models.blockwise.row_chunks`)."""
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
