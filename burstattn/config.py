@@ -104,8 +104,16 @@ class AttnConfig:
 
     @property
     def sparse(self) -> bool:
-        """Whether the call runs the masked engine (a mask, or an explicit partition layout)."""
+        """Whether the call's plan is a mask plan (:mod:`burstattn.masks.plan`: the sparse direct
+        schedule that moves K/V only where some query sees them): it has a mask, or an explicit
+        partition layout."""
         return self.mask is not None or not isinstance(self.layout, str) or not isinstance(self.keys_layout, str)
+
+    def travelling(self, phase: str) -> str:
+        """The side a ring moves in ``phase`` (the engine's name for the choice ``backward`` makes):
+        ``"kv"`` in the forward and for ``backward="kv"``, else ``"q"`` (the query side:
+        ``backward="burst"``; DistFlashAttn's direct steps, which move both, ignore it)."""
+        return "kv" if phase == "forward" or self.backward == "kv" else "q"
 
     def mask_key(self, seq_len: Optional[int] = None) -> int:
         """31-bit checksum of the mask (its values, probed at ``seq_len``: see

@@ -1,4 +1,5 @@
-"""Process groups and meshes: the two-level groups of ``schedule="double"``, USP's Ulysses x ring
+"""Process groups and meshes: where a call runs (:class:`GroupContext`, from the one group-resolution
+function :func:`group_context`), the two-level groups of ``schedule="double"``, USP's Ulysses x ring
 grid, DeviceMesh helpers, and the group <-> name mapping the custom ops need.
 
 Bottom layer: imports only torch (and :mod:`.layout` for positions). Groups are always passed
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -25,6 +26,33 @@ from .layout import local_positions
 def distributed() -> bool:
     """Whether ``torch.distributed`` is available and initialised."""
     return dist.is_available() and dist.is_initialized()
+
+
+class GroupContext(NamedTuple):
+    """Where a call runs: the process group (``None`` for a world of one without
+    ``torch.distributed``), this rank in it and its size (``group, rank, world_size = ctx``)."""
+
+    group: Optional[dist.ProcessGroup]
+    rank: int
+    world_size: int
+
+
+def group_context(group: Optional[dist.ProcessGroup] = None) -> GroupContext:
+    """The one group resolution: ``group``, or the world when ``None``; a world of one when
+    ``torch.distributed`` is not initialised (then a given ``group`` raises ``ValueError``)."""
+    if not distributed():
+        if group is not None:
+            raise ValueError("group was given but torch.distributed is not initialized")
+        return GroupContext(None, 0, 1)
+    group = group if group is not None else dist.group.WORLD
+    return GroupContext(group, dist.get_rank(group), dist.get_world_size(group))
+
+
+def named_context(name: str) -> GroupContext:
+    """The :class:`GroupContext` of a group given by name (a custom op's argument; ``""``: a world
+    of one)."""
+    pg = resolve_group(name)
+    return GroupContext(None, 0, 1) if pg is None else GroupContext(pg, dist.get_rank(pg), dist.get_world_size(pg))
 
 
 def group_name(group: Optional[dist.ProcessGroup]) -> str:

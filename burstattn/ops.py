@@ -33,10 +33,10 @@ from typing import Callable, Optional
 
 import torch
 
-from .autograd import DOUBLE_BACKWARD, RingContext, backward_pass, forward_pass
+from .autograd import DOUBLE_BACKWARD, backward_pass, forward_pass
 from .config import AttnConfig
 from .formulas import accum_dtype
-from .groups import TwoLevelGroups, group_name, resolve_group
+from .groups import GroupContext, TwoLevelGroups, group_name, named_context, resolve_group
 from .masks.setup import DATA_MASKS, plan_for
 from .validate import check_inputs
 
@@ -110,7 +110,7 @@ def _layout_arg(layout):
     return f"partition:{layout.name}", torch.stack(list(layout.positions))
 
 
-def op_arguments(ring: RingContext, cfg: AttnConfig, fn: str):
+def op_arguments(where: GroupContext, cfg: AttnConfig, fn: str):
     """``(group, spec, positions, kv_positions, bounds, kv_bounds)`` of the ops for a resolved ``cfg``
     whose mask, if any, has no ``mask_mod``."""
     mask, topo = cfg.mask, cfg.topology
@@ -124,20 +124,17 @@ def op_arguments(ring: RingContext, cfg: AttnConfig, fn: str):
                   kv_layout, cfg.softcap, cfg.deterministic, cfg.grad_partials)
     bounds = mask.bounds if spec.documents else None
     kv_bounds = mask.kv_bounds if spec.documents else None
-    return group_name(ring.group), spec.encode(), positions, kv_positions, bounds, kv_bounds
+    return group_name(where.group), spec.encode(), positions, kv_positions, bounds, kv_bounds
 
 
 def call_of(group: str, spec: str, positions: Optional[torch.Tensor], kv_positions: Optional[torch.Tensor],
             bounds: Optional[torch.Tensor], kv_bounds: Optional[torch.Tensor], alibi: bool = False,
-            sinks: bool = False) -> tuple[RingContext, AttnConfig, str]:
-    """The inverse of :func:`op_arguments`: ``(ring, cfg, fn)``."""
-    import torch.distributed as dist
-
+            sinks: bool = False) -> tuple[GroupContext, AttnConfig, str]:
+    """The inverse of :func:`op_arguments`: ``(where, cfg, fn)``."""
     from .partition import Partition
 
     s = OpSpec.decode(spec)
-    pg = resolve_group(group)
-    ring = RingContext(pg, dist.get_rank(pg), dist.get_world_size(pg)) if pg is not None else RingContext(None, 0, 1)
+    where = named_context(group)
 
     def layout_of(name, pos):
         if name is not None and name.startswith("partition:"):
@@ -158,13 +155,13 @@ def call_of(group: str, spec: str, positions: Optional[torch.Tensor], kv_positio
                      backward=s.backward, schedule=s.schedule, mask=mask, topology=topo, kv_layout=kv_layout,
                      softcap=s.softcap, alibi=alibi, sinks=sinks, deterministic=s.deterministic,
                      grad_partials=s.grad_partials)
-    return ring, cfg, s.fn
+    return where, cfg, s.fn
 
 
-def checked_plan(q, k, v, ring: RingContext, cfg: AttnConfig, fn: str, alibi=None, sinks=None):
+def checked_plan(q, k, v, where: GroupContext, cfg: AttnConfig, fn: str, alibi=None, sinks=None):
     """This rank's mask plan (``None`` for a dense call), after the cross-rank check has passed."""
-    plan, problem = plan_for(q, cfg, ring.rank, ring.world_size, k.shape[1] if isinstance(k, torch.Tensor) else None)
-    check_inputs(q, k, v, cfg, ring.group, ring.world_size, fn=fn, extra=problem, alibi=alibi, sinks=sinks)
+    plan, problem = plan_for(q, cfg, where.rank, where.world_size, k.shape[1] if isinstance(k, torch.Tensor) else None)
+    check_inputs(q, k, v, cfg, where.group, where.world_size, fn=fn, extra=problem, alibi=alibi, sinks=sinks)
     return plan
 
 
@@ -192,10 +189,10 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi: Opti
     """Check the call on every rank, then run the distributed forward: ``q [B, n, Hq, D]``,
     ``k [B, n_k, Hkv, D]``, ``v [B, n_k, Hkv, Dv]`` -> ``out [B, n, Hq, Dv]`` (q's dtype), ``lse [B, Hq, n]``
     (float32; float64)."""
-    ring, cfg, fn = call_of(group, spec, positions, kv_positions, bounds, kv_bounds, alibi is not None,
-                            sinks is not None)
-    plan = checked_plan(q, k, v, ring, cfg, fn, alibi, sinks)
-    out, lse = forward_pass(ring, cfg, plan, q, k, v, alibi, sinks)
+    where, cfg, fn = call_of(group, spec, positions, kv_positions, bounds, kv_bounds, alibi is not None,
+                             sinks is not None)
+    plan = checked_plan(q, k, v, where, cfg, fn, alibi, sinks)
+    out, lse = forward_pass(where, cfg, plan, q, k, v, alibi, sinks)
     out, lse = owned([out, lse], (q, k, v, alibi, sinks))
     return out, lse
 
@@ -214,12 +211,12 @@ def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The distributed backward: ``dq, dk, dv`` (the inputs' shapes and dtypes) and ``dsinks [Hq]``
     (sinks' dtype; empty without sinks)."""
-    ring, cfg, _ = call_of(group, spec, positions, kv_positions, bounds, kv_bounds, alibi is not None,
-                           sinks is not None)
-    plan, problem = plan_for(q, cfg, ring.rank, ring.world_size, k.shape[1])  # checked in the forward already
+    where, cfg, _ = call_of(group, spec, positions, kv_positions, bounds, kv_bounds, alibi is not None,
+                            sinks is not None)
+    plan, problem = plan_for(q, cfg, where.rank, where.world_size, k.shape[1])  # checked in the forward already
     if problem:
         raise problem[0](problem[1])
-    dq, dk, dv, dsinks = backward_pass(ring, cfg, plan, dout, q, k, v, out, lse, alibi=alibi, sinks=sinks)
+    dq, dk, dv, dsinks = backward_pass(where, cfg, plan, dout, q, k, v, out, lse, alibi=alibi, sinks=sinks)
     dsinks = q.new_empty(0) if dsinks is None else dsinks.to(sinks.dtype)
     return tuple(owned([dq, dk, dv, dsinks], (dout, q, k, v, out, lse, alibi, sinks)))
 
@@ -261,10 +258,10 @@ attention_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
 attention_bwd.register_autograd(_refuse_double_backward, setup_context=_setup_bwd)
 
 
-def call_attention(q, k, v, ring: RingContext, cfg: AttnConfig, fn: str, alibi=None,
+def call_attention(q, k, v, where: GroupContext, cfg: AttnConfig, fn: str, alibi=None,
                    sinks=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``out, lse`` of a resolved call through the custom op (the cross-rank check inside)."""
-    group, spec, positions, kv_positions, bounds, kv_bounds = op_arguments(ring, cfg, fn)
+    group, spec, positions, kv_positions, bounds, kv_bounds = op_arguments(where, cfg, fn)
     return torch.ops.burstattn.attention_fwd(q, k, v, alibi, sinks, group, spec, positions, kv_positions, bounds,
                                              kv_bounds)
 

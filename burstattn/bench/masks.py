@@ -25,8 +25,8 @@ Per point, in every rank (one :class:`~burstattn.testing.launch.LocalPool` per w
    is the slowest rank's, the record keeps the median.
 
 The balance figure is max over mean of the score entries each rank computes under the plan
-actually run (:func:`burstattn.masks.rank_work`, ``engine.schedule.rank_cost``, or the
-``distflash_plan`` steps); the useful work counts the visible (q, k) pairs of the mask.
+actually run (:func:`burstattn.engine.plan.plan_cost` of each rank's plan); the useful work counts
+the visible (q, k) pairs of the mask.
 """
 from __future__ import annotations
 

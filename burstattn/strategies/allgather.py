@@ -2,9 +2,10 @@
 
 Forward: one all-gather brings every rank's K/V (at kv heads, packed, op ``kv``) to every
 rank; the local queries then attend to each rank's block with the same per-pair plan as the
-ring (:func:`burstattn.engine.schedule.block_ops` for ``(this rank, j)``, so every layout and
+ring (:func:`burstattn.engine.pairs.position_ops` for ``(this rank, j)``, so every layout and
 the causal mask are exact and fully masked blocks are skipped), the partials folded by the
-one log-sum-exp merge in float32 (float64 for float64 inputs).
+one log-sum-exp merge in float32 (float64 for float64 inputs): the engine's
+:func:`~burstattn.engine.run.gathered_forward` over a one-step plan.
 
 Backward: the K/V are gathered again (op ``kv``, phase backward: the gathered copy is not
 kept between forward and backward, so a layer holds only its own shard meanwhile), dQ
@@ -22,21 +23,21 @@ from typing import Optional
 
 import torch
 
-from ..autograd import RingContext, block_calls, call_positions, refuse_double_backward, without_autocast
+from ..autograd import block_calls, call_positions, refuse_double_backward, without_autocast
 from ..comm.collectives import Collectives
 from ..comm.stats import CommStats, active_stats
 from ..config import AttnConfig
-from ..engine.loop import run_plan
-from ..engine.passes import BackwardAccs, ForwardAccs, backward_compute, backward_lse, forward_compute
-from ..kernels.base import row_dot
-from ..engine.plan import local, ops_from_positions
+from ..engine.pairs import ops_from_positions
+from ..engine.plan import local
+from ..engine.run import gathered_backward, gathered_forward
 from ..formulas import accum_dtype, byte_totals, element_size, meta_bytes
+from ..groups import GroupContext
 from ..kernels import resolve_backend
 from ..layout import local_positions
 from .base import start_masked
 
 
-def _local_plan(ring: RingContext, cfg: AttnConfig, n: int, plan):
+def _local_plan(ring: GroupContext, cfg: AttnConfig, n: int, plan):
     """One step, no transfers: this rank's queries against every rank's gathered K/V (the mask
     plan's ops with a mask, else the ops from the positions)."""
     p = ring.world_size
@@ -48,7 +49,7 @@ def _local_plan(ring: RingContext, cfg: AttnConfig, n: int, plan):
     return local(ring.rank, list(range(p)), ops_of)
 
 
-def _gather_kv(ring: RingContext, k: torch.Tensor, v: torch.Tensor, phase: str,
+def _gather_kv(ring: GroupContext, k: torch.Tensor, v: torch.Tensor, phase: str,
                stats: Optional[CommStats]) -> torch.Tensor:
     """``k, v [B, Hkv, n, D]`` of this rank -> ``[P, 2, B, Hkv, n, D]`` of every rank."""
     kv = torch.stack([k, v])  # (2, B, Hkv, n, D)
@@ -63,17 +64,13 @@ class _AllGatherAttn(torch.autograd.Function):
 
     @staticmethod
     @without_autocast
-    def forward(ctx, q, k, v, ring: RingContext, cfg: AttnConfig, plan=None):
-        qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))  # [B, n, H, D] -> [B, H, n, D] views
-        b, hq, n, d = qh.shape
-        scale, stats = cfg.scale_for(d), active_stats()
+    def forward(ctx, q, k, v, ring: GroupContext, cfg: AttnConfig, plan=None):
+        kh, vh = (x.transpose(1, 2) for x in (k, v))  # [B, n, H, D] -> [B, H, n, D] views
+        n, d = q.shape[1], q.shape[3]
+        stats = active_stats()
         kv = _gather_kv(ring, kh, vh, "forward", stats)
-        data = {("q", ring.rank): (qh,), **{("kv", j): (kv[j],) for j in range(ring.world_size)}}
-        accs = ForwardAccs(qh)
-        calls = block_calls(cfg, plan, call_positions(cfg, ring.world_size, n, n), scale, qh, vh)
-        res = run_plan(None, _local_plan(ring, cfg, n, plan), data, forward_compute(calls), accs)
-        out32, lse = res.get(("q", ring.rank)) or accs.empty()
-        out = out32.transpose(1, 2).to(q.dtype).contiguous()  # (B, n, Hq, D)
+        calls = block_calls(cfg, plan is not None, call_positions(cfg, ring.world_size, n, n), cfg.scale_for(d), q, v)
+        out, lse = gathered_forward(_local_plan(ring, cfg, n, plan), calls, q, dict(enumerate(kv.unbind(0))))
         if any(ctx.needs_input_grad[:3]):
             ctx.save_for_backward(q, k, v, out, lse)
             ctx.ring, ctx.cfg, ctx.stats, ctx.plan = ring, cfg, stats, plan
@@ -86,22 +83,18 @@ class _AllGatherAttn(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         ring, cfg = ctx.ring, ctx.cfg
         stats = active_stats() or ctx.stats
-        qh, kh, vh, oh, doh = (x.transpose(1, 2) for x in (q, k, v, out, dout.to(q.dtype)))
-        n, scale, acc = q.shape[1], cfg.scale_for(q.shape[-1]), accum_dtype(q.dtype)
+        kh, vh = (x.transpose(1, 2) for x in (k, v))
+        n, acc = q.shape[1], accum_dtype(q.dtype)
         kv = _gather_kv(ring, kh, vh, "backward", stats)
-        delta = row_dot(doh, oh, acc)  # D = rowsum(dO * O), [B, Hq, n]
-        data = {("q", ring.rank): (qh, doh, torch.stack([backward_lse(lse), delta])),
-                **{("kv", j): (kv[j],) for j in range(ring.world_size)}}
-        accs = BackwardAccs(qh, kh)
-        calls = block_calls(cfg, ctx.plan, call_positions(cfg, ring.world_size, n, n), scale, qh, vh)
-        res = run_plan(None, _local_plan(ring, cfg, n, ctx.plan), data, backward_compute(calls, ring.rank, oh), accs)
-        dq = (res.get(("q", ring.rank)) or accs.zeros("q"))[0]
+        calls = block_calls(cfg, ctx.plan is not None, call_positions(cfg, ring.world_size, n, n), cfg.scale_for(q.shape[-1]),
+                            q, v)
+        dq, per_owner = gathered_backward(_local_plan(ring, cfg, n, ctx.plan), calls, dout, q,
+                                          dict(enumerate(kv.unbind(0))), out, lse)
         dkv = torch.zeros(kv.shape, dtype=acc, device=q.device)  # (P, 2, B, Hkv, n, D)
-        for j in range(ring.world_size):
-            if ("kv", j) in res:
-                dkv[j, 0], dkv[j, 1] = res[("kv", j)]
+        for j, (dk_j, dv_j) in per_owner.items():
+            dkv[j, 0], dkv[j, 1] = dk_j, dv_j
         mine = dkv[0] if ring.world_size == 1 else Collectives(ring.group, "backward", stats).reduce_scatter(dkv, "dkv")
-        return (dq.transpose(1, 2).to(q.dtype), mine[0].transpose(1, 2).to(k.dtype),
+        return (dq.to(q.dtype), mine[0].transpose(1, 2).to(k.dtype),
                 mine[1].transpose(1, 2).to(v.dtype), None, None, None)
 
 

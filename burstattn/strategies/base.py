@@ -6,8 +6,7 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import Callable, Optional
 
-from ..api import ring_context
-from ..autograd import RingContext
+from ..groups import GroupContext, group_context
 from ..config import AttnConfig
 from ..masks.setup import checked_config
 from ..validate import check_inputs, scale_value
@@ -82,11 +81,11 @@ def label(name: str) -> str:
 
 
 def start(name: str, q, k, v, *, group, causal: bool, softmax_scale, layout: str, backend: str = "auto",
-          backward: str = "auto", extra: Optional[tuple[type, str]] = None) -> tuple[RingContext, AttnConfig]:
+          backward: str = "auto", extra: Optional[tuple[type, str]] = None) -> tuple[GroupContext, AttnConfig]:
     """Every strategy's first step: resolve ``group`` and run :func:`~burstattn.validate.check_inputs`
     (so bad input raises on every rank; ``extra`` is a problem the strategy found in its own
     options on this rank, shared the same way). Returns the group context and the config."""
-    ring = ring_context(group)
+    ring = group_context(group)
     cfg = AttnConfig(causal=causal, softmax_scale=scale_value(softmax_scale), layout=layout, backend=backend,
                      backward=backward)
     extra = extra or one_sequence_problem(name, q, k, v)
@@ -100,7 +99,7 @@ def start_masked(name: str, q, k, v, *, group, causal: bool, softmax_scale, layo
     / ``document_ids`` / ``mask_mod`` / ``mask`` options). Returns ``(ring, cfg, plan)``: ``plan``
     is this rank's :class:`~burstattn.masks.plan.MaskPlan` (``None`` without a mask); a bad mask
     raises on every rank like any bad input."""
-    ring = ring_context(group)
+    ring = group_context(group)
     cfg, plan = checked_config(q, k, v, ring, mask_args or {}, label(name), causal=causal,
                                softmax_scale=scale_value(softmax_scale), layout=layout, backend=backend,
                                extra=one_sequence_problem(name, q, k, v))

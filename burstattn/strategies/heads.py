@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from ..comm.autograd import all_to_all
 from ..formulas import element_size
-from ..autograd import RingContext
+from ..groups import GroupContext
 from ..layout import local_positions
 from .base import label, start
 
@@ -35,7 +35,7 @@ def heads_problem(q_heads: int, degree: int, strategy: str, what: str = "group s
     return None
 
 
-def start_heads(name: str, q, k, v, *, group, causal, softmax_scale, layout, backend) -> RingContext:
+def start_heads(name: str, q, k, v, *, group, causal, softmax_scale, layout, backend) -> GroupContext:
     """:func:`~burstattn.strategies.base.start` for a strategy that splits query heads over the
     whole group (ulysses, tp): also raises ``ValueError`` (on every rank alike, the shapes being
     equal by then) when ``q_heads`` is not divisible by the group size."""

@@ -55,11 +55,11 @@ def masked_local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cf
     world of one, computing only the non-empty block ops. Differentiable."""
     from dataclasses import replace
 
-    from ..autograd import BurstAttnFunction, RingContext
+    from ..autograd import BurstAttnFunction, GroupContext
     from ..masks.plan import mask_plan
 
     n = q.shape[1]
     plan = mask_plan(cfg.mask, cfg.causal, n, 1, "contiguous", 0)
     local = replace(cfg, layout="contiguous", backend=resolve_backend(cfg.backend, q.device, q.dtype),
                     backward="burst")
-    return BurstAttnFunction.apply(q, k, v, None, None, RingContext(None, 0, 1), local, plan)[0]
+    return BurstAttnFunction.apply(q, k, v, None, None, GroupContext(None, 0, 1), local, plan)[0]
