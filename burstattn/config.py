@@ -1,6 +1,7 @@
 """Typed configuration shared by the public API, the autograd function and the engine."""
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
@@ -128,3 +129,73 @@ class AttnConfig:
     def scale_for(self, head_dim: int) -> float:
         """The softmax scale actually used for ``head_dim``."""
         return float(self.softmax_scale) if self.softmax_scale is not None else head_dim ** -0.5
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """Everything of a call but tensors and the group, as op-argument-friendly values.
+
+    Attributes:
+        fn: the caller's name for error messages (``burst_attn_func``, ``attention(strategy='ring')``).
+        causal, softmax_scale, backend, backward, schedule: as in :class:`~burstattn.config.AttnConfig`
+            (backend and backward resolved).
+        layout: a layout name, or ``"partition:NAME"`` (positions in the op's ``positions`` tensor).
+        topology: ``[inner group name, outer group name, ranks_per_node, nodes]`` of schedule "double".
+        window: ``[left, right]`` of a window mask (``None`` entries: unbounded); ``documents``: whether
+            the op's ``bounds`` tensor holds document boundaries; ``block_size``: the mask's tile.
+        kv_layout: the key sequence's layout (``None``: ``layout``; ``"partition:NAME"``: in
+            ``kv_positions``); softcap, deterministic, grad_partials: as in ``AttnConfig``.
+        strategy: the strategy that runs (``burstattn.strategies.op``'s ops); options: its own
+            options as ``[name, value]`` pairs (usp's degrees and sub-group names), ``None``: none.
+    """
+
+    fn: str
+    causal: bool
+    softmax_scale: Optional[float]
+    layout: str
+    backend: str
+    backward: str
+    schedule: str
+    topology: Optional[list] = None
+    window: Optional[list] = None
+    documents: bool = False
+    block_size: int = 256
+    kv_layout: Optional[str] = None
+    softcap: Optional[float] = None
+    deterministic: bool = False
+    grad_partials: str = "float32"
+    strategy: str = "burst"
+    options: Optional[list] = None
+
+    def encode(self) -> str:
+        """``key=value`` pairs joined by ``;`` (values as Python literals, lossless: see :func:`literal`).
+        Plain string formatting, which the compiler folds to a constant (it cannot trace ``json``)."""
+        return ";".join(f"{name}={literal(getattr(self, name))}" for name in FIELDS)
+
+    @staticmethod
+    def decode(text: str) -> "OpSpec":
+        """The inverse of :meth:`encode`."""
+        pairs = (item.split("=", 1) for item in text.split(";"))
+        return OpSpec(**{name: ast.literal_eval(value) for name, value in pairs})
+
+
+FIELDS = ("fn", "causal", "softmax_scale", "layout", "backend", "backward", "schedule", "topology", "window",
+          "documents", "block_size", "kv_layout", "softcap", "deterministic", "grad_partials", "strategy", "options")
+# characters a string literal of the spec may not hold raw: the field separator, the literal's own
+# quote and escape, and what ends a line or a source text; each becomes its escape, so decoding gives
+# the string back exactly
+ESCAPES = (("\\", "\\\\"), ("'", "\\'"), (";", "\\x3b"), ("\n", "\\n"), ("\r", "\\r"),
+           ("\x00", "\\x00"), ("\x0b", "\\x0b"), ("\x0c", "\\x0c"), ("\x1c", "\\x1c"), ("\x1d", "\\x1d"),
+           ("\x1e", "\\x1e"), ("\x85", "\\x85"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
+
+
+def literal(x) -> str:
+    """``x`` (None, bool, int, float, str, or a list of those) as a Python literal that holds no ``;``
+    (the field separator) and that ``ast.literal_eval`` turns back into ``x`` exactly."""
+    if isinstance(x, (list, tuple)):
+        return "[" + ",".join(literal(e) for e in x) + "]"
+    if isinstance(x, str):
+        for raw, escaped in ESCAPES:
+            x = x.replace(raw, escaped)
+        return "'" + x + "'"
+    return repr(x) if isinstance(x, float) else str(x)

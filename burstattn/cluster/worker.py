@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .netns import iface_tx  # noqa: F401  (kept importable here)
+from .netns import iface_tx
 
 
 def _inputs(cfg: dict, seed: int = 0):

@@ -27,7 +27,7 @@ from .loop import run_plan
 from .merge import add_sinks_, sinks_grad
 from .pairs import ops_from_positions
 from .passes import BackwardAccs, BlockCalls, ForwardAccs, KVPack, backward_compute, forward_compute, query_side
-from .plan import DIRECT, AnyPlan, Key, Nested, ring, two_level
+from .plan import DIRECT, AnyPlan, Key, Nested, local, ring, two_level
 
 MIN_GROUP_ELEMENTS = 1 << 19  # 2 MiB of float32 queries per group (1 MiB bfloat16)
 
@@ -49,9 +49,11 @@ def build_plan(rank: int, world_size: int, *, positions: list, causal: bool, tra
     (``[n_r]``; in the keys' coordinates when the two sequences differ, see
     :meth:`burstattn.AttnMask.aligned`) and ``kv_positions[r]`` of its keys (default: the same).
     ``travelling``: the side that moves, ``"kv"`` (forward, RingAttention's backward) or ``"q"``
-    (BurstAttention's backward; :meth:`burstattn.config.AttnConfig.travelling`). ``mask_plan``: a
-    :class:`~burstattn.masks.plan.MaskPlan` (its sparse direct steps and block ops replace the
-    dense ones)."""
+    (BurstAttention's backward; :meth:`burstattn.config.AttnConfig.travelling`). ``schedule``:
+    ``"ring"``, ``"distflash"``, ``"double"`` (``ranks_per_node``), or ``"gathered"``: one step
+    without transfers over every rank's K/V, held here after an all-gather (:func:`~.plan.local`).
+    ``mask_plan``: a :class:`~burstattn.masks.plan.MaskPlan` (its sparse direct steps and block ops
+    replace the dense ones)."""
     n = int(positions[rank].numel())
     kv_positions = positions if kv_positions is None else kv_positions
     if mask_plan is not None:
@@ -59,9 +61,13 @@ def build_plan(rank: int, world_size: int, *, positions: list, causal: bool, tra
 
         def ops_of(q: int, k: int):
             return mp.row[k] if q == rank else mp.col[q]
+        if schedule == "gathered":
+            return local(rank, list(range(world_size)), ops_of)
         steps = mp.kv_steps() if travelling == "kv" else mp.q_steps()
         return direct(rank, steps, world_size, ops_of, n, DIRECT)
     ops_of = ops_from_positions(positions, kv_positions, causal)
+    if schedule == "gathered":
+        return local(rank, list(range(world_size)), ops_of)
     if schedule == "distflash":
         return direct(rank, distflash_steps(rank, world_size), world_size, ops_of, n, DIRECT)
     if schedule == "double" and world_size > 1:

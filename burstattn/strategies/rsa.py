@@ -28,11 +28,10 @@ kernel (materialising them is the point), so ``backend`` can only be ``"auto"`` 
 """
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import replace
 
 import torch
 
-from ..autograd import refuse_double_backward, without_autocast
 from ..comm.stats import active_stats
 from ..comm.trace import active_trace
 from ..comm.transport import pass_transport
@@ -44,7 +43,8 @@ from ..formulas import accum_dtype, byte_totals, element_size, meta_bytes
 from ..groups import GroupContext
 from ..kernels.base import row_dot
 from ..layout import local_positions
-from .base import start
+from .base import check_call
+from .op import strategy_call
 
 K_RING, V_RING, KV_RING = Channels(kv="k", dkv="k_acc"), Channels(kv="v", dkv="v_acc"), Channels()
 
@@ -112,75 +112,94 @@ def _ring_of(where: GroupContext, comm, plan: Plan, block: torch.Tensor, compute
     return run_plan(comm, plan, {Key("kv", where.rank): (block,), Key("q", where.rank): ()}, step, accs)
 
 
-class _RingSelfAttn(torch.autograd.Function):
-    """``out = f(q, k, v)`` over ``where``; keeps the probabilities for the backward."""
+def forward(call, q, k, v):
+    """``out [B, n, Hq, D]`` and the saved ``[probs [B, Hkv, g, n, N], out [B, Hkv, g, n, D]]`` (both in
+    the accumulator dtype): the K ring fills the scores, a row softmax, the V ring forms the output."""
+    where, cfg = call.where, call.cfg
+    b, n, hq, d = q.shape
+    hkv, p, acc = k.shape[2], where.world_size, accum_dtype(q.dtype)
+    scale = cfg.scale_for(d)
+    qg = _grouped(q, hkv, acc)  # (B, Hkv, g, n, D)
+    seq = n * p
+    pos = [local_positions(seq, r, p, cfg.layout).to(q.device) for r in range(p)]
+    scores = torch.full((b, hkv, hq // hkv, n, seq), float("-inf"), dtype=acc, device=q.device)
 
-    @staticmethod
-    @without_autocast
-    def forward(ctx, q, k, v, where: GroupContext, cfg: AttnConfig):
-        b, n, hq, d = q.shape
-        hkv, p, acc = k.shape[2], where.world_size, accum_dtype(q.dtype)
-        scale, stats, trace = cfg.scale_for(d), active_stats(), active_trace()
-        qg = _grouped(q, hkv, acc)  # (B, Hkv, g, n, D)
-        seq = n * p
-        pos = [local_positions(seq, r, p, cfg.layout).to(q.device) for r in range(p)]
-        scores = torch.full((b, hkv, hq // hkv, n, seq), float("-inf"), dtype=acc, device=q.device)
+    def fill(pair, kb):  # kb (B, Hkv, n, D): keys of rank pair.k -> columns [k*n, (k+1)*n)
+        if pair.ops:
+            s = torch.matmul(qg, kb.to(acc).unsqueeze(2).transpose(-1, -2)).mul_(scale)  # (B, Hkv, g, n, n)
+            if cfg.causal:
+                s.masked_fill_(pos[pair.k][None, :] > pos[where.rank][:, None], float("-inf"))
+            scores[..., pair.k * n:(pair.k + 1) * n] = s
+        return ()
 
-        def fill(pair, kb):  # kb (B, Hkv, n, D): keys of rank pair.k -> columns [k*n, (k+1)*n)
-            if pair.ops:
-                s = torch.matmul(qg, kb.to(acc).unsqueeze(2).transpose(-1, -2)).mul_(scale)  # (B, Hkv, g, n, n)
-                if cfg.causal:
-                    s.masked_fill_(pos[pair.k][None, :] > pos[where.rank][:, None], float("-inf"))
-                scores[..., pair.k * n:(pair.k + 1) * n] = s
+    comm = pass_transport(where, "forward", active_stats(), active_trace())
+    # the loop sends this block on: (B, n, Hkv, D) -> (B, Hkv, n, D)
+    _ring_of(where, comm, _plan(where, cfg, n, K_RING), k.transpose(1, 2).contiguous(), fill)
+    # every row sees at least its own key, so the log-sum-exp is finite
+    probs = scores.sub_(torch.logsumexp(scores, dim=-1, keepdim=True)).exp_()
+    out = torch.zeros(qg.shape, dtype=acc, device=q.device)  # (B, Hkv, g, n, D)
+
+    def apply(pair, vb):  # vb (B, Hkv, n, D)
+        if pair.ops:
+            out.add_(torch.matmul(probs[..., pair.k * n:(pair.k + 1) * n], vb.to(acc).unsqueeze(2)))
+        return ()
+
+    _ring_of(where, comm, _plan(where, cfg, n, V_RING), v.transpose(1, 2).contiguous(), apply)
+    return _ungrouped(out, q.dtype), [probs, out]
+
+
+def backward(call, dout, q, k, v, out_unused, saved):
+    """``dq, dk, dv`` from the stored probabilities: a K/V ring with the dK/dV accumulator one step
+    behind (ops ``kv``, ``dkv``); nothing is recomputed."""
+    probs, out = saved
+    where, cfg = call.where, call.cfg
+    n, hkv = q.shape[1], k.shape[2]
+    acc, scale = out.dtype, cfg.scale_for(q.shape[3])
+    qg, dog = _grouped(q, hkv, acc), _grouped(dout, hkv, acc)  # (B, Hkv, g, n, D)
+    delta = row_dot(dog, out, acc).unsqueeze(-1)  # D = rowsum(dO * O), (B, Hkv, g, n, 1)
+    dq = torch.zeros_like(qg)
+
+    def compute(pair, kv):  # kv (2, B, Hkv, n, D) of rank pair.k
+        if not pair.ops:
             return ()
+        p_blk = probs[..., pair.k * n:(pair.k + 1) * n]  # (B, Hkv, g, n, n)
+        kb, vb = kv[0].to(acc).unsqueeze(2), kv[1].to(acc).unsqueeze(2)  # (B, Hkv, 1, n, D)
+        ds = p_blk * (torch.matmul(dog, vb.transpose(-1, -2)) - delta)
+        dq.add_(torch.matmul(ds, kb), alpha=scale)
+        # (B, Hkv, g, n, D) -> (B, Hkv, n, D): sum over the query heads sharing a kv head
+        return (Partial(slice(None), (torch.matmul(ds.transpose(-1, -2), qg).sum(2).mul_(scale),
+                                      torch.matmul(p_blk.transpose(-1, -2), dog).sum(2))),)
 
-        comm = pass_transport(where, "forward", stats, trace)
-        # the loop sends this block on: a copy, (B, n, Hkv, D) -> (B, Hkv, n, D)
-        _ring_of(where, comm, _plan(where, cfg, n, K_RING), k.transpose(1, 2).contiguous(), fill)
-        # every row sees at least its own key, so the log-sum-exp is finite
-        probs = scores.sub_(torch.logsumexp(scores, dim=-1, keepdim=True)).exp_()
-        out = torch.zeros(qg.shape, dtype=acc, device=q.device)  # (B, Hkv, g, n, D)
+    comm = pass_transport(where, "backward", active_stats(), active_trace())
+    kv = torch.stack([k.transpose(1, 2), v.transpose(1, 2)])  # (2, B, Hkv, n, D)
+    accs = _SumAccs(torch.zeros(kv.shape, dtype=acc, device=q.device))
+    res = _ring_of(where, comm, _plan(where, cfg, n, KV_RING), kv, compute, accs)
+    dk, dv = res.get(Key("kv", where.rank)) or accs.wire("kv", None)
+    return _ungrouped(dq, q.dtype), dk.transpose(1, 2).to(k.dtype), dv.transpose(1, 2).to(v.dtype)
 
-        def apply(pair, vb):  # vb (B, Hkv, n, D)
-            if pair.ops:
-                out.add_(torch.matmul(probs[..., pair.k * n:(pair.k + 1) * n], vb.to(acc).unsqueeze(2)))
-            return ()
 
-        _ring_of(where, comm, _plan(where, cfg, n, V_RING), v.transpose(1, 2).contiguous(), apply)
-        if any(ctx.needs_input_grad[:3]):
-            ctx.save_for_backward(q, k, v, probs, out)
-            ctx.where, ctx.cfg, ctx.stats, ctx.trace = where, cfg, stats, trace
-        return _ungrouped(out, q.dtype)
+def check(call, q, k, v):
+    """The input check on every rank (the backend: ``"auto"`` or ``"reference"``)."""
+    problem = None
+    if call.cfg.backend not in ("auto", "reference"):
+        problem = (ValueError, f"backend must be 'auto' or 'reference' (the score matrix is built with plain "
+                               f"PyTorch matmuls, the 'reference' backend, which is the baseline), got "
+                               f"{call.cfg.backend!r}")
+        call = replace(call, cfg=replace(call.cfg, backend="reference"))
+    check_call(call, q, k, v, problem, group_plan=False)
+    return call
 
-    @staticmethod
-    @without_autocast
-    def backward(ctx, dout):
-        refuse_double_backward()
-        q, k, v, probs, out = ctx.saved_tensors
-        n, hkv = q.shape[1], k.shape[2]
-        acc, scale = out.dtype, ctx.cfg.scale_for(q.shape[3])
-        qg, dog = _grouped(q, hkv, acc), _grouped(dout, hkv, acc)  # (B, Hkv, g, n, D)
-        delta = row_dot(dog, out, acc).unsqueeze(-1)  # D = rowsum(dO * O), (B, Hkv, g, n, 1)
-        dq = torch.zeros_like(qg)
 
-        def compute(pair, kv):  # kv (2, B, Hkv, n, D) of rank pair.k
-            if not pair.ops:
-                return ()
-            p_blk = probs[..., pair.k * n:(pair.k + 1) * n]  # (B, Hkv, g, n, n)
-            kb, vb = kv[0].to(acc).unsqueeze(2), kv[1].to(acc).unsqueeze(2)  # (B, Hkv, 1, n, D)
-            ds = p_blk * (torch.matmul(dog, vb.transpose(-1, -2)) - delta)
-            dq.add_(torch.matmul(ds, kb), alpha=scale)
-            # (B, Hkv, g, n, D) -> (B, Hkv, n, D): sum over the query heads sharing a kv head
-            return (Partial(slice(None), (torch.matmul(ds.transpose(-1, -2), qg).sum(2).mul_(scale),
-                                          torch.matmul(p_blk.transpose(-1, -2), dog).sum(2))),)
+def plan_of(call, q, k):
+    return None
 
-        where = ctx.where
-        comm = pass_transport(where, "backward", active_stats() or ctx.stats, active_trace() or ctx.trace)
-        kv = torch.stack([k.transpose(1, 2), v.transpose(1, 2)])  # (2, B, Hkv, n, D)
-        res = _ring_of(where, comm, _plan(where, ctx.cfg, n, KV_RING), kv, compute,
-                       _SumAccs(torch.zeros(kv.shape, dtype=acc, device=q.device)))
-        dk, dv = res.get(Key("kv", where.rank)) or _SumAccs(kv.to(acc)).wire("kv", None)
-        return _ungrouped(dq, q.dtype), dk.transpose(1, 2).to(k.dtype), dv.transpose(1, 2).to(v.dtype), None, None
+
+def fake(call, q, k, v):
+    """Empty ``[out, probs, out_acc]`` of :func:`forward` (shapes only)."""
+    b, n, hq, d = q.shape
+    hkv, p, acc = k.shape[2], call.where.world_size, accum_dtype(q.dtype)
+    return [q.new_empty(b, n, hq, d), q.new_empty(b, hkv, hq // hkv, n, n * p, dtype=acc),
+            q.new_empty(b, hkv, hq // hkv, n, d, dtype=acc)]
 
 
 def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto") -> torch.Tensor:
@@ -191,13 +210,8 @@ def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto") -> tor
         ValueError / TypeError on every rank: invalid inputs (see ``check_inputs``), or a
         ``backend`` other than ``"auto"`` / ``"reference"``.
     """
-    problem = None
-    if backend not in ("auto", "reference"):
-        problem = (ValueError, f"backend must be 'auto' or 'reference' (the score matrix is built with plain "
-                               f"PyTorch matmuls, the 'reference' backend, which is the baseline), got {backend!r}")
-    where, cfg = start("rsa", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
-                       layout=layout, backend="reference" if problem else backend, extra=problem)
-    return _RingSelfAttn.apply(q, k, v, where, cfg)
+    return strategy_call("rsa", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
+                         backend=backend)
 
 
 def bytes_formula(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,
