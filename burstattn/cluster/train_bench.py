@@ -12,7 +12,6 @@ shaped inter-node link (``tp`` and ``cp`` groups included: the mesh puts ``tp`` 
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict, replace
 
@@ -40,11 +39,11 @@ def run_train_cluster(bench, cluster: str, *, nodes: int = 2, ranks_per_node: in
     from ..bench.timing import cpu_snapshot
     from ..bench.train import document
     from .launch import run_worker_task
-    from .spec import calibrate, resolve
+    from .spec import rank_flops, resolve
 
     world = nodes * ranks_per_node
     bench = replace(bench, world_size=world, threads=1)
-    local = calibrate() * min(1.0, (os.cpu_count() or 1) / world)
+    local = rank_flops(world)
     spec = resolve(cluster, nodes, ranks_per_node, local_flops=local)
     say(f"bench train --cluster: {spec.describe()}")
     started = cpu_snapshot(), time.perf_counter()
