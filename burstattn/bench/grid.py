@@ -8,7 +8,7 @@ every rank:
 
 1. correctness first: the same contender on a small instance of the same config (``check_seq_len``
    tokens, same heads/dtype/causal/layout), output and dQ/dK/dV against the float64
-   :mod:`burstattn.testing.reference` on the global tensors, as ``max|x - ref| / max|ref|`` over every rank's rows;
+   :mod:`burstattn.testing.oracle` on the global tensors, as ``max|x - ref| / max|ref|`` over every rank's rows;
 2. bytes per rank: one forward and one forward+backward under :func:`.distmeter.dist_meter` (which wraps
    ``torch.distributed`` and so counts the peers too) and, for burstattn's strategies,
    :func:`burstattn.comm_stats` (the two must agree), next to the contender's formula;
@@ -174,11 +174,11 @@ def _global(p: GridPoint, seq_len: int, seed: int):
 
 def _check(c, p: GridPoint, rank: int, world: int) -> dict:
     """Relative errors of out, dq, dk, dv on this rank's rows vs the float64 reference."""
-    from ..testing.reference import reference_attention
+    from ..testing.oracle import exact_attention
 
     q, k, v, do = _global(p, p.check_seq_len, 1234)
     ref = [x.clone().requires_grad_() for x in (q, k, v)]
-    out_ref = reference_attention(*ref, causal=p.causal)[0]
+    out_ref = exact_attention(*ref, causal=p.causal)[0]
     out_ref.backward(do)
     pos = c.positions(p.check_seq_len, rank, world)
     dt = torch_dtype(p.dtype)

@@ -115,13 +115,13 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def _check_small(p: MaskPoint, rank: int, world: int) -> dict:
     """Relative errors of out, dq, dk, dv on this rank's rows at ``check_seq_len`` vs float64."""
-    from ..testing.reference import reference_attention
+    from ..testing.oracle import exact_attention
 
     n_chk = p.check_seq_len
     fn, layout, mask = _call(p, n_chk, world)
     q, k, v, do = _global(p, n_chk, 1234, torch.float64)
     ref = [x.clone().requires_grad_() for x in (q, k, v)]
-    out_ref = reference_attention(*ref, mask=_visible(mask, torch.arange(n_chk), n_chk, p.causal))[0]
+    out_ref = exact_attention(*ref, mask=_visible(mask, torch.arange(n_chk), n_chk, p.causal))[0]
     out_ref.backward(do)
     pos, dt = local_positions(n_chk, rank, world, layout), torch_dtype(p.dtype)
     loc = [x[:, pos].to(dt).requires_grad_() for x in (q, k, v)]
@@ -133,14 +133,14 @@ def _check_small(p: MaskPoint, rank: int, world: int) -> dict:
 
 def _check_rows(p: MaskPoint, mask, glob, pos, out, dq) -> dict:
     """Out and dQ of sampled rows of the full-size call against float64 with the mask."""
-    from ..testing.reference import reference_rows
+    from ..testing.oracle import exact_rows
 
     n = pos.numel()
     idx = torch.linspace(0, n - 1, p.check_rows).round().long().unique()
     q, k, v, do = glob
     q_rows = q[:, pos[idx]].clone().requires_grad_()
     visible = _visible(mask, pos[idx], p.seq_len, p.causal)
-    out_ref = reference_rows(q_rows, k, v, pos[idx], mask=visible)[0]
+    out_ref = exact_rows(q_rows, k, v, pos[idx], mask=visible)[0]
     out_ref.backward(do[:, pos[idx]].double())
     return {"out": _rel(out[:, idx], out_ref), "dq": _rel(dq[:, idx], q_rows.grad), "rows": len(idx)}
 

@@ -2,7 +2,7 @@
 
 Each case: every rank shards the same full random q/k/v/grad_out (the strategy's layout: the
 layout over the group, or USP's grid layout), runs forward + backward under comm_stats(), and
-the parent reassembles out, dq, dk, dv and compares with reference_attention in float64
+the parent reassembles out, dq, dk, dv and compares with exact_attention in float64
 (the tolerance rule of tests/helpers.py: relative Frobenius error <= 1e-5 float32, flash-attn's rule
 for bfloat16); every rank's measured bytes per
 (phase, op) must equal the strategy's bytes_formula exactly. Plus: rsa's memory grows

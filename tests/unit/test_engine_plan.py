@@ -182,7 +182,7 @@ def test_head_groups_give_the_same_result(heads, causal):
     from burstattn.engine.passes import BlockCalls
     from burstattn.engine.run import attention_backward, attention_forward
     from burstattn.kernels import get_kernel
-    from burstattn.testing.reference import reference_attention
+    from burstattn.testing.oracle import exact_attention
 
     hq, hkv = heads
     gen = torch.Generator().manual_seed(1)
@@ -195,7 +195,7 @@ def test_head_groups_give_the_same_result(heads, causal):
         out, lse = attention_forward(None, plans[0], calls, q, k, v, groups)
         results.append((out, lse, *attention_backward(None, plans[1], calls, dout, q, k, v, out, lse, groups)))
     q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
-    ref_out, ref_lse = reference_attention(q64, k64, v64, causal=causal)
+    ref_out, ref_lse = exact_attention(q64, k64, v64, causal=causal)
     ref_out.backward(dout.double())
     ref = (ref_out, ref_lse, q64.grad, k64.grad, v64.grad)
     for res in results:
