@@ -99,11 +99,6 @@ class AttnConfig:
         return self.layout if self.kv_layout is None else self.kv_layout
 
     @property
-    def layout_name(self) -> str:
-        """The layout's name (a partition's ``name``, e.g. ``"documents"``)."""
-        return self.layout if isinstance(self.layout, str) else self.layout.name
-
-    @property
     def sparse(self) -> bool:
         """Whether the call's plan is a mask plan (:mod:`burstattn.masks.plan`: the sparse direct
         schedule that moves K/V only where some query sees them): it has a mask, or an explicit

@@ -1,7 +1,7 @@
 """Per-call setup shared by ``burst_attn_func`` and the strategies: build the mask and this rank's
 plan *before* the cross-rank input check, so that a bad mask (or a ``mask_mod`` that raises)
 becomes a problem that the check reports on every rank instead of an exception on one
-(:func:`checked_config`)."""
+(:func:`build_mask`, :func:`plan_for`; the strategies' ``check_call``)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -9,7 +9,6 @@ from typing import Optional
 import torch
 
 from ..config import AttnConfig
-from ..validate import check_inputs, local_problem
 from .plan import MaskPlan, mask_plan
 from .spec import AttnMask, make_mask
 
@@ -80,24 +79,6 @@ def topology_problem(cfg: AttnConfig, world_size: int) -> Problem:
         return (ValueError, f"topology has {topo.nodes} nodes x {topo.ranks_per_node} ranks, but the group has "
                             f"{world_size} ranks")
     return None
-
-
-def checked_config(q, k, v, ring, mask_args: dict, fn: str, extra: Problem = None,
-                   **cfg_args) -> tuple[AttnConfig, Optional[MaskPlan]]:
-    """The call's :class:`~burstattn.config.AttnConfig` (``cfg_args`` plus the mask built from
-    ``mask_args``) and this rank's mask plan (``None`` for a dense call), after
-    :func:`~burstattn.validate.check_inputs` has passed on every rank of ``ring``'s group: a bad
-    input, mask or topology on any rank raises on all of them (``extra``: a problem the caller
-    found, shared the same way)."""
-    amask, problem = build_mask(**mask_args)
-    problem = problem or extra
-    cfg = AttnConfig(mask=amask, **cfg_args)
-    plan = None
-    if problem is None and local_problem(q, k, v, cfg) is None:
-        plan, problem = plan_for(q, cfg, ring.rank, ring.world_size, k.shape[1])
-    problem = problem or topology_problem(cfg, ring.world_size)
-    check_inputs(q, k, v, cfg, ring.group, ring.world_size, fn=fn, extra=problem)
-    return cfg, plan
 
 
 class GuardedMaskMod:
