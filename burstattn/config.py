@@ -1,9 +1,12 @@
-"""Typed configuration shared by the public API, the autograd function and the engine."""
+"""Typed configuration shared by the public API, the autograd function and the engine, the op's
+encoding of it (:class:`OpSpec`), and the one bounded memo of what calls build from it
+(:class:`LruCache`: the data masks of the custom op, usp's sub-groups)."""
 from __future__ import annotations
 
 import ast
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 if TYPE_CHECKING:
     import torch
@@ -194,3 +197,35 @@ def literal(x) -> str:
             x = x.replace(raw, escaped)
         return "'" + x + "'"
     return repr(x) if isinstance(x, float) else str(x)
+
+
+class LruCache:
+    """A bounded memo, least recently used entries evicted first: what a call builds from values that
+    repeat from call to call (a mask's block summaries, a process group) is built once.
+
+    ``entries``: the cached values by key (oldest first). Sharing one instance process-wide is safe as
+    long as every value is a pure function of its key (or, for process groups, made by every rank in
+    the same order, which the callers' cross-rank input check guarantees).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.entries: OrderedDict = OrderedDict()
+
+    def get(self, key, make: Callable[[], object], valid: Optional[Callable[[object], bool]] = None):
+        """The value of ``key``: the cached one (unless ``valid(value)`` says it went stale), else
+        ``make()``, cached."""
+        hit = self.entries.get(key)
+        if hit is not None and (valid is None or valid(hit)):
+            self.entries.move_to_end(key)
+            return hit
+        value = make()
+        self.entries[key] = value
+        self.entries.move_to_end(key)
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        """Forget every entry (the values themselves live on where they are still referenced)."""
+        self.entries.clear()

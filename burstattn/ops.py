@@ -46,7 +46,7 @@ from .autograd import DOUBLE_BACKWARD, backward_pass, forward_pass, without_auto
 from .config import AttnConfig, OpSpec
 from .formulas import accum_dtype
 from .groups import GroupContext, TwoLevelGroups, group_name, named_context, resolve_group
-from .masks.setup import DATA_MASKS, plan_for
+from .masks.setup import data_mask, plan_for
 from .validate import check_inputs
 
 __all__ = ["attention_fwd", "attention_bwd", "strategy_fwd", "strategy_bwd", "OpSpec", "Call", "remat_policy",
@@ -96,8 +96,8 @@ def call_of(group: str, spec: str, positions: Optional[torch.Tensor], kv_positio
     if s.window is not None or s.documents or positions is not None or kv_positions is not None:
         # the same object for the same definition (an empty one for a bare partition): the block
         # summaries it caches outlive the call
-        mask = DATA_MASKS.get(s.window, bounds if s.documents else None, s.block_size,
-                              kv_bounds if s.documents else None)
+        mask = data_mask(s.window, bounds if s.documents else None, s.block_size,
+                         kv_bounds if s.documents else None)
     topo = None
     if s.topology is not None:
         inner, outer, per_node, nodes = s.topology

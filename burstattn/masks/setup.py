@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from ..config import AttnConfig
+from ..config import AttnConfig, LruCache
 from .plan import MaskPlan, mask_plan
 from .spec import AttnMask, make_mask
 
@@ -127,34 +127,18 @@ def raise_mask_failures(guard: Optional[GuardedMaskMod], ring) -> None:
         raise ValueError(f"during the attention pass the mask_mod failed, all ranks abort the call ({detail})")
 
 
-class MaskCache:
-    """Masks made from data (window, document bounds, tile size; no ``mask_mod``) kept by their
-    definition, so that their block summaries, which cost seconds at long sequences, are built once:
-    the custom op receives a mask as data and looks its :class:`~.spec.AttnMask` up here. Bounded
-    (least recently used entries go first); a pure memo, so sharing it is safe."""
-
-    def __init__(self, size: int = 32) -> None:
-        from collections import OrderedDict
-
-        self.size = size
-        self.entries: "OrderedDict[tuple, AttnMask]" = OrderedDict()
-
-    def get(self, window, bounds: Optional[torch.Tensor], block_size: int,
-            kv_bounds: Optional[torch.Tensor] = None) -> AttnMask:
-        """The cached mask of this definition (made on first use)."""
-        key = (None if window is None else tuple(window),
-               None if bounds is None else bounds.cpu().numpy().tobytes(), block_size,
-               None if kv_bounds is None else kv_bounds.cpu().numpy().tobytes())
-        mask = self.entries.get(key)
-        if mask is None:
-            mask = AttnMask(window=key[0], cu_seqlens=None if bounds is None else bounds.cpu(), block_size=block_size,
-                            cu_seqlens_k=None if kv_bounds is None else kv_bounds.cpu())
-            self.entries[key] = mask
-            while len(self.entries) > self.size:
-                self.entries.popitem(last=False)
-        self.entries.move_to_end(key)
-        return mask
+def data_mask(window, bounds: Optional[torch.Tensor], block_size: int,
+              kv_bounds: Optional[torch.Tensor] = None) -> AttnMask:
+    """The mask made from data (window, document bounds, tile size; no ``mask_mod``), the same object for
+    the same definition (:data:`DATA_MASKS`): the custom op receives a mask as data and looks its
+    :class:`~.spec.AttnMask` up here, so its block summaries, which cost seconds at long sequences, are
+    built once."""
+    key = (None if window is None else tuple(window), None if bounds is None else bounds.cpu().numpy().tobytes(),
+           block_size, None if kv_bounds is None else kv_bounds.cpu().numpy().tobytes())
+    return DATA_MASKS.get(key, lambda: AttnMask(window=key[0], cu_seqlens=None if bounds is None else bounds.cpu(),
+                                                block_size=block_size,
+                                                cu_seqlens_k=None if kv_bounds is None else kv_bounds.cpu()))
 
 
-# The process-wide memo of data masks (see MaskCache): block summaries of a mask outlive one call.
-DATA_MASKS = MaskCache()
+# The process-wide memo of data masks (see data_mask): block summaries of a mask outlive one call.
+DATA_MASKS = LruCache(32)

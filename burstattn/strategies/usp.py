@@ -22,7 +22,7 @@ become an explicit partition (the masked engine's direct schedule).
 Groups come from a ``DeviceMesh`` (``mesh``, dims ``("ring", "ulysses")``), from explicit
 ``ulysses_group`` and ``ring_group``, or from the degrees alone. Creating process groups is a
 collective of the whole job and costs a rendezvous and file descriptors, so with degrees alone the
-sub-groups are built on the first call and reused (:class:`burstattn.groups.GroupCache`).
+sub-groups are built on the first call and reused (:func:`burstattn.groups.usp_subgroups`).
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from ..comm.collectives import Collectives
 from ..comm.stats import active_stats
 from ..config import AttnConfig
 from ..formulas import accum_dtype, byte_totals, choose_backward, meta_bytes, ring_bytes
-from ..groups import SUBGROUPS, UspGroups, group_context, group_name, mesh_usp_groups, resolve_group
+from ..groups import UspGroups, group_context, group_name, mesh_usp_groups, resolve_group, usp_subgroups
 from ..layout import local_positions
 from ..masks.setup import plan_for
 from ..ops import checked_plan
@@ -136,7 +136,7 @@ def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backwa
     """``q [B, n, Hq, D]``, ``k, v [B, n, Hkv, D]`` (this rank's shard in ``layout`` over the whole
     group, as :func:`burstattn.shard_sequence` gives it) -> ``[B, n, Hq, D]`` in q's dtype.
     ``backend``/``backward``: as in :func:`burst_attn_func`. Given only degrees, the sub-groups are
-    built on the first call and reused (:data:`burstattn.groups.SUBGROUPS`). Runs as the custom op
+    built on the first call and reused (:func:`burstattn.groups.usp_subgroups`). Runs as the custom op
     ``torch.ops.burstattn.strategy_fwd`` (:mod:`.op`; the sub-groups travel by name).
 
     Raises:
@@ -157,7 +157,7 @@ def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backwa
 
 
 def _groups(call) -> UspGroups:
-    """The call's sub-groups: given by name, or built once per degrees (:data:`SUBGROUPS`)."""
+    """The call's sub-groups: given by name, or built once per degrees (:func:`usp_subgroups`)."""
     opts = call.options
     if "ulysses_group" in opts:
         ug, rg = resolve_group(opts["ulysses_group"]), resolve_group(opts["ring_group"])
@@ -165,7 +165,7 @@ def _groups(call) -> UspGroups:
             return UspGroups(None, None, 1, 1, 0, 0)
         return UspGroups(ug, rg, dist.get_world_size(ug), dist.get_world_size(rg), dist.get_rank(ug),
                          dist.get_rank(rg))
-    return SUBGROUPS.usp(opts["ulysses_degree"], opts["ring_degree"], call.where.group)
+    return usp_subgroups(opts["ulysses_degree"], opts["ring_degree"], call.where.group)
 
 
 def _degrees(call) -> tuple[int, int]:
