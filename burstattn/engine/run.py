@@ -98,13 +98,14 @@ def _kv_pack(k: torch.Tensor, v: torch.Tensor, heads: slice) -> tuple[torch.Tens
     return pack.pack(kh, vh), pack
 
 
-def _forward_group(comm, plan: AnyPlan, calls: BlockCalls, qh: torch.Tensor, kv_data: dict, split, dv: int,
+def _forward_group(comm, plan: AnyPlan, calls: BlockCalls, data: dict, split, dv: int,
                    wire=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One head group's forward: ``(out, lse)`` ``[B, h, n, Dv]``, ``[B, h, n]`` in the accumulator dtype."""
-    own = _own(plan)
-    accs = ForwardAccs(qh, dv, wire)
-    data = {Key("q", own["q"]): (qh,), **kv_data}
-    res = run_plan(comm, plan, data, forward_compute(calls, split), accs).get(Key("q", own["q"]))
+    """One head group's forward: ``(out, lse)`` ``[B, h, n, Dv]``, ``[B, h, n]`` in the accumulator dtype.
+    ``data`` (the query block and the K/V blocks held here) is handed over: the loop drops each block
+    after its last use, so the caller keeps no other reference to them."""
+    key = Key("q", _own(plan)["q"])
+    accs = ForwardAccs(data[key][0], dv, wire)
+    res = run_plan(comm, plan, data, forward_compute(calls, split), accs).get(key)
     return res if res is not None else accs.empty()
 
 
@@ -122,9 +123,9 @@ def attention_forward(comm, plan: AnyPlan, calls: BlockCalls, q: torch.Tensor, k
     for g in range(groups):
         hs, ks = _heads(g, groups, hq, hkv)
         kv, pack = _kv_pack(k, v, ks)
-        o, l = _forward_group(comm, plan, calls.heads(hs), _bhnd(q, hs), {Key("kv", own["kv"]): (kv,)}, pack.split,
-                              dv)
+        data = {Key("q", own["q"]): (_bhnd(q, hs),), Key("kv", own["kv"]): (kv,)}
         del kv
+        o, l = _forward_group(comm, plan, calls.heads(hs), data, pack.split, dv)
         if sinks is not None:
             add_sinks_(o, l, sinks[hs])
         out[:, :, hs] = o.transpose(1, 2)
@@ -139,17 +140,19 @@ def attention_partials(comm, plan: AnyPlan, calls: BlockCalls, q: torch.Tensor, 
     :func:`attention_forward`; one head group. ``wire``: the dtype partials sent back travel in
     (default q's)."""
     kv, pack = _kv_pack(k, v, slice(None))
-    return _forward_group(comm, plan, calls, q.transpose(1, 2).contiguous(), {Key("kv", _own(plan)["kv"]): (kv,)},
-                          pack.split, v.shape[3], wire)
-
-
-def _backward_group(comm, plan: AnyPlan, calls: BlockCalls, side: tuple, out_h: torch.Tensor, kv_data: dict,
-                    split, kv_shapes: tuple) -> tuple[dict, BackwardAccs]:
-    """One head group's backward from its query side (:func:`query_side`): the accumulators left
-    here, and the accumulator rule (for zeros where none came)."""
     own = _own(plan)
-    accs = BackwardAccs(side[0], *kv_shapes)
-    data = {Key("q", own["q"]): side, **kv_data}
+    data = {Key("q", own["q"]): (q.transpose(1, 2).contiguous(),), Key("kv", own["kv"]): (kv,)}
+    del kv
+    return _forward_group(comm, plan, calls, data, pack.split, v.shape[3], wire)
+
+
+def _backward_group(comm, plan: AnyPlan, calls: BlockCalls, data: dict, out_h: torch.Tensor, split,
+                    kv_shapes: tuple) -> tuple[dict, BackwardAccs]:
+    """One head group's backward; ``data``: the query side (:func:`query_side`) and the K/V blocks held
+    here, handed over as in :func:`_forward_group`. Returns the accumulators left here, and the
+    accumulator rule (for zeros where none came)."""
+    own = _own(plan)
+    accs = BackwardAccs(data[Key("q", own["q"])][0], *kv_shapes)
     res = run_plan(comm, plan, data, backward_compute(calls, own["q"], out_h, split), accs)
     return res, accs
 
@@ -173,9 +176,10 @@ def attention_backward(comm, plan: AnyPlan, calls: BlockCalls, dout: torch.Tenso
         if sinks is not None:
             dsinks[hs] = sinks_grad(lse[:, hs], side[2][1], sinks[hs])
         kv, pack = _kv_pack(k, v, ks)
-        res, accs = _backward_group(comm, plan, calls.heads(hs), side, oh, {Key("kv", own["kv"]): (kv,)}, pack.split,
-                                    (pack.k_shape, pack.v_shape))
-        del side, kv, oh
+        data = {Key("q", own["q"]): side, Key("kv", own["kv"]): (kv,)}
+        del side, kv
+        res, accs = _backward_group(comm, plan, calls.heads(hs), data, oh, pack.split, (pack.k_shape, pack.v_shape))
+        del oh
         dq_g = res.get(Key("q", own["q"])) or accs.zeros("q")
         dkv_g = res.get(Key("kv", own["kv"])) or accs.zeros("kv")
         dq[:, :, hs] = dq_g[0].transpose(1, 2)
@@ -190,8 +194,9 @@ def gathered_forward(plan: AnyPlan, calls: BlockCalls, q: torch.Tensor,
     ``[2, B, Hkv, n_k, D]`` (K and V stacked, as an all-gather delivers them) -> ``out [B, n, Hq, D]``
     (q's dtype) and ``lse [B, Hq, n]`` (accumulator dtype)."""
     dv = next(iter(blocks.values())).shape[-1]
-    o, lse = _forward_group(None, plan, calls, q.transpose(1, 2).contiguous(),
-                            {Key("kv", j): (kv,) for j, kv in blocks.items()}, _stacked, dv)
+    data = {Key("q", _own(plan)["q"]): (q.transpose(1, 2).contiguous(),),
+            **{Key("kv", j): (kv,) for j, kv in blocks.items()}}
+    o, lse = _forward_group(None, plan, calls, data, _stacked, dv)
     return o.transpose(1, 2).to(q.dtype).contiguous(), lse
 
 
@@ -199,11 +204,11 @@ def gathered_backward(plan: AnyPlan, calls: BlockCalls, dout: torch.Tensor, q: t
                       out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, dict]:
     """Gradients of :func:`gathered_forward`: ``dq [B, n, Hq, D]`` (accumulator dtype) and, per key
     owner with any work, ``(dk, dv)`` ``[B, Hkv, n_k, D]`` (accumulator dtype)."""
-    qh, oh = q.transpose(1, 2), out.transpose(1, 2)
-    side = query_side(qh, dout.to(q.dtype).transpose(1, 2), oh, lse)
-    some = next(iter(blocks.values()))
-    res, accs = _backward_group(None, plan, calls, side, oh, {Key("kv", j): (kv,) for j, kv in blocks.items()},
-                                _stacked, (some.shape[1:], some.shape[1:]))
+    oh = out.transpose(1, 2)
+    some = next(iter(blocks.values())).shape[1:]
+    data = {Key("q", _own(plan)["q"]): query_side(q.transpose(1, 2), dout.to(q.dtype).transpose(1, 2), oh, lse),
+            **{Key("kv", j): (kv,) for j, kv in blocks.items()}}
+    res, accs = _backward_group(None, plan, calls, data, oh, _stacked, (some, some))
     dq = (res.get(Key("q", _own(plan)["q"])) or accs.zeros("q"))[0]
     return dq.transpose(1, 2), {key.owner: a for key, a in res.items() if key.side == "kv"}
 

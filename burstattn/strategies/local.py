@@ -1,10 +1,11 @@
 """Attention of a whole sequence on one rank, for the strategies that gather a full sequence or full
-heads onto a rank (ulysses, usp's Ulysses level, tp): the engine at a world of one.
+heads onto a rank (ulysses, tp): one call of the resolved local kernel (the one kernel choice,
+:func:`burstattn.kernels.resolve_backend`) on the whole sequence, or under a mask the engine at a world
+of one (its world-of-one mask plan computes only the block ops the mask leaves non-empty).
 
-The plan is the engine's (:func:`burstattn.engine.run.build_plan` over the positions ``0..N-1``: one
-pair, one kernel call per block op), or under a mask its world-of-one mask plan, which computes only
-the block ops the mask leaves non-empty. Gradient partials are the kernel's own (``grad_partials =
-"kernel"``): one kernel call per op, as a single-device attention does.
+A dense call is one kernel block: the engine's loop would add its copies (the ``[B, h, n, D]`` query
+and K/V blocks, the float32 accumulators) to a sequence the rank already holds whole, doubling these
+strategies' attention memory for nothing it could skip.
 """
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import torch
 
 from ..autograd import backward_pass, forward_pass
 from ..config import AttnConfig
+from ..engine.passes import backward_lse
 from ..groups import GroupContext
-from ..kernels import resolve_backend
+from ..kernels import get_kernel, resolve_backend
 from ..masks.plan import MaskPlan, mask_plan
 
 ALONE = GroupContext(None, 0, 1)
@@ -39,10 +41,20 @@ def local_forward(cfg: AttnConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Te
                   plan: Optional[MaskPlan] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``q [B, N, Hq, D]``, ``k, v [B, N, Hkv, D]`` in global order -> ``out [B, N, Hq, D]`` (q's dtype)
     and ``lse [B, Hq, N]`` (float32; float64 for float64), causal on the global order."""
-    return forward_pass(ALONE, _local(cfg, q), plan, q, k, v)
+    local = _local(cfg, q)
+    if plan is not None:
+        return forward_pass(ALONE, local, plan, q, k, v)
+    qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))  # [B, N, H, D] -> [B, H, N, D] views
+    out, lse = get_kernel(local.backend).forward(qh, kh, vh, local.scale_for(q.shape[-1]), local.causal)
+    return out.to(q.dtype).transpose(1, 2), lse
 
 
 def local_backward(cfg: AttnConfig, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    out: torch.Tensor, lse: torch.Tensor, plan: Optional[MaskPlan] = None):
     """Gradients of :func:`local_forward`: ``dq, dk, dv`` in the inputs' shapes and dtypes."""
-    return backward_pass(ALONE, _local(cfg, q), plan, dout, q, k, v, out, lse)[:3]
+    local = _local(cfg, q)
+    if plan is not None:
+        return backward_pass(ALONE, local, plan, dout, q, k, v, out, lse)[:3]
+    dq, dk, dv = get_kernel(local.backend).backward(*(x.transpose(1, 2) for x in (dout.to(q.dtype), q, k, v, out)),
+                                                    backward_lse(lse), local.scale_for(q.shape[-1]), local.causal)
+    return dq.to(q.dtype).transpose(1, 2), dk.to(k.dtype).transpose(1, 2), dv.to(v.dtype).transpose(1, 2)

@@ -117,11 +117,14 @@ def backward(call, dout, q, k, v, out, saved):
     first, mine, kv = _heads(call, q, k)
     order = rank_order(p * n, p, call.cfg.layout)
     (doh,) = seq_to_heads([dout.to(q.dtype)], _coll(call, "backward"), p, "out")
-    dqh, dkh, dvh = local_backward(call.cfg, to_global(doh, order), qh, kh, vh, oh, lse)
+    doh = to_global(doh, order)
+    dqh, dkh, dvh = local_backward(call.cfg, doh, qh, kh, vh, oh, lse)
+    del doh, saved, qh, kh, vh, oh, lse
     grad = torch.zeros(b, p * n, hq + 2 * hkv, d, dtype=acc, device=q.device)  # (B, N, H', D), global order
     grad[:, :, first:first + mine] = dqh
     grad.index_add_(2, hq + kv, dkh.to(acc))
     grad.index_add_(2, hq + hkv + kv, dvh.to(acc))
+    del dqh, dkh, dvh
     grad = from_global(grad, order)  # rank order
     if p > 1:
         # (B, N, H', D) -> (B, P, n, H', D) -> (P, B, n, H', D): the gradient of every rank's shard

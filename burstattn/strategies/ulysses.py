@@ -73,6 +73,7 @@ def forward(call, q, k, v):
     heads = seq_to_heads([q, repeat_kv(k, reps), repeat_kv(v, reps)], coll, p, "qkv")
     order = rank_order(q.shape[1] * p, p, call.cfg.layout)
     qg, kg, vg = (to_global(x, order).contiguous() for x in heads)
+    del heads  # every intermediate goes as soon as it is used: the peak is what the model counts
     og, lse = local_forward(call.cfg, qg, kg, vg, call.plan)
     # (B, N, Hq/P, D) in global order -> rank order -> (B, n, Hq, D)
     (out,) = heads_to_seq([from_global(og, order)], coll, p, "out")
@@ -87,8 +88,12 @@ def backward(call, dout, q, k, v, out, saved):
     coll, reps = _coll(call, "backward"), kv_repeats(k.shape[2], p)
     order = rank_order(q.shape[1] * p, p, call.cfg.layout)
     (dog,) = seq_to_heads([dout.to(q.dtype)], coll, p, "out")  # (B, n, Hq, D) -> (B, N, Hq/P, D)
-    grads = local_backward(call.cfg, to_global(dog, order), qg, kg, vg, og, lse, call.plan)
-    dq, dk, dv = heads_to_seq([from_global(g, order) for g in grads], coll, p, "qkv")
+    dog = to_global(dog, order)
+    grads = local_backward(call.cfg, dog, qg, kg, vg, og, lse, call.plan)
+    del dog, saved, qg, kg, vg, og, lse
+    grads = [from_global(g, order) for g in grads]
+    dq, dk, dv = heads_to_seq(grads, coll, p, "qkv")
+    del grads
     return dq, unrepeat_kv(dk, reps, k.dtype), unrepeat_kv(dv, reps, v.dtype)
 
 

@@ -226,6 +226,7 @@ def forward(call, q, k, v):
     # (B, n, H, D) -> (B, u*n, H/u, D): the u shards of this ring index, in rank order, then sorted
     heads = seq_to_heads([q, repeat_kv(k, inner.reps), repeat_kv(v, inner.reps)], coll, inner.u, "qkv")
     qh, kh, vh = (inner.sort(x).contiguous() for x in heads)
+    del heads
     cfg = inner.cfg(call, qh, kh, vh)
     plan = checked_plan(qh, kh, vh, inner.where, cfg, "burst_attn_func")
     oh, lse = forward_pass(inner.where, cfg, plan, qh, kh, vh)
@@ -242,8 +243,12 @@ def backward(call, dout, q, k, v, out, saved):
     (doh,) = seq_to_heads([dout.to(q.dtype)], coll, inner.u, "out")
     cfg = inner.cfg(call, qh, kh, vh)
     plan = plan_for(qh, cfg, inner.where.rank, inner.where.world_size, kh.shape[1])[0]
-    grads = backward_pass(inner.where, cfg, plan, inner.sort(doh), qh, kh, vh, oh, lse)[:3]
-    dq, dk, dv = heads_to_seq([inner.unsort(g) for g in grads], coll, inner.u, "qkv")
+    doh = inner.sort(doh)
+    grads = backward_pass(inner.where, cfg, plan, doh, qh, kh, vh, oh, lse)[:3]
+    del doh, saved, qh, kh, vh, oh, lse
+    grads = [inner.unsort(g) for g in grads]
+    dq, dk, dv = heads_to_seq(grads, coll, inner.u, "qkv")
+    del grads
     return dq, unrepeat_kv(dk, inner.reps, k.dtype), unrepeat_kv(dv, inner.reps, v.dtype)
 
 

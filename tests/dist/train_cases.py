@@ -38,7 +38,9 @@ class CountingAttn:
 
 
 def checkpointing_modes(rank: int, world: int, cfg: TrainConfig) -> dict:
-    """Per mode: attention forward calls of one step, full gradients, peak bytes of one step."""
+    """Per mode: attention forward calls of one step, full gradients, peak bytes of one step, and the
+    bytes the forward keeps for the backward (``kept``: allocated when the loss is computed, still held
+    at the end of the forward; the same model states and batch in every mode)."""
     from burstattn.bench.memory import measure_peak
     from burstattn.parallel import sharded_loss
     from burstattn.train import local_batch
@@ -59,8 +61,11 @@ def checkpointing_modes(rank: int, world: int, cfg: TrainConfig) -> dict:
                  for n, p in job.model.named_parameters()}
         job.model.zero_grad(set_to_none=True)
         _, peak = measure_peak(step)
+        job.model.zero_grad(set_to_none=True)
+        loss, kept = measure_peak(lambda: sharded_loss(job.model(tokens, job.positions), labels, total))
+        loss.backward()
         out[mode] = dict(calls=calls, grads=grads if rank == 0 else None, peak=peak.peak_bytes,
-                         layers=len(job.model.layers))
+                         kept=kept.end_bytes, layers=len(job.model.layers))
     return out
 
 
