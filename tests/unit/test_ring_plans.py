@@ -65,7 +65,7 @@ def covered(world, layout, causal, n, via_kernel) -> torch.Tensor:
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n", [2, 6])
 @pytest.mark.parametrize("via_kernel", [False, True], ids=["maskkind", "kernel"])
-def test_block_ops_cover_the_global_mask_exactly_once(layout, world, causal, n, via_kernel):
+def test_position_ops_cover_the_global_mask_exactly_once(layout, world, causal, n, via_kernel):
     total = n * world
     expected = torch.ones(total, total, dtype=torch.int64)
     if causal:
