@@ -120,25 +120,19 @@ def direct(rank: int, steps: tuple[DirectStep, ...], world_size: int, ops_of: Op
             pairs.append(Pair(r, st.own_k, _rows(ops_of(r, st.own_k), st.own_part, n_rows)))
         if st.helper_q is not None:
             pairs.append(Pair(st.helper_q, r, _rows(ops_of(st.helper_q, r), st.helper_part, n_rows)))
-        give = []
-        if st.own_k is not None and st.own_k != r:
-            give.append(Move("kv", st.own_k, st.own_k, True))
-        if st.kv_to is not None:
-            give.append(Move("kv", r, st.kv_to, False))
-        if st.helper_q is not None:
-            give.append(Move("q", st.helper_q, st.helper_q, True))
-        if st.q_to is not None:
-            give.append(Move("q", r, st.q_to, False))
-        fetch = []
-        if i + 1 < len(steps):
-            nx = steps[i + 1]
-            if nx.kv_to is not None:
-                fetch.append(Move("kv", r, nx.kv_to, True))
-            if nx.own_k is not None and nx.own_k != r:
-                fetch.append(Move("kv", nx.own_k, nx.own_k, False))
-            if nx.q_to is not None:
-                fetch.append(Move("q", r, nx.q_to, True))
-            if nx.helper_q is not None:
-                fetch.append(Move("q", nx.helper_q, nx.helper_q, False))
-        out.append(Step(st.step, tuple(pairs), tuple(fetch), tuple(give)))
+        fetch = _moves(r, steps[i + 1], partials=False) if i + 1 < len(steps) else ()
+        out.append(Step(st.step, tuple(pairs), fetch, _moves(r, st, partials=True)))
     return Plan(r, world_size, (Key("kv", r), Key("q", r)), tuple(out), channels)
+
+
+def _moves(r: int, st: DirectStep, partials: bool) -> tuple[Move, ...]:
+    """The exchanges of a step, per side: another owner's block held here (``own_k``'s K/V, ``helper_q``'s
+    queries) and the rank this rank's own block goes to (``kv_to``, ``q_to``). The data (``partials``
+    false, fetched the step before) comes from the holder's owner and goes out to that rank; the partial
+    results (``partials`` true) go back to the owner and come home from that rank."""
+    out = []
+    for side, held, to in (("kv", st.own_k if st.own_k != r else None, st.kv_to), ("q", st.helper_q, st.q_to)):
+        mine = () if to is None else (Move(side, r, to, not partials),)
+        theirs = () if held is None else (Move(side, held, held, partials),)
+        out += [*theirs, *mine] if partials else [*mine, *theirs]
+    return tuple(out)
