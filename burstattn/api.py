@@ -8,26 +8,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .autograd import BurstAttnFunction, RingContext
+from .autograd import BurstAttnFunction
 from .config import AttnConfig
 from .formulas import choose_backward
+from .groups import group_context
 from .kernels import resolve_backend
 from .layout import layout_or_default
 from .masks.plan import choose_mask_backward
 from .masks.setup import build_mask, topology_problem
 from .ops import call_attention, checked_plan
 from .validate import call_needs, check_inputs, dropout_problem, local_problem, scale_value, softcap_value
-
-
-def ring_context(group: Optional[dist.ProcessGroup]) -> RingContext:
-    """Resolve ``group`` (``None``: the default group, or a world of one without
-    ``torch.distributed``)."""
-    if not dist.is_available() or not dist.is_initialized():
-        if group is not None:
-            raise ValueError("group was given but torch.distributed is not initialized")
-        return RingContext(None, 0, 1)
-    group = group if group is not None else dist.group.WORLD
-    return RingContext(group, dist.get_rank(group), dist.get_world_size(group))
 
 
 def resolved(cfg: AttnConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world_size: int) -> AttnConfig:
@@ -51,7 +41,7 @@ def attend(fn: str, q, k, v, *, group, causal, softmax_scale, layout, backend="a
     options are checked here (a problem raises on every rank), then the custom op runs, with the
     cross-rank check inside it (:mod:`burstattn.ops`). A ``mask_mod`` call runs the eager
     autograd function instead (a Python function cannot be an op argument)."""
-    ring = ring_context(group)
+    where = group_context(group)
     amask, problem = build_mask(**(mask_args or {}))
     cfg = AttnConfig(causal=causal, softmax_scale=scale_value(softmax_scale), layout=layout_or_default(layout),
                      backend=backend, backward=backward, schedule=schedule, mask=amask, topology=topology,
@@ -61,14 +51,15 @@ def attend(fn: str, q, k, v, *, group, causal, softmax_scale, layout, backend="a
     tensors = all(isinstance(x, torch.Tensor) for x in (q, k, v))
     if problem is None and tensors:
         problem = local_problem(q, k, v, cfg, alibi_slopes, sinks)
-    problem = problem or topology_problem(cfg, ring.world_size)
+    problem = problem or topology_problem(cfg, where.world_size)
     if problem is not None or not tensors:  # raises on every rank
-        check_inputs(q, k, v, cfg, ring.group, ring.world_size, fn=fn, extra=problem, alibi=alibi_slopes, sinks=sinks)
-    cfg = resolved(cfg, q, k, v, ring.world_size)
+        check_inputs(q, k, v, cfg, where.group, where.world_size, fn=fn, extra=problem, alibi=alibi_slopes,
+                     sinks=sinks)
+    cfg = resolved(cfg, q, k, v, where.world_size)
     if amask is not None and amask.mask_mod is not None:
-        plan = checked_plan(q, k, v, ring, cfg, fn, alibi_slopes, sinks)
-        return BurstAttnFunction.apply(q, k, v, alibi_slopes, sinks, ring, cfg, plan)
-    return call_attention(q, k, v, ring, cfg, fn, alibi_slopes, sinks)
+        plan = checked_plan(q, k, v, where, cfg, fn, alibi_slopes, sinks)
+        return BurstAttnFunction.apply(q, k, v, alibi_slopes, sinks, where, cfg, plan)
+    return call_attention(q, k, v, where, cfg, fn, alibi_slopes, sinks)
 
 
 def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,

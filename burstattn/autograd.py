@@ -13,39 +13,18 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 
-from .comm.ring import RingComm
 from .comm.stats import CommStats, active_stats
+from .comm.trace import StepTrace, active_trace
+from .comm.transport import pass_transport
 from .config import AttnConfig
-from .engine.double import TwoLevelComm
 from .engine.passes import BlockCalls
 from .engine.run import attention_backward, attention_forward, build_plan, head_groups
+from .groups import GroupContext
 from .kernels import ScoreMods, get_kernel, resolve_backend
 from .layout import local_positions
 from .masks.blocks import op_mask
 from .masks.setup import GuardedMaskMod, effective_mask, raise_mask_failures
-from .comm.trace import StepTrace, active_trace
-
-
-@dataclass(frozen=True)
-class RingContext:
-    """Where a call runs: the group (``None`` for a world of one), this rank and the world size."""
-
-    group: Optional[dist.ProcessGroup]
-    rank: int
-    world_size: int
-
-    def comm(self, phase: str, stats: Optional[CommStats], trace: Optional[StepTrace],
-             topology=None):
-        """A fresh ring communicator for one pass (``None`` for a world of one); with a
-        ``topology`` (schedule "double") the inner and outer ring communicators."""
-        if self.world_size == 1:
-            return None
-        if topology is not None:
-            return TwoLevelComm(RingComm(topology.inner_group, phase, stats, trace) if topology.ranks_per_node > 1 else None,
-                                RingComm(topology.outer_group, phase, stats, trace) if topology.nodes > 1 else None)
-        return RingComm(self.group, phase, stats, trace)
 
 
 DOUBLE_BACKWARD = ("burstattn: second-order gradients (create_graph=True through the attention backward, "
@@ -111,11 +90,13 @@ def kernel_needs(cfg: AttnConfig, head_dim: int, v_head_dim: int) -> frozenset:
                      if on)
 
 
-def block_calls(cfg: AttnConfig, plan, pos: CallPositions, scale: float, q: torch.Tensor, v: torch.Tensor,
+def block_calls(cfg: AttnConfig, masked: bool, pos: CallPositions, scale: float, q: torch.Tensor, v: torch.Tensor,
                 alibi: Optional[torch.Tensor] = None, mask=None) -> BlockCalls:
-    """The kernel calls of a call; with a mask ``plan`` (:class:`~burstattn.masks.plan.MaskPlan`)
-    PARTIAL ops get their bool block from the mask (``mask``: the mask to evaluate, default the
-    call's own); ``alibi``: the ``[B or 1, Hq]`` slopes (float32)."""
+    """The kernel calls of a call: the one kernel choice (``cfg.backend``, resolved) and the one
+    fallback for PARTIAL ops when that kernel takes no mask. ``masked``: the plan has PARTIAL ops
+    (a mask plan, :class:`~burstattn.masks.plan.MaskPlan`), whose bool blocks come from ``mask``
+    (default the call's own) at the positions ``pos``; ``alibi``: the ``[B or 1, Hq]`` slopes
+    (float32). ``q``, ``v``: any tensors of the call's device, dtype and head sizes."""
     kernel = get_kernel(cfg.backend, deterministic=cfg.deterministic)
     mods = None
     if cfg.softcap is not None or alibi is not None:
@@ -126,7 +107,7 @@ def block_calls(cfg: AttnConfig, plan, pos: CallPositions, scale: float, q: torc
         grad_kernel = get_kernel(resolve_backend("auto", q.device, torch.float32, needs))
     calls = BlockCalls(kernel, scale, mods=mods, positions=(pos.aligned, pos.k) if alibi is not None else None,
                        fp32_grads=cfg.grad_partials == "float32", grad_kernel=grad_kernel)
-    if plan is None:
+    if not masked:
         return calls
     mask = effective_mask(cfg) if mask is None else mask
 
@@ -138,15 +119,15 @@ def block_calls(cfg: AttnConfig, plan, pos: CallPositions, scale: float, q: torc
     return replace(calls, mask_of=mask_of, fallback=fallback)
 
 
-def engine_pass(ring: RingContext, cfg: AttnConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def engine_pass(where: GroupContext, cfg: AttnConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 travelling: str, mask_plan, scale: float, alibi=None, mask=None):
     """The plan and the kernel calls of one pass (``travelling``: ``"kv"`` or ``"q"``)."""
-    p = ring.world_size
+    p = where.world_size
     pos = call_positions(cfg, p, q.shape[1], k.shape[1])
     per_node = cfg.topology.ranks_per_node if cfg.schedule == "double" and p > 1 else 1
-    plan = build_plan(ring.rank, p, positions=pos.aligned, kv_positions=pos.k, causal=cfg.causal,
+    plan = build_plan(where.rank, p, positions=pos.aligned, kv_positions=pos.k, causal=cfg.causal,
                       travelling=travelling, schedule=cfg.schedule, ranks_per_node=per_node, mask_plan=mask_plan)
-    return plan, block_calls(cfg, mask_plan, pos, scale, q, v, alibi, mask)
+    return plan, block_calls(cfg, mask_plan is not None, pos, scale, q, v, alibi, mask)
 
 
 def _slopes(alibi: Optional[torch.Tensor], batch: int) -> Optional[torch.Tensor]:
@@ -157,7 +138,7 @@ def _slopes(alibi: Optional[torch.Tensor], batch: int) -> Optional[torch.Tensor]
 
 
 @without_autocast
-def forward_pass(ring: RingContext, cfg: AttnConfig, plan, q: torch.Tensor, k: torch.Tensor,
+def forward_pass(where: GroupContext, cfg: AttnConfig, plan, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor, alibi: Optional[torch.Tensor] = None,
                  sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The distributed forward on this rank's shard.
@@ -172,16 +153,16 @@ def forward_pass(ring: RingContext, cfg: AttnConfig, plan, q: torch.Tensor, k: t
     """
     b, n, hq, d = q.shape
     scale = cfg.scale_for(d)
-    comm = ring.comm("forward", active_stats(), active_trace(), cfg.topology)
+    comm = pass_transport(where, "forward", active_stats(), active_trace(), cfg.topology)
     mask, guard = guarded(cfg) if plan is not None else (None, None)
-    eplan, calls = engine_pass(ring, cfg, q, k, v, "kv", plan, scale, _slopes(alibi, b), mask)
+    eplan, calls = engine_pass(where, cfg, q, k, v, "kv", plan, scale, _slopes(alibi, b), mask)
     out, lse = attention_forward(comm, eplan, calls, q, k, v, head_groups(b, n, hq, k.shape[2], d), sinks)
-    raise_mask_failures(guard, ring)
+    raise_mask_failures(guard, where)
     return out, lse
 
 
 @without_autocast
-def backward_pass(ring: RingContext, cfg: AttnConfig, plan, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+def backward_pass(where: GroupContext, cfg: AttnConfig, plan, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                   v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, stats: Optional[CommStats] = None,
                   trace: Optional[StepTrace] = None, alibi: Optional[torch.Tensor] = None,
                   sinks: Optional[torch.Tensor] = None):
@@ -191,28 +172,27 @@ def backward_pass(ring: RingContext, cfg: AttnConfig, plan, dout: torch.Tensor, 
     active meter and trace (else ``stats`` / ``trace``)."""
     stats, trace = active_stats() or stats, active_trace() or trace
     b, n, hq, d = q.shape
-    comm = ring.comm("backward", stats, trace, cfg.topology)
+    comm = pass_transport(where, "backward", stats, trace, cfg.topology)
     mask, guard = guarded(cfg) if plan is not None else (None, None)
-    travelling = "kv" if cfg.backward == "kv" else "q"
-    eplan, calls = engine_pass(ring, cfg, q, k, v, travelling, plan, cfg.scale_for(d), _slopes(alibi, b), mask)
+    eplan, calls = engine_pass(where, cfg, q, k, v, cfg.travelling("backward"), plan, cfg.scale_for(d), _slopes(alibi, b), mask)
     grads = attention_backward(comm, eplan, calls, dout, q, k, v, out, lse, head_groups(b, n, hq, k.shape[2], d),
                                sinks)
-    raise_mask_failures(guard, ring)
+    raise_mask_failures(guard, where)
     return grads
 
 
 class BurstAttnFunction(torch.autograd.Function):
-    """``out, lse = f(q, k, v, alibi, sinks)`` distributed over ``ring`` (eager; ``cfg`` resolved).
+    """``out, lse = f(q, k, v, alibi, sinks)`` distributed over ``where`` (eager; ``cfg`` resolved).
     Used where the custom op cannot carry the call (a ``mask_mod``, a Python function) and for local
     masked attention. Second-order gradients are refused (:func:`refuse_double_backward`)."""
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi: Optional[torch.Tensor],
-                sinks: Optional[torch.Tensor], ring: RingContext, cfg: AttnConfig, plan=None):
-        out, lse = forward_pass(ring, cfg, plan, q, k, v, alibi, sinks)
+                sinks: Optional[torch.Tensor], where: GroupContext, cfg: AttnConfig, plan=None):
+        out, lse = forward_pass(where, cfg, plan, q, k, v, alibi, sinks)
         if any(ctx.needs_input_grad[:3]) or (sinks is not None and ctx.needs_input_grad[4]):
             ctx.save_for_backward(q, k, v, out, lse, alibi, sinks)
-            ctx.ring, ctx.cfg, ctx.plan = ring, cfg, plan
+            ctx.where, ctx.cfg, ctx.plan = where, cfg, plan
             ctx.stats, ctx.trace = active_stats(), active_trace()
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -221,6 +201,6 @@ class BurstAttnFunction(torch.autograd.Function):
     def backward(ctx, dout: torch.Tensor, _dlse):
         refuse_double_backward()
         q, k, v, out, lse, alibi, sinks = ctx.saved_tensors
-        dq, dk, dv, dsinks = backward_pass(ctx.ring, ctx.cfg, ctx.plan, dout, q, k, v, out, lse, ctx.stats,
+        dq, dk, dv, dsinks = backward_pass(ctx.where, ctx.cfg, ctx.plan, dout, q, k, v, out, lse, ctx.stats,
                                            ctx.trace, alibi, sinks)
         return dq, dk, dv, None, None if dsinks is None else dsinks.to(sinks.dtype), None, None, None

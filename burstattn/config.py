@@ -1,8 +1,12 @@
-"""Typed configuration shared by the public API, the autograd function and the engine."""
+"""Typed configuration shared by the public API, the autograd function and the engine, the op's
+encoding of it (:class:`OpSpec`), and the one bounded memo of what calls build from it
+(:class:`LruCache`: the data masks of the custom op, usp's sub-groups)."""
 from __future__ import annotations
 
+import ast
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 if TYPE_CHECKING:
     import torch
@@ -98,14 +102,17 @@ class AttnConfig:
         return self.layout if self.kv_layout is None else self.kv_layout
 
     @property
-    def layout_name(self) -> str:
-        """The layout's name (a partition's ``name``, e.g. ``"documents"``)."""
-        return self.layout if isinstance(self.layout, str) else self.layout.name
-
-    @property
     def sparse(self) -> bool:
-        """Whether the call runs the masked engine (a mask, or an explicit partition layout)."""
+        """Whether the call's plan is a mask plan (:mod:`burstattn.masks.plan`: the sparse direct
+        schedule that moves K/V only where some query sees them): it has a mask, or an explicit
+        partition layout."""
         return self.mask is not None or not isinstance(self.layout, str) or not isinstance(self.keys_layout, str)
+
+    def travelling(self, phase: str) -> str:
+        """The side a ring moves in ``phase`` (the engine's name for the choice ``backward`` makes):
+        ``"kv"`` in the forward and for ``backward="kv"``, else ``"q"`` (the query side:
+        ``backward="burst"``; DistFlashAttn's direct steps, which move both, ignore it)."""
+        return "kv" if phase == "forward" or self.backward == "kv" else "q"
 
     def mask_key(self, seq_len: Optional[int] = None) -> int:
         """31-bit checksum of the mask (its values, probed at ``seq_len``: see
@@ -120,3 +127,105 @@ class AttnConfig:
     def scale_for(self, head_dim: int) -> float:
         """The softmax scale actually used for ``head_dim``."""
         return float(self.softmax_scale) if self.softmax_scale is not None else head_dim ** -0.5
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """Everything of a call but tensors and the group, as op-argument-friendly values.
+
+    Attributes:
+        fn: the caller's name for error messages (``burst_attn_func``, ``attention(strategy='ring')``).
+        causal, softmax_scale, backend, backward, schedule: as in :class:`~burstattn.config.AttnConfig`
+            (backend and backward resolved).
+        layout: a layout name, or ``"partition:NAME"`` (positions in the op's ``positions`` tensor).
+        topology: ``[inner group name, outer group name, ranks_per_node, nodes]`` of schedule "double".
+        window: ``[left, right]`` of a window mask (``None`` entries: unbounded); ``documents``: whether
+            the op's ``bounds`` tensor holds document boundaries; ``block_size``: the mask's tile.
+        kv_layout: the key sequence's layout (``None``: ``layout``; ``"partition:NAME"``: in
+            ``kv_positions``); softcap, deterministic, grad_partials: as in ``AttnConfig``.
+        strategy: the strategy that runs (``burstattn.strategies.op``'s ops); options: its own
+            options as ``[name, value]`` pairs (usp's degrees and sub-group names), ``None``: none.
+    """
+
+    fn: str
+    causal: bool
+    softmax_scale: Optional[float]
+    layout: str
+    backend: str
+    backward: str
+    schedule: str
+    topology: Optional[list] = None
+    window: Optional[list] = None
+    documents: bool = False
+    block_size: int = 256
+    kv_layout: Optional[str] = None
+    softcap: Optional[float] = None
+    deterministic: bool = False
+    grad_partials: str = "float32"
+    strategy: str = "burst"
+    options: Optional[list] = None
+
+    def encode(self) -> str:
+        """``key=value`` pairs joined by ``;`` (values as Python literals, lossless: see :func:`literal`).
+        Plain string formatting, which the compiler folds to a constant (it cannot trace ``json``)."""
+        return ";".join(f"{name}={literal(getattr(self, name))}" for name in FIELDS)
+
+    @staticmethod
+    def decode(text: str) -> "OpSpec":
+        """The inverse of :meth:`encode`."""
+        pairs = (item.split("=", 1) for item in text.split(";"))
+        return OpSpec(**{name: ast.literal_eval(value) for name, value in pairs})
+
+
+FIELDS = ("fn", "causal", "softmax_scale", "layout", "backend", "backward", "schedule", "topology", "window",
+          "documents", "block_size", "kv_layout", "softcap", "deterministic", "grad_partials", "strategy", "options")
+# characters a string literal of the spec may not hold raw: the field separator, the literal's own
+# quote and escape, and what ends a line or a source text; each becomes its escape, so decoding gives
+# the string back exactly
+ESCAPES = (("\\", "\\\\"), ("'", "\\'"), (";", "\\x3b"), ("\n", "\\n"), ("\r", "\\r"),
+           ("\x00", "\\x00"), ("\x0b", "\\x0b"), ("\x0c", "\\x0c"), ("\x1c", "\\x1c"), ("\x1d", "\\x1d"),
+           ("\x1e", "\\x1e"), ("\x85", "\\x85"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
+
+
+def literal(x) -> str:
+    """``x`` (None, bool, int, float, str, or a list of those) as a Python literal that holds no ``;``
+    (the field separator) and that ``ast.literal_eval`` turns back into ``x`` exactly."""
+    if isinstance(x, (list, tuple)):
+        return "[" + ",".join(literal(e) for e in x) + "]"
+    if isinstance(x, str):
+        for raw, escaped in ESCAPES:
+            x = x.replace(raw, escaped)
+        return "'" + x + "'"
+    return repr(x) if isinstance(x, float) else str(x)
+
+
+class LruCache:
+    """A bounded memo, least recently used entries evicted first: what a call builds from values that
+    repeat from call to call (a mask's block summaries, a process group) is built once.
+
+    ``entries``: the cached values by key (oldest first). Sharing one instance process-wide is safe as
+    long as every value is a pure function of its key (or, for process groups, made by every rank in
+    the same order, which the callers' cross-rank input check guarantees).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.entries: OrderedDict = OrderedDict()
+
+    def get(self, key, make: Callable[[], object], valid: Optional[Callable[[object], bool]] = None):
+        """The value of ``key``: the cached one (unless ``valid(value)`` says it went stale), else
+        ``make()``, cached."""
+        hit = self.entries.get(key)
+        if hit is not None and (valid is None or valid(hit)):
+            self.entries.move_to_end(key)
+            return hit
+        value = make()
+        self.entries[key] = value
+        self.entries.move_to_end(key)
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        """Forget every entry (the values themselves live on where they are still referenced)."""
+        self.entries.clear()

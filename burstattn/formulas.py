@@ -105,41 +105,41 @@ def distflash_bytes(*, rank: int, batch: int, local_seq: int, world_size: int, q
                     kv_heads: int, head_dim: int, dtype: torch.dtype, v_head_dim=None) -> dict:
     """Bytes ``rank`` sends under ``schedule="distflash"`` (they differ between ranks).
 
-    Per step of :func:`burstattn.engine.schedule.distflash_plan`: sending its K/V to the rank
-    that computes with them costs ``2*B*n*Hkv*d*e`` (op ``kv``, forward and backward); sending
-    its queries to a helper ``B*n*Hq*d*e`` in the forward and ``B*n*Hq*(2*d*e + 2*a)`` (Q, dO,
-    LSE, D) in the backward (op ``q``); a helper returns ``B*n*Hq*(d*e + a)`` (output, LSE; op
-    ``ret_q``) in the forward and the dQ partial ``B*n*Hq*d*a`` in the backward; a rank that
-    computed with another's K/V returns ``2*B*n*Hkv*d*a`` (dK, dV; op ``ret_kv``). With V's own head size
-    ``d_v``: ``2*d`` becomes ``d + d_v`` for K/V and for Q + dO, and the returned output has ``d_v``.
+    Per send of this rank's plan (:func:`burstattn.engine.direct.distflash_steps` as a
+    :class:`~burstattn.engine.plan.Plan`): its K/V to the rank that computes with them cost
+    ``2*B*n*Hkv*d*e`` (op ``kv``, forward and backward); its queries to a helper ``B*n*Hq*d*e`` in the
+    forward and ``B*n*Hq*(2*d*e + 2*a)`` (Q, dO, LSE, D) in the backward (op ``q``); a helper returns
+    ``B*n*Hq*(d*e + a)`` (output, LSE; op ``ret_q``) in the forward and the dQ partial ``B*n*Hq*d*a``
+    in the backward; a rank that computed with another's K/V returns ``2*B*n*Hkv*d*a`` (dK, dV; op
+    ``ret_kv``, backward only: the forward has no K/V accumulator). With V's own head size ``d_v``:
+    ``2*d`` becomes ``d + d_v`` for K/V and for Q + dO, and the returned output has ``d_v``.
     """
-    from .engine.schedule import distflash_plan  # the plan is the formula's source of truth
+    from .engine.direct import direct, distflash_steps  # the plan that runs says what is sent
     e, a = element_size(dtype), element_size(accum_dtype(dtype))
     dv = head_dim if v_head_dim is None else v_head_dim
     kv = kv_elements(batch, local_seq, kv_heads, head_dim, None, v_head_dim)
     rows = batch * local_seq * q_heads
+    size = {("forward", "data", "kv"): kv * e, ("backward", "data", "kv"): kv * e,
+            ("forward", "data", "q"): rows * head_dim * e, ("backward", "data", "q"): rows * ((head_dim + dv) * e + 2 * a),
+            ("forward", "acc", "q"): rows * (dv * e + a), ("backward", "acc", "q"): rows * head_dim * a,
+            ("backward", "acc", "kv"): kv * a}
+    plan = direct(rank, distflash_steps(rank, world_size), world_size, lambda q, k: (), local_seq)
     ops = {("forward", "meta"): (world_size - 1) * META_INTS * 8}
-    for st in distflash_plan(rank, world_size)[1:]:
-        add = {}
-        if st.kv_to is not None:
-            add[("forward", "kv")] = add[("backward", "kv")] = kv * e
-        if st.q_to is not None:
-            add[("forward", "q")] = rows * head_dim * e
-            add[("backward", "q")] = rows * ((head_dim + dv) * e + 2 * a)
-        if st.helper_q is not None:
-            add[("forward", "ret_q")] = rows * (dv * e + a)
-            add[("backward", "ret_q")] = rows * head_dim * a
-        if st.own_k is not None:
-            add[("backward", "ret_kv")] = kv * a
-        for key, nbytes in add.items():
-            ops[key] = ops.get(key, 0) + nbytes
+    for st in plan.steps:
+        for kind, moves in (("data", st.fetch), ("acc", st.give)):
+            for mv in moves:
+                for phase in ("forward", "backward"):
+                    nbytes = size.get((phase, kind, mv.side)) if mv.send else None
+                    if nbytes:
+                        label = (plan.channels.data if kind == "data" else plan.channels.acc)(mv.side)
+                        ops[(phase, label)] = ops.get((phase, label), 0) + nbytes
     return byte_totals(ops)
 
 
 def double_bytes(*, batch: int, local_seq: int, world_size: int, ranks_per_node: int, q_heads: int,
                  kv_heads: int, head_dim: int, dtype: torch.dtype, backward: str, kv_local_seq=None,
                  v_head_dim=None) -> dict:
-    """Bytes each rank sends under ``schedule="double"`` (:mod:`burstattn.engine.double`), ops named
+    """Bytes each rank sends under ``schedule="double"`` (:func:`burstattn.engine.plan.two_level`), ops named
     by channel: inside nodes ``kv`` / ``q`` and the accumulators ``dkv`` / ``dq``; across nodes the
     same with ``_outer``. R ranks per node, M = P / R nodes: travelling blocks ``(R-1)*M`` inside and
     ``M-1`` across; accumulators ``R*M`` inside (R > 1) and ``M`` across (M > 1)."""

@@ -1,4 +1,5 @@
-"""Process groups and meshes: the two-level groups of ``schedule="double"``, USP's Ulysses x ring
+"""Process groups and meshes: where a call runs (:class:`GroupContext`, from the one group-resolution
+function :func:`group_context`), the two-level groups of ``schedule="double"``, USP's Ulysses x ring
 grid, DeviceMesh helpers, and the group <-> name mapping the custom ops need.
 
 Bottom layer: imports only torch (and :mod:`.layout` for positions). Groups are always passed
@@ -12,19 +13,46 @@ a grid with group rank ``outer_index * inner + inner_index``::
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
 
+from .config import LruCache
 from .layout import local_positions
 
 
 def distributed() -> bool:
     """Whether ``torch.distributed`` is available and initialised."""
     return dist.is_available() and dist.is_initialized()
+
+
+class GroupContext(NamedTuple):
+    """Where a call runs: the process group (``None`` for a world of one without
+    ``torch.distributed``), this rank in it and its size (``group, rank, world_size = ctx``)."""
+
+    group: Optional[dist.ProcessGroup]
+    rank: int
+    world_size: int
+
+
+def group_context(group: Optional[dist.ProcessGroup] = None) -> GroupContext:
+    """The one group resolution: ``group``, or the world when ``None``; a world of one when
+    ``torch.distributed`` is not initialised (then a given ``group`` raises ``ValueError``)."""
+    if not distributed():
+        if group is not None:
+            raise ValueError("group was given but torch.distributed is not initialized")
+        return GroupContext(None, 0, 1)
+    group = group if group is not None else dist.group.WORLD
+    return GroupContext(group, dist.get_rank(group), dist.get_world_size(group))
+
+
+def named_context(name: str) -> GroupContext:
+    """The :class:`GroupContext` of a group given by name (a custom op's argument; ``""``: a world
+    of one)."""
+    pg = resolve_group(name)
+    return GroupContext(None, 0, 1) if pg is None else GroupContext(pg, dist.get_rank(pg), dist.get_world_size(pg))
 
 
 def group_name(group: Optional[dist.ProcessGroup]) -> str:
@@ -157,36 +185,14 @@ def usp_mesh(ulysses_degree: int, ring_degree: int, device_type: str = "cpu"):
     return init_device_mesh(device_type, (ring_degree, ulysses_degree), mesh_dim_names=("ring", "ulysses"))
 
 
-class GroupCache:
-    """Sub-groups built once per (parent group, sizes) and reused: creating a process group is a
-    collective with a rendezvous and costs file descriptors, so a call that is given only degrees
-    (``attention(strategy="usp", ulysses_degree=2, ring_degree=2)``) must not build new ones per call.
-
-    The cache is an explicit object with a bounded size. A cached entry whose groups were destroyed
-    (``dist.destroy_process_group``) is rebuilt. Every rank must make the same calls in the same order
-    (as for ``dist.new_group``), which the callers' cross-rank input check guarantees.
-    """
-
-    def __init__(self, size: int = 16) -> None:
-        self.size = size
-        self.entries: "OrderedDict[tuple, UspGroups]" = OrderedDict()
-
-    def usp(self, ulysses_degree: int, ring_degree: int, group: Optional[dist.ProcessGroup] = None) -> UspGroups:
-        """:func:`usp_groups`, cached."""
-        key = (group_name(group), ulysses_degree, ring_degree)
-        hit = self.entries.get(key)
-        if hit is not None and all(alive(g) for g in (hit.ulysses_group, hit.ring_group)):
-            self.entries.move_to_end(key)
-            return hit
-        built = usp_groups(ulysses_degree, ring_degree, group)
-        self.entries[key] = built
-        while len(self.entries) > self.size:
-            self.entries.popitem(last=False)
-        return built
-
-    def clear(self) -> None:
-        """Forget every entry (the groups themselves stay until destroyed)."""
-        self.entries.clear()
+def usp_subgroups(ulysses_degree: int, ring_degree: int, group: Optional[dist.ProcessGroup] = None) -> UspGroups:
+    """:func:`usp_groups`, built once per (parent group, degrees) and reused (:data:`SUBGROUPS`): creating
+    a process group is a collective with a rendezvous and costs file descriptors, so a call given only
+    degrees (``attention(strategy="usp", ulysses_degree=2, ring_degree=2)``) must not build new ones per
+    call. An entry whose groups were destroyed (``dist.destroy_process_group``) is rebuilt."""
+    return SUBGROUPS.get((group_name(group), ulysses_degree, ring_degree),
+                         lambda: usp_groups(ulysses_degree, ring_degree, group),
+                         lambda g: alive(g.ulysses_group) and alive(g.ring_group))
 
 
 def alive(group: Optional[dist.ProcessGroup]) -> bool:
@@ -199,6 +205,6 @@ def alive(group: Optional[dist.ProcessGroup]) -> bool:
         return False
 
 
-# The one process-wide cache of sub-groups (see GroupCache for why it exists): process groups are
-# themselves process-wide state of torch.distributed, and this only remembers which ones were made.
-SUBGROUPS = GroupCache()
+# The process-wide memo of sub-groups (see usp_subgroups): process groups are themselves process-wide
+# state of torch.distributed, and this only remembers which ones were made.
+SUBGROUPS = LruCache(16)

@@ -1,4 +1,4 @@
-"""The registered custom ops of burst attention: what ``torch.compile`` and checkpoint policies see.
+"""The registered custom ops of every strategy: what ``torch.compile`` and checkpoint policies see.
 
 * ``torch.ops.burstattn.attention_fwd(q, k, v, alibi, sinks, group, spec, positions, kv_positions, bounds,
   kv_bounds) -> (out, lse)``: the cross-rank input check, then the distributed forward
@@ -7,6 +7,14 @@
   kv_positions, bounds, kv_bounds) -> (dq, dk, dv, dsinks)``: the distributed backward
   (:func:`burstattn.autograd.backward_pass`); registered as the forward's autograd formula (``dsinks``
   is empty without sinks). Its own derivative raises: second-order gradients are not supported.
+
+* ``torch.ops.burstattn.strategy_fwd(q, k, v, group, spec, positions, bounds) -> [out, *saved]`` and
+  ``strategy_bwd(dout, q, k, v, out, saved, group, spec, positions, bounds) -> [dq, dk, dv]``: every
+  other strategy (ulysses, usp, tp, allgather, rsa). ``spec`` names the strategy; its module
+  (``burstattn.strategies.NAME``) provides ``check`` (the cross-rank input check, inside the op),
+  ``plan_of``, ``forward`` (``out`` and ``saved``: what its backward needs besides the inputs, outputs
+  without a gradient), ``backward`` and ``fake`` (the shapes of ``[out, *saved]``); see
+  :mod:`burstattn.strategies.op`.
 
 The process group travels by name (``group.group_name``; ``""`` for a world of one) and every other
 option in ``spec``, a string of :class:`OpSpec` (a constant for the compiler). ALiBi slopes
@@ -28,79 +36,21 @@ recomputation of a checkpointed block never reruns the distributed forward.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from importlib import import_module
 from typing import Callable, Optional
 
 import torch
 
-from .autograd import DOUBLE_BACKWARD, RingContext, backward_pass, forward_pass
-from .config import AttnConfig
+from .autograd import DOUBLE_BACKWARD, backward_pass, forward_pass, without_autocast
+from .config import AttnConfig, OpSpec
 from .formulas import accum_dtype
-from .groups import TwoLevelGroups, group_name, resolve_group
-from .masks.setup import DATA_MASKS, plan_for
+from .groups import GroupContext, TwoLevelGroups, group_name, named_context, resolve_group
+from .masks.setup import data_mask, plan_for
 from .validate import check_inputs
 
-__all__ = ["attention_fwd", "attention_bwd", "OpSpec", "remat_policy", "save_attention_context",
-           "SAVED_OPS", "call_attention"]
-
-
-@dataclass(frozen=True)
-class OpSpec:
-    """Everything of a call but tensors and the group, as op-argument-friendly values.
-
-    Attributes:
-        fn: the caller's name for error messages (``burst_attn_func``, ``attention(strategy='ring')``).
-        causal, softmax_scale, backend, backward, schedule: as in :class:`~burstattn.config.AttnConfig`
-            (backend and backward resolved).
-        layout: a layout name, or ``"partition:NAME"`` (positions in the op's ``positions`` tensor).
-        topology: ``[inner group name, outer group name, ranks_per_node, nodes]`` of schedule "double".
-        window: ``[left, right]`` of a window mask (``None`` entries: unbounded); ``documents``: whether
-            the op's ``bounds`` tensor holds document boundaries; ``block_size``: the mask's tile.
-        kv_layout: the key sequence's layout (``None``: ``layout``; ``"partition:NAME"``: in
-            ``kv_positions``); softcap, deterministic, grad_partials: as in ``AttnConfig``.
-    """
-
-    fn: str
-    causal: bool
-    softmax_scale: Optional[float]
-    layout: str
-    backend: str
-    backward: str
-    schedule: str
-    topology: Optional[list] = None
-    window: Optional[list] = None
-    documents: bool = False
-    block_size: int = 256
-    kv_layout: Optional[str] = None
-    softcap: Optional[float] = None
-    deterministic: bool = False
-    grad_partials: str = "float32"
-
-    def encode(self) -> str:
-        """``key=value`` pairs joined by ``;`` (values as Python literals). Plain string formatting,
-        which the compiler folds to a constant (it cannot trace ``json``)."""
-        return ";".join(f"{name}={literal(getattr(self, name))}" for name in FIELDS)
-
-    @staticmethod
-    def decode(text: str) -> "OpSpec":
-        import ast
-
-        pairs = (item.split("=", 1) for item in text.split(";"))
-        return OpSpec(**{name: ast.literal_eval(value) for name, value in pairs})
-
-
-FIELDS = ("fn", "causal", "softmax_scale", "layout", "backend", "backward", "schedule", "topology", "window",
-          "documents", "block_size", "kv_layout", "softcap", "deterministic", "grad_partials")
-
-
-def literal(x) -> str:
-    """``x`` (None, bool, int, float, str, or a list of those) as a Python literal (a ``;`` in a string,
-    which separates the fields, becomes ``,``: strings here are names for messages and repr only)."""
-    if isinstance(x, (list, tuple)):
-        return "[" + ",".join(literal(e) for e in x) + "]"
-    if isinstance(x, str):
-        return "'" + x.replace("\\", "\\\\").replace("'", "\\'").replace(";", ",") + "'"
-    return repr(x) if isinstance(x, float) else str(x)
+__all__ = ["attention_fwd", "attention_bwd", "strategy_fwd", "strategy_bwd", "OpSpec", "Call", "remat_policy",
+           "save_attention_context", "SAVED_OPS", "call_attention"]
 
 
 def _layout_arg(layout):
@@ -110,9 +60,10 @@ def _layout_arg(layout):
     return f"partition:{layout.name}", torch.stack(list(layout.positions))
 
 
-def op_arguments(ring: RingContext, cfg: AttnConfig, fn: str):
+def op_arguments(where: GroupContext, cfg: AttnConfig, fn: str, strategy: str = "burst",
+                 options: Optional[list] = None):
     """``(group, spec, positions, kv_positions, bounds, kv_bounds)`` of the ops for a resolved ``cfg``
-    whose mask, if any, has no ``mask_mod``."""
+    whose mask, if any, has no ``mask_mod`` (``strategy``, ``options``: see :class:`OpSpec`)."""
     mask, topo = cfg.mask, cfg.topology
     layout, positions = _layout_arg(cfg.layout)
     kv_layout, kv_positions = (None, None) if cfg.kv_layout is None else _layout_arg(cfg.kv_layout)
@@ -121,23 +72,20 @@ def op_arguments(ring: RingContext, cfg: AttnConfig, fn: str):
                                              (topo.inner_group, topo.outer_group)] + [topo.ranks_per_node, topo.nodes],
                   None if mask is None or mask.window is None else list(mask.window),
                   mask is not None and mask.bounds is not None, 256 if mask is None else mask.block_size,
-                  kv_layout, cfg.softcap, cfg.deterministic, cfg.grad_partials)
+                  kv_layout, cfg.softcap, cfg.deterministic, cfg.grad_partials, strategy, options)
     bounds = mask.bounds if spec.documents else None
     kv_bounds = mask.kv_bounds if spec.documents else None
-    return group_name(ring.group), spec.encode(), positions, kv_positions, bounds, kv_bounds
+    return group_name(where.group), spec.encode(), positions, kv_positions, bounds, kv_bounds
 
 
 def call_of(group: str, spec: str, positions: Optional[torch.Tensor], kv_positions: Optional[torch.Tensor],
             bounds: Optional[torch.Tensor], kv_bounds: Optional[torch.Tensor], alibi: bool = False,
-            sinks: bool = False) -> tuple[RingContext, AttnConfig, str]:
-    """The inverse of :func:`op_arguments`: ``(ring, cfg, fn)``."""
-    import torch.distributed as dist
-
+            sinks: bool = False) -> tuple[GroupContext, AttnConfig, str]:
+    """The inverse of :func:`op_arguments`: ``(where, cfg, fn)``."""
     from .partition import Partition
 
     s = OpSpec.decode(spec)
-    pg = resolve_group(group)
-    ring = RingContext(pg, dist.get_rank(pg), dist.get_world_size(pg)) if pg is not None else RingContext(None, 0, 1)
+    where = named_context(group)
 
     def layout_of(name, pos):
         if name is not None and name.startswith("partition:"):
@@ -148,8 +96,8 @@ def call_of(group: str, spec: str, positions: Optional[torch.Tensor], kv_positio
     if s.window is not None or s.documents or positions is not None or kv_positions is not None:
         # the same object for the same definition (an empty one for a bare partition): the block
         # summaries it caches outlive the call
-        mask = DATA_MASKS.get(s.window, bounds if s.documents else None, s.block_size,
-                              kv_bounds if s.documents else None)
+        mask = data_mask(s.window, bounds if s.documents else None, s.block_size,
+                         kv_bounds if s.documents else None)
     topo = None
     if s.topology is not None:
         inner, outer, per_node, nodes = s.topology
@@ -158,13 +106,13 @@ def call_of(group: str, spec: str, positions: Optional[torch.Tensor], kv_positio
                      backward=s.backward, schedule=s.schedule, mask=mask, topology=topo, kv_layout=kv_layout,
                      softcap=s.softcap, alibi=alibi, sinks=sinks, deterministic=s.deterministic,
                      grad_partials=s.grad_partials)
-    return ring, cfg, s.fn
+    return where, cfg, s.fn
 
 
-def checked_plan(q, k, v, ring: RingContext, cfg: AttnConfig, fn: str, alibi=None, sinks=None):
+def checked_plan(q, k, v, where: GroupContext, cfg: AttnConfig, fn: str, alibi=None, sinks=None):
     """This rank's mask plan (``None`` for a dense call), after the cross-rank check has passed."""
-    plan, problem = plan_for(q, cfg, ring.rank, ring.world_size, k.shape[1] if isinstance(k, torch.Tensor) else None)
-    check_inputs(q, k, v, cfg, ring.group, ring.world_size, fn=fn, extra=problem, alibi=alibi, sinks=sinks)
+    plan, problem = plan_for(q, cfg, where.rank, where.world_size, k.shape[1] if isinstance(k, torch.Tensor) else None)
+    check_inputs(q, k, v, cfg, where.group, where.world_size, fn=fn, extra=problem, alibi=alibi, sinks=sinks)
     return plan
 
 
@@ -192,10 +140,10 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi: Opti
     """Check the call on every rank, then run the distributed forward: ``q [B, n, Hq, D]``,
     ``k [B, n_k, Hkv, D]``, ``v [B, n_k, Hkv, Dv]`` -> ``out [B, n, Hq, Dv]`` (q's dtype), ``lse [B, Hq, n]``
     (float32; float64)."""
-    ring, cfg, fn = call_of(group, spec, positions, kv_positions, bounds, kv_bounds, alibi is not None,
-                            sinks is not None)
-    plan = checked_plan(q, k, v, ring, cfg, fn, alibi, sinks)
-    out, lse = forward_pass(ring, cfg, plan, q, k, v, alibi, sinks)
+    where, cfg, fn = call_of(group, spec, positions, kv_positions, bounds, kv_bounds, alibi is not None,
+                             sinks is not None)
+    plan = checked_plan(q, k, v, where, cfg, fn, alibi, sinks)
+    out, lse = forward_pass(where, cfg, plan, q, k, v, alibi, sinks)
     out, lse = owned([out, lse], (q, k, v, alibi, sinks))
     return out, lse
 
@@ -214,12 +162,12 @@ def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The distributed backward: ``dq, dk, dv`` (the inputs' shapes and dtypes) and ``dsinks [Hq]``
     (sinks' dtype; empty without sinks)."""
-    ring, cfg, _ = call_of(group, spec, positions, kv_positions, bounds, kv_bounds, alibi is not None,
-                           sinks is not None)
-    plan, problem = plan_for(q, cfg, ring.rank, ring.world_size, k.shape[1])  # checked in the forward already
+    where, cfg, _ = call_of(group, spec, positions, kv_positions, bounds, kv_bounds, alibi is not None,
+                            sinks is not None)
+    plan, problem = plan_for(q, cfg, where.rank, where.world_size, k.shape[1])  # checked in the forward already
     if problem:
         raise problem[0](problem[1])
-    dq, dk, dv, dsinks = backward_pass(ring, cfg, plan, dout, q, k, v, out, lse, alibi=alibi, sinks=sinks)
+    dq, dk, dv, dsinks = backward_pass(where, cfg, plan, dout, q, k, v, out, lse, alibi=alibi, sinks=sinks)
     dsinks = q.new_empty(0) if dsinks is None else dsinks.to(sinks.dtype)
     return tuple(owned([dq, dk, dv, dsinks], (dout, q, k, v, out, lse, alibi, sinks)))
 
@@ -261,16 +209,109 @@ attention_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
 attention_bwd.register_autograd(_refuse_double_backward, setup_context=_setup_bwd)
 
 
-def call_attention(q, k, v, ring: RingContext, cfg: AttnConfig, fn: str, alibi=None,
+def call_attention(q, k, v, where: GroupContext, cfg: AttnConfig, fn: str, alibi=None,
                    sinks=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``out, lse`` of a resolved call through the custom op (the cross-rank check inside)."""
-    group, spec, positions, kv_positions, bounds, kv_bounds = op_arguments(ring, cfg, fn)
+    group, spec, positions, kv_positions, bounds, kv_bounds = op_arguments(where, cfg, fn)
     return torch.ops.burstattn.attention_fwd(q, k, v, alibi, sinks, group, spec, positions, kv_positions, bounds,
                                              kv_bounds)
 
 
+# ------------------------------------------------------------------------------ the other strategies
+@dataclass(frozen=True)
+class Call:
+    """One strategy call, everything but the tensors: where it runs, its config (mask included), the
+    caller's name for messages, the strategy and its own options (ints and strings), and (after its
+    check) this rank's mask plan."""
+
+    where: GroupContext
+    cfg: AttnConfig
+    fn: str
+    strategy: str
+    options: dict
+    plan: Optional[object] = None
+
+
+def strategy_module(name: str):
+    """The module of strategy ``name`` (``burstattn.strategies.NAME``): the op's implementations are
+    looked up by the name in the op's spec, as ``torch.ops`` looks ops up by theirs."""
+    return import_module(f"burstattn.strategies.{name}")
+
+
+def strategy_arguments(call: Call) -> tuple:
+    """``(group, spec, positions, bounds)`` of :data:`strategy_fwd` for a call (its mask has no
+    ``mask_mod``; one sequence: no key layout or key documents of its own)."""
+    options = [[name, value] for name, value in sorted(call.options.items())]
+    group, spec, positions, _, bounds, _ = op_arguments(call.where, call.cfg, call.fn, call.strategy, options)
+    return group, spec, positions, bounds
+
+
+def strategy_call_of(group: str, spec: str, positions, bounds) -> Call:
+    """The inverse of :func:`strategy_arguments`."""
+    where, cfg, fn = call_of(group, spec, positions, None, bounds, None)
+    s = OpSpec.decode(spec)
+    return Call(where, cfg, fn, s.strategy, dict(s.options or ()))
+
+
+@torch.library.custom_op("burstattn::strategy_fwd", mutates_args=())
+def strategy_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: str, spec: str,
+                 positions: Optional[torch.Tensor], bounds: Optional[torch.Tensor]) -> list[torch.Tensor]:
+    """Check the call on every rank, then run the strategy's forward: ``q [B, n, Hq, D]``,
+    ``k, v [B, n, Hkv, D]`` -> ``[out [B, n, Hq, D] (q's dtype), *saved]`` (what its backward needs)."""
+    call = strategy_call_of(group, spec, positions, bounds)
+    mod = strategy_module(call.strategy)
+    call = mod.check(call, q, k, v)
+    out, saved = without_autocast(mod.forward)(call, q, k, v)
+    return owned([out, *saved], (q, k, v))
+
+
+@strategy_fwd.register_fake
+def _strategy_fwd_fake(q, k, v, group, spec, positions, bounds):
+    call = strategy_call_of(group, spec, positions, bounds)
+    return strategy_module(call.strategy).fake(call, q, k, v)
+
+
+@torch.library.custom_op("burstattn::strategy_bwd", mutates_args=())
+def strategy_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                 saved: list[torch.Tensor], group: str, spec: str, positions: Optional[torch.Tensor],
+                 bounds: Optional[torch.Tensor]) -> list[torch.Tensor]:
+    """The strategy's backward: ``[dq, dk, dv]`` in the inputs' shapes and dtypes."""
+    call = strategy_call_of(group, spec, positions, bounds)
+    mod = strategy_module(call.strategy)
+    call = replace(call, plan=mod.plan_of(call, q, k))
+    grads = without_autocast(mod.backward)(call, dout, q, k, v, out, list(saved))
+    return owned(list(grads), (dout, q, k, v, out, *saved))
+
+
+@strategy_bwd.register_fake
+def _strategy_bwd_fake(dout, q, k, v, out, saved, group, spec, positions, bounds):
+    return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)]
+
+
+def _setup_strategy(ctx, inputs, output) -> None:
+    q, k, v, group, spec, positions, bounds = inputs
+    out, *saved = output
+    ctx.mark_non_differentiable(*saved)
+    ctx.save_for_backward(q, k, v, out, *saved, *[t for t in (positions, bounds) if t is not None])
+    ctx.n_saved, ctx.group, ctx.spec = len(saved), group, spec
+    ctx.has = (positions is not None, bounds is not None)
+
+
+def _backward_strategy(ctx, grads):
+    q, k, v, out, *rest = ctx.saved_tensors
+    saved, extra = rest[:ctx.n_saved], iter(rest[ctx.n_saved:])
+    positions, bounds = (next(extra) if has else None for has in ctx.has)
+    dq, dk, dv = strategy_bwd(grads[0], q, k, v, out, saved, ctx.group, ctx.spec, positions, bounds)
+    return dq, dk, dv, None, None, None, None
+
+
+strategy_fwd.register_autograd(_backward_strategy, setup_context=_setup_strategy)
+strategy_bwd.register_autograd(_refuse_double_backward, setup_context=_setup_bwd)
+
+
 # ------------------------------------------------------------------------------ checkpointing
-SAVED_OPS = (torch.ops.burstattn.attention_fwd.default,)  # what the remat policy never recomputes
+# what the remat policy never recomputes: the distributed forwards
+SAVED_OPS = (torch.ops.burstattn.attention_fwd.default, torch.ops.burstattn.strategy_fwd.default)
 
 
 def remat_policy(extra_saved: tuple = ()) -> Callable:

@@ -352,7 +352,7 @@ def partition_work(partition: Union[Partition, Sequence[torch.Tensor]], work: to
     Args:
         partition: a :class:`Partition` or a list of per-rank position tensors.
         work: ``[N]`` per-token work (e.g. :func:`token_work`).
-    (``burstattn.masks.rank_work`` is another thing: the score entries each rank computes under a mask.)
+    (The score entries each rank's kernels compute under a mask are :func:`burstattn.masks.rank_work`.)
     """
     parts = partition.positions if isinstance(partition, Partition) else list(partition)
     if work.dim() != 1:
@@ -362,9 +362,6 @@ def partition_work(partition: Union[Partition, Sequence[torch.Tensor]], work: to
         raise ValueError(f"the positions hold {total} tokens but work has {work.numel()}")
     w = work.to(torch.float64)
     return torch.stack([w[p.long()].sum() for p in parts])
-
-
-rank_work = partition_work  # its earlier name (public), kept as an alias
 
 
 def layout_positions(layout: Union[str, Partition], seq_len: int, world_size: int) -> list[torch.Tensor]:

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .comm.ring import RingCommError
+from .comm.transport import RingCommError
 from .comm.stats import active_stats
 from .config import BACKENDS, BACKWARDS, GRAD_PARTIALS, LAYOUTS, SCHEDULES, AttnConfig
 from .formulas import META_INTS

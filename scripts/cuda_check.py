@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import burstattn  # noqa: E402
 from burstattn.kernels import available_backends, get_kernel  # noqa: E402
-from burstattn.kernels.plain import ReferenceKernel  # noqa: E402
+from burstattn.kernels.plain import PlainKernel  # noqa: E402
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
 
@@ -58,7 +58,7 @@ def check_case(N, hq, hkv, d, dtype, causal, backend, layout="zigzag", world=1, 
 
 def kernel_checks(report):
     """Each CUDA kernel vs the reference kernel on block shapes the engine uses (Sq != Sk too)."""
-    ref = ReferenceKernel()
+    ref = PlainKernel()
     rows = []
     for backend in [b for b in available_backends(torch.device("cuda")) if b != "reference"]:
         kern = get_kernel(backend)

@@ -4,10 +4,10 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import burstattn
 from burstattn.kernels.sdpa import SdpaKernel
-from burstattn.kernels.plain import ReferenceKernel
+from burstattn.kernels.plain import PlainKernel
 def rel(a, b): return ((a.double() - b.double()).norm() / b.double().norm()).item()
 rows = []
-ref = ReferenceKernel()
+ref = PlainKernel()
 for prefer in (True, False):
     kern = SdpaKernel(prefer_cudnn=prefer)
     for dtype in (torch.bfloat16, torch.float16):

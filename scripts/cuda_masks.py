@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import burstattn  # noqa: E402
 from burstattn.masks import AttnMask  # noqa: E402
-from burstattn.testing.reference import reference_attention  # noqa: E402
+from burstattn.testing.oracle import exact_attention  # noqa: E402
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 
@@ -54,7 +54,7 @@ def check(dtype, n=1024, heads=(8, 2), d=64) -> list[dict]:
                 pos = torch.arange(n, device="cuda")
                 dense = m.dense(pos.cpu(), pos.cpu(), n, causal).cuda()
                 r = [x.detach().double().requires_grad_() for x in (q, k, v)]
-                ro, rl = reference_attention(*r, causal=causal, mask=dense)
+                ro, rl = exact_attention(*r, causal=causal, mask=dense)
                 ro.backward(g.double())
                 floor = float(r[2].grad.norm())
                 errs = {nm: float((a.double() - b).norm() / max(float(b.norm()), floor))

@@ -20,7 +20,10 @@ class Pools:
     def __init__(self) -> None:
         self._pools: dict[int, LocalPool] = {}
 
-    def get(self, world_size: int) -> LocalPool:
+    def get(self, world_size: int, threads: int = 1) -> LocalPool:
+        """The pool of ``world_size`` ranks (1 thread each: the only kind the session keeps; ``threads``
+        is there for callers written against :class:`burstattn.bench.driver.Pools`)."""
+        assert threads == 1, "the session pools run one thread per rank"
         pool = self._pools.get(world_size)
         if pool is None:
             pool = LocalPool(world_size, backend="gloo", threads_per_rank=1,

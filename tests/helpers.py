@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from burstattn.layout import local_positions
-from burstattn.testing.reference import reference_attention
+from burstattn.testing.oracle import exact_attention
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "float64": torch.float64}
@@ -87,7 +87,7 @@ def reference_results(case: Case) -> dict[str, torch.Tensor]:
     """The float64 oracle on the full sequence: out, lse, and dq/dk/dv for grad_out."""
     q, k, v, dout = full_inputs(case)
     q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
-    out, lse = reference_attention(q64, k64, v64, causal=case.causal, softmax_scale=case.softmax_scale)
+    out, lse = exact_attention(q64, k64, v64, causal=case.causal, softmax_scale=case.softmax_scale)
     out.backward(dout.double())
     return dict(out=out.detach(), lse=lse.detach(), dq=q64.grad, dk=k64.grad, dv=v64.grad)
 

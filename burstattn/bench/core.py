@@ -18,7 +18,7 @@ Suites (all in one run, medians of repeats after warm-up):
   kernel's own 16-bit partials (``grad_partials="kernel"``), bfloat16 causal zigzag at world 2, MHA and
   GQA: fwd+bwd time (calls alternated in one spawn) and peak memory per rank, side by side.
 
-One ``run_local`` spawn per world size; every point of that world size runs inside it. Threads:
+One pool per world size (:mod:`.driver`); every point of that world size runs inside it. Threads:
 ``torch.set_num_threads(1)`` in every rank (ranks x threads <= 2 cores for world sizes 1 and 2;
 world sizes 3 and 4 only count bytes, where oversubscription does not matter).
 """
@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -36,8 +34,8 @@ import torch.distributed as dist
 
 from ..config import torch_dtype
 from .memory import measure_peak
-from .progress import ProgressFile, run_with_progress
-from .timing import code_version, cpu_snapshot, machine_info, other_load, time_interleaved
+from .progress import ProgressFile
+from .timing import time_interleaved
 
 
 
@@ -194,15 +192,11 @@ def _run_point(p: Point, rank: int, world: int, repeats: int, warmup: int) -> Ra
     return res
 
 
-def _bench_rank(rank: int, world: int, points: list[Point], repeats: int, warmup: int,
-                progress_path: Optional[str]) -> list[RankResult]:
-    """Every point of one world size, in order (runs in each spawned rank)."""
-    progress = ProgressFile(progress_path, rank)
-    results = []
-    for p in points:
-        progress.start(f"world {world}: {p.suite} {p.name}")
-        results.append(_run_point(p, rank, world, repeats, warmup))
-    return results
+def _bench_rank(rank: int, world: int, p: Point, repeats: int, warmup: int,
+                progress_path: Optional[str]) -> RankResult:
+    """One point on one rank (runs inside the pool; the points of a world size share its spawn)."""
+    ProgressFile(progress_path, rank).start(f"world {world}: {p.suite} {p.name}")
+    return _run_point(p, rank, world, repeats, warmup)
 
 
 # ---------------------------------------------------------------------------- parent side
@@ -295,38 +289,25 @@ def run_core(cfg: CoreConfig, console=None) -> int:
     """Run every point, write ``core.json`` and ``core.md`` under ``cfg.out``; return 0."""
     from rich.console import Console
 
-    from ..testing.launch import run_local
-    from .report import publish, update_document, write_markdown
+    from .driver import Pools, Started, document, publish, run_points
+    from .report import update_document, write_markdown
 
     console = console or Console()
     eff = cfg.effective()
-    plan = _points(eff)
-    out_dir = Path(eff.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    machine = machine_info()
-    console.print(f"bench core: {sum(map(len, plan.values()))} points over world sizes {sorted(plan)}, "
-                  f"1 thread per rank, {os.cpu_count()} cores, load {machine['load_avg_1m']}")
-
-    def work(path: str) -> list[dict]:
-        records = []
-        for world, points in sorted(plan.items()):
-            before = cpu_snapshot()
-            results = run_local(_bench_rank, world, points, eff.repeats, eff.warmup, path,
-                                threads_per_rank=1, timeout_s=7200.0, pg_timeout_s=1800.0)
-            load = other_load(before, cpu_snapshot())  # what other processes used meanwhile
-            # results[rank][i] -> records per point
-            for i, p in enumerate(points):
-                records.append(_record(p, world, [results[r][i] for r in range(world)]))
-                records[-1]["other_load_during_spawn"] = load
-        return records
-
-    t0 = time.perf_counter()
-    records = run_with_progress("bench core", sum(map(len, plan.values())), work, console=console)
-    _derive(records)
-    doc = {"benchmark": "core", "started": started, "duration_s": round(time.perf_counter() - t0, 1),
-           "machine": machine, "code": code_version(), "load_avg_1m_end": round(os.getloadavg()[0], 2), "torch": torch.__version__,
-           "threads": "torch.set_num_threads(1) in every rank (launch.run_local threads_per_rank=1)",
-           "config": asdict(eff), "records": records}
-    publish(out_dir, "core", doc, write_markdown(doc), eff.docs, update_document, console)
+    points = [(world, p) for world, ps in sorted(_points(eff).items()) for p in ps]
+    started = Started.now()
+    console.print(f"bench core: {len(points)} points over world sizes {sorted({w for w, _ in points})}, "
+                  f"1 thread per rank, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
+    with Pools(timeout_s=7200.0, pg_timeout_s=1800.0) as pools:
+        records = run_points("bench core", points, _bench_rank, _record, _failed, pools=pools,
+                             args=(eff.repeats, eff.warmup), console=console)
+    _derive([r for r in records if "failed" not in r])
+    doc = document("core", eff, started, records=records,
+                   threads="torch.set_num_threads(1) in every rank (LocalPool threads_per_rank=1)")
+    publish(eff.out, "core", doc, write_markdown(doc), eff.docs, update_document, console)
     return 0
+
+
+def _failed(p: Point, world: int, text: str) -> dict:
+    """The record of a point whose ranks raised."""
+    return {"suite": p.suite, "name": p.name, "world_size": world, "config": asdict(p), "failed": text}

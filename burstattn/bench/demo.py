@@ -10,7 +10,7 @@ needs anyone's data for the check), keeps its shard (``shard_sequence``) and run
 * peak memory per rank of one forward + backward, measured (:mod:`burstattn.bench.memory`);
 * bytes sent per rank (``comm_stats``) next to ``formulas.ring_bytes``;
 * correctness: ``check_rows`` global query rows drawn at random are recomputed exactly in float64
-  against ALL keys with ``reference_rows``. The loss weights only those rows (``grad_out`` is zero
+  against ALL keys with ``exact_rows``. The loss weights only those rows (``grad_out`` is zero
   elsewhere), so the exact dq of those rows and the exact dk, dv of the whole sequence follow from
   the row reference by autograd. Each rank computes the reference of the sampled rows it holds;
   dk, dv contributions are summed over ranks (all-reduce) before each rank compares its shard.
@@ -133,12 +133,12 @@ def _check(cfg: DemoConfig, world: int, full, positions, held, sample_idx, grad_
     and dq already restricted to the held sampled rows [B, r, Hq, D].
     """
     import burstattn
-    from burstattn.testing.reference import reference_rows
+    from burstattn.testing.oracle import exact_rows
 
     q_full, k_full, v_full = full
     q_rows = q_full[:, positions[held]].double().requires_grad_()          # [B, r, Hq, D]
     k64, v64 = k_full.double().requires_grad_(), v_full.double().requires_grad_()
-    out_ref, _ = reference_rows(q_rows, k64, v64, positions[held], causal=cfg.causal)
+    out_ref, _ = exact_rows(q_rows, k64, v64, positions[held], causal=cfg.causal)
     (out_ref * grad_rows[:, sample_idx].double()).sum().backward()
     dkv = torch.stack([k64.grad, v64.grad])                                # [2, B, N, Hkv, D]
     if world > 1:

@@ -8,7 +8,7 @@ every rank:
 
 1. correctness first: the same contender on a small instance of the same config (``check_seq_len``
    tokens, same heads/dtype/causal/layout), output and dQ/dK/dV against the float64
-   :mod:`burstattn.testing.reference` on the global tensors, as ``max|x - ref| / max|ref|`` over every rank's rows;
+   :mod:`burstattn.testing.oracle` on the global tensors, as ``max|x - ref| / max|ref|`` over every rank's rows;
 2. bytes per rank: one forward and one forward+backward under :func:`.distmeter.dist_meter` (which wraps
    ``torch.distributed`` and so counts the peers too) and, for burstattn's strategies,
    :func:`burstattn.comm_stats` (the two must agree), next to the contender's formula;
@@ -21,20 +21,17 @@ point once when that exceeded ``busy_cores``.
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import time
-from dataclasses import asdict, dataclass, field, fields, replace
-from pathlib import Path
+from dataclasses import asdict, dataclass, field, fields
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
 from ..config import torch_dtype
-from .progress import ProgressFile, run_with_progress
-from .timing import code_version, cpu_snapshot, machine_info, other_load, time_interleaved
+from .progress import ProgressFile
+from .timing import time_interleaved
 
 OURS = ("burst", "ring", "rsa", "ulysses", "allgather", "usp", "tp", "burst-distflash", "burst-double")
 LAYOUT_OF = {"burst": "zigzag", "usp": "zigzag", "burst-distflash": "contiguous",
@@ -174,11 +171,11 @@ def _global(p: GridPoint, seq_len: int, seed: int):
 
 def _check(c, p: GridPoint, rank: int, world: int) -> dict:
     """Relative errors of out, dq, dk, dv on this rank's rows vs the float64 reference."""
-    from ..testing.reference import reference_attention
+    from ..testing.oracle import exact_attention
 
     q, k, v, do = _global(p, p.check_seq_len, 1234)
     ref = [x.clone().requires_grad_() for x in (q, k, v)]
-    out_ref = reference_attention(*ref, causal=p.causal)[0]
+    out_ref = exact_attention(*ref, causal=p.causal)[0]
     out_ref.backward(do)
     pos = c.positions(p.check_seq_len, rank, world)
     dt = torch_dtype(p.dtype)
@@ -298,68 +295,27 @@ def run_grid(cfg: GridConfig, *, docs: Optional[str] = None, console=None) -> li
     """Run the grid; write ``<out>/<name>.json`` and ``.md``; return the records."""
     from rich.console import Console
 
-    from ..testing.launch import LocalGroupError, LocalPool
+    from .driver import Pools, Started, document, publish, run_points
     from .report import grid_markdown, ratios_markdown
 
     console = console or Console()
     points = grid_points(cfg)
-    out_dir = Path(cfg.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    started, t0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.perf_counter()
-    code = code_version()  # at the start: the ranks import the code as it is now
+    started = Started.now()
     console.print(f"bench grid: {len(points)} points, {cfg.threads_per_rank} thread(s) per rank "
                   f"(torch.set_num_threads in every rank), {os.cpu_count()} cores")
-
-    def work(path: str) -> list[dict]:
-        records = []
-        for world in sorted({w for w, _ in points}):
-            with LocalPool(world, threads_per_rank=cfg.threads_per_rank, timeout_s=3600.0,
-                           pg_timeout_s=600.0) as pool:
-                for _, p in [x for x in points if x[0] == world]:
-                    for attempt in range(2):
-                        before, ranks_before = cpu_snapshot(), _ranks_cpu_s(pool)
-                        try:
-                            rec = combine(p, world, pool.run(grid_point, p, path))
-                        except LocalGroupError as e:
-                            rec = {"contender": p.contender, "world_size": world, "config": asdict(p),
-                                   "failed": str(e)[-800:]}
-                        rec["other_load"] = load = other_load(
-                            before, _plus_own(cpu_snapshot(), _ranks_cpu_s(pool) - ranks_before))
-                        if not load or load["other_cores"] <= cfg.busy_cores or "median_s" not in rec:
-                            break
-                        rec["rerun_because_busy"] = True
-                    records.append(rec)
-        return records
-
-    records = run_with_progress("bench grid", len(points), work, console=console)
-    doc = {"benchmark": "grid", "started": started, "duration_s": round(time.perf_counter() - t0, 1),
-           "machine": machine_info(), "code": code, "versions": _versions(),
-           "threads": f"torch.set_num_threads({cfg.threads_per_rank}) in every rank (LocalPool threads_per_rank)",
-           "config": asdict(cfg), "records": records}
-    (out_dir / f"{cfg.name}.json").write_text(json.dumps(doc, indent=1))
+    with Pools(timeout_s=3600.0, pg_timeout_s=600.0) as pools:
+        records = run_points("bench grid", points, grid_point, combine, failed, pools=pools,
+                             threads=cfg.threads_per_rank, console=console, busy_cores=cfg.busy_cores)
+    doc = document("grid", cfg, started, records=records, versions=_versions(),
+                   threads=f"torch.set_num_threads({cfg.threads_per_rank}) in every rank (LocalPool threads_per_rank)")
     md = grid_markdown(doc) + "\n#### burst against each peer\n\n" + ratios_markdown(doc)
-    (out_dir / f"{cfg.name}.md").write_text(md)
-    console.print(md)
-    console.print(f"wrote {out_dir / cfg.name}.json and .md")
+    publish(cfg.out, cfg.name, doc, md, console=console)
     return records
 
 
-def _ranks_cpu_s(pool) -> float:
-    """CPU seconds the pool's live rank processes used so far (``/proc/<pid>/stat`` utime + stime):
-    they are not joined children, so :func:`.timing.cpu_snapshot` does not see them as ours."""
-    total = 0.0
-    for proc in getattr(pool, "_procs", []):
-        try:
-            with open(f"/proc/{proc.pid}/stat") as f:
-                parts = f.read().rsplit(")", 1)[1].split()
-            total += (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError, IndexError):
-            pass
-    return total
-
-
-def _plus_own(snap, extra_s: float):
-    return None if snap is None else replace(snap, own_s=snap.own_s + extra_s)
+def failed(p: GridPoint, world: int, text: str) -> dict:
+    """The record of a point whose ranks raised."""
+    return {"contender": p.contender, "world_size": world, "config": asdict(p), "failed": text}
 
 
 def _versions() -> dict:

@@ -22,15 +22,11 @@ one step, optimizer creation included), allocator events on CPU. Writes ``hf.jso
 """
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
-
-from .timing import code_version, machine_info
 
 SUITES = ("steps", "maxlen", "balance")
 CONTENDERS = ("cp-burst", "cp-ulysses", "single", "ddp")
@@ -163,18 +159,11 @@ def trainer_rank(rank: int, world: int, cfg: HfBenchConfig, contender: str, seq_
         return {"peak": measure_peak(trainer.train)[1].peak_bytes}
 
 
-def _pools(cfg: HfBenchConfig):
-    """``{contender: pool}``: world P (1 thread per rank) for cp and ddp, one process with P threads for single."""
-    from ..testing.launch import LocalPool
-
-    pools, made = {}, {}
-    for c in cfg.contenders:
-        world, threads = (1, cfg.world_size) if c == "single" else (cfg.world_size, 1)
-        if (world, threads) not in made:
-            made[world, threads] = LocalPool(world, backend="gloo", threads_per_rank=threads, timeout_s=3600.0,
-                                             pg_timeout_s=600.0)
-        pools[c] = made[world, threads]
-    return pools, list(made.values())
+def _pools(cfg: HfBenchConfig, pools) -> dict:
+    """``{contender: pool}`` from the driver's :class:`~.driver.Pools`: world P (1 thread per rank) for cp
+    and ddp, one process with P threads for single."""
+    return {c: pools.get(1, cfg.world_size) if c == "single" else pools.get(cfg.world_size, 1)
+            for c in cfg.contenders}
 
 
 def _run(pool, *args) -> Optional[list[dict]]:
@@ -255,24 +244,26 @@ def run_balance(cfg: HfBenchConfig) -> list[dict]:
                  median_doc=sorted(lengths)[len(lengths) // 2], rows=rows)]
 
 
-def run_hf_bench(cfg: HfBenchConfig, console=None) -> dict:
-    """Run the suites of ``cfg``; write ``hf.json`` and return the document."""
+def run_hf_bench(cfg: HfBenchConfig, docs: Optional[str] = None, console=None) -> dict:
+    """Run the suites of ``cfg``; write ``hf.json`` and ``hf.md`` (and the tables into ``docs``, between
+    its bench hf markers); return the document."""
     from rich.console import Console
 
+    from .driver import Pools, Started, document, publish
+    from .hf_report import hf_markdown, replace_section
+
     console = console or Console(stderr=True)
-    doc = dict(config=asdict(cfg), machine=machine_info(), code=code_version(), steps=[], maxlen=[], balance=[])
+    started = Started.now()
+    steps, maxlen, balance = [], [], []
     if "balance" in cfg.suites:
-        doc["balance"] = run_balance(cfg)
+        balance = run_balance(cfg)
     if {"steps", "maxlen"} & set(cfg.suites):
-        pools, made = _pools(cfg)
-        try:
+        with Pools(timeout_s=3600.0, pg_timeout_s=600.0) as made:
+            pools = _pools(cfg, made)
             if "steps" in cfg.suites:
-                doc["steps"] = run_steps(cfg, pools, console)
+                steps = run_steps(cfg, pools, console)
             if "maxlen" in cfg.suites:
-                doc["maxlen"] = run_maxlen(cfg, pools, console)
-        finally:
-            for pool in made:
-                pool.close()
-    Path(cfg.out).mkdir(parents=True, exist_ok=True)
-    (Path(cfg.out) / "hf.json").write_text(json.dumps(doc, indent=1, default=str))
+                maxlen = run_maxlen(cfg, pools, console)
+    doc = document("hf", cfg, started, steps=steps, maxlen=maxlen, balance=balance)
+    publish(cfg.out, "hf", doc, hf_markdown(doc), docs, replace_section)
     return doc

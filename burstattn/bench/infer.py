@@ -19,16 +19,14 @@ Writes ``infer.json`` / ``infer.md`` (and PNG plots with ``--plots``) under ``--
 from __future__ import annotations
 
 import copy
-import json
 import time
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
-from .timing import code_version, machine_info, time_interleaved, time_repeats
+from .timing import time_interleaved, time_repeats
 
 SUITES = ("prefill", "decode", "crossover")
 
@@ -160,26 +158,26 @@ def _max_over_ranks(per_rank: list[list[dict]]) -> list[dict]:
     return out
 
 
-def run_infer(cfg: InferBenchConfig, console=None) -> dict:
-    """Run the suites; write ``<out>/infer.json`` and ``infer.md``; return the document."""
-    from ..testing.launch import LocalPool
+def run_infer(cfg: InferBenchConfig, docs: Optional[str] = None, console=None) -> dict:
+    """Run the suites; write ``<out>/infer.json`` and ``infer.md`` (and the tables into ``docs``); return
+    the document."""
+    from .driver import Pools, Started, document, publish
+    from .infer_report import infer_markdown
+    from .report import update_document
 
-    out_dir = Path(cfg.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    started, t0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.perf_counter()
-    doc = {"benchmark": "infer", "started": started, "machine": machine_info(), "code": code_version(),
-           "config": asdict(cfg), "prefill": [], "decode": {}, "crossover": []}
-    with LocalPool(cfg.world_size, threads_per_rank=1, timeout_s=7200.0, pg_timeout_s=600.0) as pool, \
-            LocalPool(1, threads_per_rank=1, timeout_s=7200.0, pg_timeout_s=600.0) as single:
+    started = Started.now()
+    prefill, decode, crossover = [], {}, []
+    with Pools(timeout_s=7200.0, pg_timeout_s=600.0) as pools:
+        pool, single = pools.get(cfg.world_size), pools.get(1)
         if "prefill" in cfg.suites:
-            doc["prefill"] = _max_over_ranks(pool.run(prefill_rank, cfg, cfg.strategies))
-            doc["prefill"] += [dict(r, strategy="single process") for r in single.run(prefill_rank, cfg, ("burst",))[0]]
+            prefill = _max_over_ranks(pool.run(prefill_rank, cfg, cfg.strategies))
+            prefill += [dict(r, strategy="single process") for r in single.run(prefill_rank, cfg, ("burst",))[0]]
         if "decode" in cfg.suites:
-            doc["decode"] = {"sharded": pool.run(decode_rank, cfg), "single": single.run(decode_rank, cfg)}
+            decode = {"sharded": pool.run(decode_rank, cfg), "single": single.run(decode_rank, cfg)}
         if "crossover" in cfg.suites:
             per_rank = pool.run(crossover_rank, cfg)
-            doc["crossover"] = [dict(r, median_s={k: max(x["median_s"][k] for x in rows) for k in ("kv", "q")})
-                                for r, rows in zip(per_rank[0], zip(*per_rank))]
-    doc["duration_s"] = round(time.perf_counter() - t0, 1)
-    (out_dir / "infer.json").write_text(json.dumps(doc, indent=1))
+            crossover = [dict(r, median_s={k: max(x["median_s"][k] for x in rows) for k in ("kv", "q")})
+                         for r, rows in zip(per_rank[0], zip(*per_rank))]
+    doc = document("infer", cfg, started, prefill=prefill, decode=decode, crossover=crossover)
+    publish(cfg.out, "infer", doc, infer_markdown(doc), docs, update_document)
     return doc

@@ -4,7 +4,7 @@ Suites (select with ``--suites``):
 
 * ``masks`` (P = ``world_size`` ranks, N = ``seq_len``, causal): dense causal zigzag (the baseline),
   dense causal contiguous, a causal sliding window of N/8 keys (contiguous layout), and
-  ``documents`` packed documents (cut points from a fixed seed, :func:`packed_documents`) over the
+  ``documents`` packed documents (cut points from a fixed seed, :func:`.mask_points.packed_documents`) over the
   contiguous, zigzag and :func:`burstattn.partition.document_partition` layouts. Target: the
   window at most 1/3 of the dense causal time (fwd+bwd); time and bytes about in proportion to
   the useful work (visible (q, k) pairs).
@@ -25,15 +25,13 @@ Per point, in every rank (one :class:`~burstattn.testing.launch.LocalPool` per w
    is the slowest rank's, the record keeps the median.
 
 The balance figure is max over mean of the score entries each rank computes under the plan
-actually run (:func:`burstattn.masks.rank_work`, ``engine.schedule.rank_cost``, or the
-``distflash_plan`` steps); the useful work counts the visible (q, k) pairs of the mask.
+actually run (:func:`burstattn.engine.plan.plan_cost` of each rank's plan); the useful work counts
+the visible (q, k) pairs of the mask.
 """
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -41,9 +39,9 @@ import torch.distributed as dist
 
 from ..config import torch_dtype
 from ..layout import local_positions
-from .mask_points import MaskPoint, packed_documents, point_layout, point_mask  # noqa: F401  (re-exported)
-from .progress import ProgressFile, run_with_progress
-from .timing import code_version, cpu_snapshot, machine_info, other_load, time_interleaved
+from .mask_points import MaskPoint, point_layout, point_mask
+from .progress import ProgressFile
+from .timing import time_interleaved
 
 SUITES = ("masks", "distflash")
 
@@ -115,13 +113,13 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def _check_small(p: MaskPoint, rank: int, world: int) -> dict:
     """Relative errors of out, dq, dk, dv on this rank's rows at ``check_seq_len`` vs float64."""
-    from ..testing.reference import reference_attention
+    from ..testing.oracle import exact_attention
 
     n_chk = p.check_seq_len
     fn, layout, mask = _call(p, n_chk, world)
     q, k, v, do = _global(p, n_chk, 1234, torch.float64)
     ref = [x.clone().requires_grad_() for x in (q, k, v)]
-    out_ref = reference_attention(*ref, mask=_visible(mask, torch.arange(n_chk), n_chk, p.causal))[0]
+    out_ref = exact_attention(*ref, mask=_visible(mask, torch.arange(n_chk), n_chk, p.causal))[0]
     out_ref.backward(do)
     pos, dt = local_positions(n_chk, rank, world, layout), torch_dtype(p.dtype)
     loc = [x[:, pos].to(dt).requires_grad_() for x in (q, k, v)]
@@ -133,14 +131,14 @@ def _check_small(p: MaskPoint, rank: int, world: int) -> dict:
 
 def _check_rows(p: MaskPoint, mask, glob, pos, out, dq) -> dict:
     """Out and dQ of sampled rows of the full-size call against float64 with the mask."""
-    from ..testing.reference import reference_rows
+    from ..testing.oracle import exact_rows
 
     n = pos.numel()
     idx = torch.linspace(0, n - 1, p.check_rows).round().long().unique()
     q, k, v, do = glob
     q_rows = q[:, pos[idx]].clone().requires_grad_()
     visible = _visible(mask, pos[idx], p.seq_len, p.causal)
-    out_ref = reference_rows(q_rows, k, v, pos[idx], mask=visible)[0]
+    out_ref = exact_rows(q_rows, k, v, pos[idx], mask=visible)[0]
     out_ref.backward(do[:, pos[idx]].double())
     return {"out": _rel(out[:, idx], out_ref), "dq": _rel(dq[:, idx], q_rows.grad), "rows": len(idx)}
 
@@ -239,41 +237,25 @@ def run_masks(cfg: MasksConfig, console=None) -> dict:
     ``cfg.docs``); return the JSON document."""
     from rich.console import Console
 
-    from ..testing.launch import LocalGroupError, LocalPool
+    from .driver import Pools, Started, document, publish, run_points
     from .masks_report import combine, derive, masks_markdown, update_section
-    from .report import publish
 
     console = console or Console()
     eff = cfg.effective()
-    plan = mask_grid(eff)
-    total = sum(map(len, plan.values()))
-    out_dir = Path(eff.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    started, t0, code = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.perf_counter(), code_version()
-    console.print(f"bench masks: {total} points over world sizes {sorted(plan)}, 1 thread per rank, "
-                  f"{os.cpu_count()} cores")
-
-    def work(path: str) -> list[dict]:
-        records = []
-        for world, points in sorted(plan.items()):
-            before = cpu_snapshot()
-            with LocalPool(world, threads_per_rank=1, timeout_s=7200.0, pg_timeout_s=1800.0) as pool:
-                for p in points:
-                    try:
-                        records.append(combine(p, world, pool.run(_mask_point, p, path)))
-                    except LocalGroupError as e:
-                        records.append({"suite": p.suite, "name": p.name, "layout": p.layout,
-                                        "world_size": world, "config": asdict(p), "failed": str(e)[-1500:]})
-            load = other_load(before, cpu_snapshot())  # the pool is joined: its ranks count as ours
-            for r in records[-len(points):]:
-                r["other_load_during_spawn"] = load
-        return records
-
-    records = run_with_progress("bench masks", total, work, console=console)
+    points = [(world, p) for world, ps in sorted(mask_grid(eff).items()) for p in ps]
+    started = Started.now()
+    console.print(f"bench masks: {len(points)} points over world sizes {sorted({w for w, _ in points})}, "
+                  f"1 thread per rank, {os.cpu_count()} cores")
+    with Pools(timeout_s=7200.0, pg_timeout_s=1800.0) as pools:
+        records = run_points("bench masks", points, _mask_point, combine, failed, pools=pools, console=console)
     derive(records)
-    doc = {"benchmark": "masks", "started": started, "duration_s": round(time.perf_counter() - t0, 1),
-           "machine": machine_info(), "code": code, "torch": torch.__version__,
-           "threads": "torch.set_num_threads(1) in every rank (LocalPool threads_per_rank=1)",
-           "config": asdict(eff), "records": records}
-    publish(out_dir, "masks", doc, masks_markdown(doc), eff.docs, update_section, console)
+    doc = document("masks", eff, started, records=records,
+                   threads="torch.set_num_threads(1) in every rank (LocalPool threads_per_rank=1)")
+    publish(eff.out, "masks", doc, masks_markdown(doc), eff.docs, update_section, console)
     return doc
+
+
+def failed(p: MaskPoint, world: int, text: str) -> dict:
+    """The record of a point whose ranks raised."""
+    return {"suite": p.suite, "name": p.name, "layout": p.layout, "world_size": world, "config": asdict(p),
+            "failed": text}

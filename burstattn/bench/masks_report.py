@@ -18,17 +18,20 @@ SECTION = "## Masks and load balance: `burstattn bench masks`"
 
 
 def rank_costs(p: MaskPoint, world: int) -> list[float]:
-    """Score entries each rank computes in the forward under the plan the point runs."""
-    from ..engine.schedule import distflash_cost, rank_cost
-    from ..masks import AttnMask, rank_work
+    """Score entries each rank computes in the forward under the plan the point runs (the engine's
+    own plans, :func:`~burstattn.engine.plan.plan_cost`)."""
+    from ..engine.plan import plan_cost
+    from ..engine.run import build_plan
+    from ..masks import AttnMask, mask_plan
+    from ..partition import layout_positions
 
-    n = p.seq_len // world
-    if p.schedule == "distflash":
-        return [distflash_cost(r, world, n) for r in range(world)]
     layout, mask = point_layout(p, p.seq_len, world), point_mask(p, p.seq_len)
-    if mask is None and isinstance(layout, str):
-        return [rank_cost(r, world, layout, p.causal, n) for r in range(world)]
-    return rank_work(mask or AttnMask(), p.causal, p.seq_len, world, layout)
+    pos = layout_positions(layout, p.seq_len, world)
+    sparse = mask is not None or not isinstance(layout, str)
+    return [plan_cost(build_plan(r, world, positions=pos, causal=p.causal, travelling="kv", schedule=p.schedule,
+                                 mask_plan=mask_plan(mask or AttnMask(), p.causal, p.seq_len, world, layout, r)
+                                 if sparse else None))
+            for r in range(world)]
 
 
 def useful_pairs(p: MaskPoint) -> int:

@@ -9,20 +9,16 @@ that raises (out of memory, unsupported length) counts as a miss.
 """
 from __future__ import annotations
 
-import json
 import os
-import time
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
 from ..config import torch_dtype
-from .grid import OURS, GridPoint, contender
+from .grid import GridPoint, contender
 from .progress import ProgressFile, run_with_progress
-from .timing import code_version, machine_info
 
 
 @dataclass(frozen=True)
@@ -112,25 +108,17 @@ def run_maxlen(cfg: MaxlenConfig, console=None) -> int:
     """Search every contender; write ``<out>/maxlen.json`` and ``.md``; return 0."""
     from rich.console import Console
 
-    from ..testing.launch import LocalPool
+    from .driver import Pools, Started, document, publish
     from .report import maxlen_markdown
 
     console = console or Console()
-    out_dir = Path(cfg.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    started, t0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.perf_counter()
+    started = Started.now()
     stages = len(cfg.contenders) * (7 + cfg.bisect_steps)  # an upper bound: the bar may end early
-
-    def work(path: str) -> list[dict]:
-        with LocalPool(cfg.world_size, threads_per_rank=max(1, (os.cpu_count() or 1) // cfg.world_size),
-                       timeout_s=3600.0, pg_timeout_s=300.0) as pool:
-            return [_search(pool, cfg, name, path) for name in cfg.contenders]
-
-    records = run_with_progress("bench maxlen", stages, work, console=console)
-    doc = {"benchmark": "maxlen", "started": started, "duration_s": round(time.perf_counter() - t0, 1),
-           "machine": machine_info(), "code": code_version(), "config": asdict(cfg), "records": records}
-    (out_dir / "maxlen.json").write_text(json.dumps(doc, indent=1))
-    md = maxlen_markdown(doc)
-    (out_dir / "maxlen.md").write_text(md)
-    console.print(md)
+    with Pools(timeout_s=3600.0, pg_timeout_s=300.0) as pools:
+        pool = pools.get(cfg.world_size, max(1, (os.cpu_count() or 1) // cfg.world_size))
+        records = run_with_progress("bench maxlen", stages,
+                                    lambda path: [_search(pool, cfg, name, path) for name in cfg.contenders],
+                                    console=console)
+    doc = document("maxlen", cfg, started, records=records)
+    publish(cfg.out, "maxlen", doc, maxlen_markdown(doc), console=console)
     return 0

@@ -42,10 +42,6 @@ class MemoryPeak:
     device: str
     method: str
 
-    @property
-    def peak_mib(self) -> float:
-        return self.peak_bytes / 2**20
-
 
 def peak_from_deltas(deltas: list[tuple[int, int]]) -> tuple[int, int]:
     """Largest prefix sum (floored at 0) and final sum of ``(time_ns, delta_bytes)`` pairs, in time order."""

@@ -187,23 +187,6 @@ def update_document(path: str | Path, generated: str) -> None:
 TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 5e-3}  # max rel error to count as correct
 
 
-def publish(out_dir: Path, stem: str, doc: dict, md: str, docs: Optional[str], update, console) -> None:
-    """Write ``<stem>.json`` and ``<stem>.md`` into ``out_dir``, put ``md`` into ``docs`` with
-    ``update(docs, md)`` when given, and show the Markdown and what was written."""
-    import json
-
-    from rich.markdown import Markdown
-
-    written = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
-    written[0].write_text(json.dumps(doc, indent=1))
-    written[1].write_text(md)
-    if docs:
-        update(docs, md)
-        written.append(docs)
-    console.print(Markdown(md))
-    console.print("wrote " + ", ".join(map(str, written)))
-
-
 def correct(rec: dict) -> bool:
     """Whether a grid record's output and gradients are within :data:`TOLERANCE` of the float64 reference."""
     return "errors" in rec and max(rec["errors"].values()) <= TOLERANCE[rec["config"]["dtype"]]

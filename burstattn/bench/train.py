@@ -13,12 +13,10 @@ Hold the machine-wide lock around it: ``flock /tmp/burstattn-bench.lock burstatt
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, fields, replace
-from pathlib import Path
 from typing import Optional
 
 CP_STRATEGIES = ("burst", "ring", "ulysses", "allgather", "rsa")
@@ -124,32 +122,43 @@ def combine(cfg: TrainBenchConfig, per_rank: list[list[dict]]) -> list[dict]:
 
 
 def run_train_bench(cfg: TrainBenchConfig) -> dict:
-    """Run every point in one local group; write ``out/train.json`` and ``out/train.md`` (and the plots)."""
-    from ..testing.launch import run_local
+    """Run every point in one local group (its contenders of one length alternate step by step, so the
+    points run in one call); write ``out/train.json`` and ``out/train.md`` (and the plots)."""
     from ..train.launcher import torchrun_env
-    from .timing import cpu_snapshot
+    from .driver import Pools
 
     pts = points(cfg)
-    started = cpu_snapshot(), time.perf_counter()
+    started = start()
     if torchrun_env(os.environ):  # e.g. `burstattn cluster run -- -m burstattn.cli bench train ...`
         per_rank, cfg = _under_torchrun(cfg, pts)
         if per_rank is None:
             return {}
     else:
-        per_rank = run_local(bench_rank, cfg.world_size, cfg, pts, threads_per_rank=cfg.threads, timeout_s=4 * 3600.0)
+        with Pools(timeout_s=4 * 3600.0, pg_timeout_s=1800.0) as pools:
+            per_rank = pools.get(cfg.world_size, cfg.threads).run(bench_rank, cfg, pts)
     doc = document(cfg, per_rank, started)
     write_report(doc, cfg)
     return doc
 
 
-def document(cfg: TrainBenchConfig, per_rank: list[list[dict]], started: tuple, **extra) -> dict:
-    """The benchmark document: ``config``, ``machine``, ``code``, ``wall_s``, ``other_load`` (since
-    ``started = (cpu_snapshot(), perf_counter())``), ``records`` (:func:`combine`) and ``extra``."""
-    from .timing import code_version, cpu_snapshot, machine_info, other_load
+def start() -> tuple:
+    """What :func:`document` measures the run from: the driver's start and a CPU snapshot."""
+    from .driver import Started
+    from .timing import cpu_snapshot
 
-    before, t0 = started
-    return dict(config=asdict(cfg), machine=machine_info(), code=code_version(), wall_s=time.perf_counter() - t0,
-                other_load=other_load(before, cpu_snapshot()), records=combine(cfg, per_rank), **extra)
+    return Started.now(), cpu_snapshot()
+
+
+def document(cfg: TrainBenchConfig, per_rank: list[list[dict]], started: tuple, name: str = "train", **extra) -> dict:
+    """The benchmark document (:func:`burstattn.bench.driver.document`) with ``wall_s``, ``other_load``
+    (what other processes used since ``started``, :func:`start`), ``records`` (:func:`combine`) and
+    ``extra``."""
+    from .driver import document as common
+    from .timing import cpu_snapshot, other_load
+
+    run, before = started
+    return common(name, cfg, run, wall_s=time.perf_counter() - run.t0, other_load=other_load(before, cpu_snapshot()),
+                  records=combine(cfg, per_rank), **extra)
 
 
 def config_from_dict(values: dict) -> TrainBenchConfig:
@@ -159,19 +168,18 @@ def config_from_dict(values: dict) -> TrainBenchConfig:
 
 
 def write_report(doc: dict, cfg: TrainBenchConfig, name: str = "train") -> None:
-    """Write ``out/NAME.json`` and ``out/NAME.md`` (and the plots, prefixed ``NAME-``) of ``doc``."""
+    """Write ``out/NAME.json`` and ``out/NAME.md`` (:func:`burstattn.bench.driver.publish`) and the plots,
+    prefixed ``NAME-``, of ``doc``."""
+    from .driver import publish
     from .train_report import markdown, plot_curve, plot_sweep
 
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(doc, indent=1))
-    (out / f"{name}.md").write_text(markdown(doc))
-    print(markdown(doc))
+    md = markdown(doc)
+    print(md)
+    written = publish(cfg.out, name, doc, md)
     if cfg.plots:
-        for path in plot_sweep(doc["records"], cfg.plots, prefix=name) + (plot_curve(cfg.curve, cfg.plots)
-                                                                         if cfg.curve else []):
-            print(f"wrote {path}")
-    print(f"wrote {out / (name + '.json')}, {out / (name + '.md')}")
+        written += plot_sweep(doc["records"], cfg.plots, prefix=name) + (plot_curve(cfg.curve, cfg.plots)
+                                                                        if cfg.curve else [])
+    print("wrote " + ", ".join(map(str, written)))
 
 
 def _under_torchrun(cfg: TrainBenchConfig, pts: list[dict]):

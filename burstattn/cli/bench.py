@@ -160,7 +160,6 @@ def run_infer(ns: argparse.Namespace) -> int:
     """``burstattn bench infer``: here, or on the emulated cluster with ``--cluster``."""
     from ..bench import infer
     from ..bench.infer_report import infer_markdown, plot_infer
-    from ..bench.report import update_document
 
     from .generate import usp_options
 
@@ -170,8 +169,7 @@ def run_infer(ns: argparse.Namespace) -> int:
         return 2
     cfg = dataclasses.replace(infer_config(ns), usp_options=tuple(sorted(options.items())))
     if ns.cluster:
-        import json
-
+        from ..bench.driver import publish
         from ..bench.infer_report import cluster_markdown, infer_markdown_crossover
         from ..cluster.infer_bench import run_infer_cluster
 
@@ -179,22 +177,16 @@ def run_infer(ns: argparse.Namespace) -> int:
                                 strategies=cfg.strategies, prompt_lens=cfg.prompt_lens, repeats=cfg.repeats,
                                 crossover_cache=cfg.crossover_cache,
                                 crossover_new=cfg.crossover_new if "crossover" in cfg.suites else ())
-        infer.Path(ns.out).mkdir(parents=True, exist_ok=True)
-        (infer.Path(ns.out) / "infer-cluster.json").write_text(json.dumps(res, indent=1, default=str))
         md = cluster_markdown(res, cfg.model)
         if res["crossover"]:
             md += "\n" + infer_markdown_crossover(res, cfg)
-        (infer.Path(ns.out) / "infer-cluster.md").write_text(md)
         print(md)
+        publish(ns.out, "infer-cluster", res, md)
         return 0
-    doc = infer.run_infer(cfg)
-    md = infer_markdown(doc)
-    (infer.Path(ns.out) / "infer.md").write_text(md)
-    if ns.docs:
-        update_document(ns.docs, md)
+    doc = infer.run_infer(cfg, docs=ns.docs)
+    print(infer_markdown(doc))
     for path in plot_infer(doc, ns.plots) if ns.plots else []:
         print(f"wrote {path}")
-    print(md)
     return 0
 
 
@@ -244,7 +236,8 @@ def grid_config(ns: argparse.Namespace) -> GridConfig:
 
 
 def add_maxlen_arguments(p: argparse.ArgumentParser) -> None:
-    from ..bench.maxlen import OURS, MaxlenConfig
+    from ..bench.grid import OURS
+    from ..bench.maxlen import MaxlenConfig
 
     d = MaxlenConfig()
     p.add_argument("--mem-budget", type=float, default=d.mem_budget_mib, metavar="MiB",
@@ -260,7 +253,7 @@ def add_maxlen_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def maxlen_config(ns: argparse.Namespace) -> MaxlenConfig:
-    from ..bench.maxlen import OURS, MaxlenConfig
+    from ..bench.maxlen import MaxlenConfig
 
     return dataclasses.replace(MaxlenConfig(), mem_budget_mib=ns.mem_budget, contenders=tuple(ns.contenders),
                    world_size=ns.world_size, causal=not ns.non_causal, start=ns.start, cap=ns.cap,
@@ -269,7 +262,7 @@ def maxlen_config(ns: argparse.Namespace) -> MaxlenConfig:
 
 def add_masks_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of ``burstattn bench masks``."""
-    from ..bench.masks import MasksConfig, SUITES
+    from ..bench.masks import SUITES, MasksConfig
 
     d = MasksConfig()
     p.add_argument("--out", default=d.out, help="output directory (default: %(default)s)")
@@ -289,7 +282,7 @@ def add_masks_arguments(p: argparse.ArgumentParser) -> None:
 
 def masks_config(ns: argparse.Namespace) -> MasksConfig:
     """A :class:`MasksConfig` from parsed flags."""
-    from ..bench.masks import MasksConfig, SUITES
+    from ..bench.masks import MasksConfig
 
     return MasksConfig(out=ns.out, docs=ns.docs, quick=ns.quick, suites=tuple(ns.suites), world_size=ns.world_size,
                        seq_len=ns.seq_len, distflash_world_sizes=tuple(ns.distflash_world_sizes),
@@ -379,7 +372,7 @@ def add_infer_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def infer_config(ns: argparse.Namespace) -> InferBenchConfig:
-    from ..bench.infer import SUITES, InferBenchConfig
+    from ..bench.infer import InferBenchConfig
 
     cfg = dataclasses.replace(InferBenchConfig(), model=ns.model, world_size=ns.world_size, strategies=tuple(ns.strategies),
                   prompt_lens=tuple(ns.prompt_lens), decode_cache=ns.decode_cache, decode_tokens=ns.decode_tokens,
@@ -399,15 +392,9 @@ def run_hf(ns: argparse.Namespace) -> int:
         print("burstattn bench hf: needs transformers and accelerate: pip install 'burstattn[hf]'", file=sys.stderr)
         return 2
     from ..bench import hf
-    from ..bench.hf_report import hf_markdown, replace_section
+    from ..bench.hf_report import hf_markdown
 
-    cfg = hf_config(ns)
-    doc = hf.run_hf_bench(cfg)
-    md = hf_markdown(doc)
-    (hf.Path(cfg.out) / "hf.md").write_text(md)
-    if ns.docs:
-        replace_section(ns.docs, md)
-    print(md)
+    print(hf_markdown(hf.run_hf_bench(hf_config(ns), docs=ns.docs)))
     return 0
 
 

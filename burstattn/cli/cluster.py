@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 
 HELP = "emulated multi-node cluster on this machine (network namespaces, tc)"
@@ -62,9 +61,8 @@ def run(ns: argparse.Namespace) -> int:
         if ns.preset is not None:
             if ns.inter or ns.intra:
                 raise ValueError("give --preset or --inter/--intra, not both")
-            from ..cluster.spec import calibrate
-            world = ns.nodes * ns.ranks_per_node
-            spec = preset(ns.preset, ns.nodes, ns.ranks_per_node, calibrate() * min(1.0, (os.cpu_count() or 1) / world))
+            from ..cluster.spec import rank_flops
+            spec = preset(ns.preset, ns.nodes, ns.ranks_per_node, rank_flops(ns.nodes * ns.ranks_per_node))
             spec = netns.up(dataclasses.replace(spec, prefix=ns.prefix), allow_no_latency=True)
         else:
             if not ns.inter or not ns.intra:

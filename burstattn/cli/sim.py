@@ -36,7 +36,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run_sim)
     q = sub.add_parser("plan", help=PLAN_HELP)
     add_plan_arguments(q)
-    q.set_defaults(handler=run_plan)
+    q.set_defaults(handler=run_planner)
 
 
 def add_sim_arguments(p: argparse.ArgumentParser) -> None:
@@ -180,7 +180,7 @@ def _calibrate(ns) -> int:
     return 0
 
 
-def run_plan(ns) -> int:
+def run_planner(ns) -> int:
     from ..models.config import preset as model_preset
     from ..sim.planner import MemoryChoice, max_seq_len, plan
 

@@ -98,13 +98,13 @@ def run_cluster_bench(cluster: str, *, nodes: int = 2, ranks_per_node: int = 2, 
                       kv_heads: int = 8, head_dim: int = 64, check_seq_len: int = 512,
                       out: str = "bench-out", docs: Optional[str] = None, console=None) -> dict:
     """Calibrate, resolve ``cluster`` (preset or spec), run shaped and unshaped, write JSON/Markdown."""
-    from .spec import calibrate, resolve
+    from .spec import rank_flops, resolve
 
     say = console.print if console is not None else print
-    cores = os.cpu_count() or 1
     world = nodes * ranks_per_node
-    per_core = calibrate()
-    local = per_core * min(1.0, cores / world)  # ranks share the cores: each computes this fast
+    cores = os.cpu_count() or 1
+    local = rank_flops(world)  # ranks share the cores: each computes this fast
+    per_core = local / min(1.0, cores / world)
     spec = resolve(cluster, nodes, ranks_per_node, local_flops=local)
     say(f"bench --cluster: kernel {per_core / 1e9:.1f} GFLOP/s per core, {local / 1e9:.1f} per rank "
         f"({world} ranks on {cores} cores); {spec.describe()}")

@@ -9,7 +9,6 @@ pass-KV / pass-Q continuation suite of :mod:`burstattn.bench.infer`.
 """
 from __future__ import annotations
 
-import os
 import time
 
 
@@ -36,10 +35,10 @@ def run_infer_cluster(cluster: str, *, nodes: int = 2, ranks_per_node: int = 1, 
     from dataclasses import asdict
 
     from .launch import run_worker_task
-    from .spec import calibrate, resolve
+    from .spec import rank_flops, resolve
 
     world = nodes * ranks_per_node
-    local = calibrate() * min(1.0, (os.cpu_count() or 1) / world)
+    local = rank_flops(world)
     spec = resolve(cluster, nodes, ranks_per_node, local_flops=local)
     say(f"bench infer --cluster: {spec.describe()}")
     cfg = dict(model=model, strategies=list(strategies), prompt_lens=list(prompt_lens), repeats=repeats,

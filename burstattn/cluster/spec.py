@@ -4,14 +4,14 @@ A link is a bandwidth (bytes per second) and a one-way latency. Inside a node ra
 ``intra`` link, between nodes over the ``inter`` link. Presets reproduce the compute-to-bandwidth
 ratio of real clusters on this machine: a link of the real cluster that moves ``B`` bytes/s next to a
 GPU that computes attention at ``F`` FLOP/s becomes a link of ``B * f / F`` bytes/s next to a CPU
-core that computes at ``f`` FLOP/s (measured by :func:`calibrate`), and latencies stretch by
+core that computes at ``f`` FLOP/s (measured by :func:`rank_flops`), and latencies stretch by
 ``F / f``, so every strategy meets the same regime (compute-bound, or communication-bound) as on
 the real hardware.
 """
 from __future__ import annotations
 
 import re
-import time
+import os
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Optional
@@ -109,24 +109,19 @@ class ClusterSpec:
 REAL = MappingProxyType({name: emulation_figures(name) for name in ("a100-pcie-roce", "h100-nvlink-ib")})
 
 
-def calibrate(seconds: float = 1.0, threads: int = 1) -> float:
-    """Attention FLOP/s of this machine's local kernel on one thread (fused CPU flash forward,
-    8 heads, 1024 x 1024, d = 64, float32; FLOPs = 4 * Sq * Sk * d * heads)."""
+def rank_flops(world: int, seconds: float = 1.0) -> float:
+    """Attention FLOP/s each of ``world`` local ranks computes: this machine's kernel on one thread
+    (:func:`burstattn.sim.calibrate.forward_rate`: 8 heads, 1024 x 1024, d = 64, float32), shared
+    out when the ranks outnumber the cores."""
+    from ..sim.calibrate import forward_rate
+
     old = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    torch.set_num_threads(1)
     try:
-        q, k, v = (torch.randn(1, 8, 1024, 64) for _ in range(3))
-        from ..kernels import get_kernel, resolve_backend
-        kernel = get_kernel(resolve_backend("auto", q.device, q.dtype))
-        kernel.forward(q, k, v, 0.125, False)
-        calls, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            kernel.forward(q, k, v, 0.125, False)
-            calls += 1
-        elapsed = time.perf_counter() - start
+        per_core = forward_rate(seconds)
     finally:
         torch.set_num_threads(old)
-    return calls * 4 * 1024 * 1024 * 64 * 8 / elapsed
+    return per_core * min(1.0, (os.cpu_count() or 1) / world)
 
 
 def preset(name: str, nodes: int, ranks_per_node: int, local_flops: float) -> ClusterSpec:
@@ -148,7 +143,8 @@ def resolve(text: str, nodes: int, ranks_per_node: int, local_flops: Optional[fl
         spec = from_file(text)
         return replace(spec, nodes=nodes, ranks_per_node=ranks_per_node)
     if text in REAL:
-        return preset(text, nodes, ranks_per_node, local_flops if local_flops is not None else calibrate())
+        return preset(text, nodes, ranks_per_node,
+                      local_flops if local_flops is not None else rank_flops(nodes * ranks_per_node))
     fields = dict(part.split("=", 1) for part in text.split(";") if "=" in part)
     if set(fields) != {"inter", "intra"}:
         raise ValueError(f"cluster must be a preset {sorted(REAL)} or 'inter=BW[,LAT];intra=BW[,LAT]', got {text!r}")

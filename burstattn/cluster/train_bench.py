@@ -12,7 +12,6 @@ shaped inter-node link (``tp`` and ``cp`` groups included: the mesh puts ``tp`` 
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict, replace
 
@@ -37,18 +36,17 @@ def run_train_cluster(bench, cluster: str, *, nodes: int = 2, ranks_per_node: in
 
     Returns the document of :func:`burstattn.bench.train.document` plus ``spec`` (the links
     applied), ``links`` (their descriptions), ``requested``, ``local_flops``, ``cluster``, ``date``."""
-    from ..bench.timing import cpu_snapshot
-    from ..bench.train import document
+    from ..bench.train import document, start
     from .launch import run_worker_task
-    from .spec import calibrate, resolve
+    from .spec import rank_flops, resolve
 
     world = nodes * ranks_per_node
     bench = replace(bench, world_size=world, threads=1)
-    local = calibrate() * min(1.0, (os.cpu_count() or 1) / world)
+    local = rank_flops(world)
     spec = resolve(cluster, nodes, ranks_per_node, local_flops=local)
     say(f"bench train --cluster: {spec.describe()}")
-    started = cpu_snapshot(), time.perf_counter()
+    started = start()
     ranks, applied = run_worker_task(spec, "train", dict(bench=asdict(bench), pg_timeout_s=1800, threads=1), timeout_s)
-    return document(bench, [r["records"] for r in ranks], started, spec=asdict(applied),
+    return document(bench, [r["records"] for r in ranks], started, "train-cluster", spec=asdict(applied),
                     links=dict(inter=applied.inter.describe(), intra=applied.intra.describe()), requested=asdict(spec),
                     local_flops=local, cluster=cluster, date=time.strftime("%Y-%m-%dT%H:%M:%S%z"))

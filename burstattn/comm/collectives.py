@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .ring import RingCommError
+from .transport import RingCommError
 from .stats import CommStats
 
 

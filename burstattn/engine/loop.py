@@ -2,25 +2,47 @@
 
 Per step: post the fetches (the data of the next step: double buffering), compute the step's pairs,
 wait for the accumulators given at the previous step and fold them and this step's contributions,
-post this step's gives, wait for the fetches. Data and accumulators are keyed ``(side, owner)``;
-received data gets a fresh buffer (nothing the loop still sends is overwritten) and every buffer is
-dropped after its last use, so a ring holds two travelling blocks and a direct schedule as many as
-its step needs. A nested plan (:class:`Nested`, the two-level ring) runs this same loop inside the
-compute of an outer one.
+post this step's gives, wait for the fetches. Data and accumulators are named by a
+:class:`~.plan.Key`; received data gets a fresh buffer (nothing the loop still sends is overwritten)
+and every buffer is dropped after its last use, so a ring holds two travelling blocks and a direct
+schedule as many as its step needs. A nested plan (:class:`~.plan.Nested`, the two-level ring) runs
+this same loop inside the compute of an outer one.
 
-The pass plugs in ``compute(pair, data) -> [(side, owner, contribution)]`` and an :class:`Accs`.
+The pass plugs in ``compute(pair, data) -> [(key, contribution)]`` and an :class:`Accs`; a
+contribution is a :class:`Partial` (one kernel call's result for some rows of the key's
+accumulator) or a :class:`Whole` (a complete accumulator: an inner plan's result).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol
+from typing import Callable, Iterable, Optional, Protocol, Union
 
 import torch
 
 from ..comm.trace import now_ns
-from .plan import Pair, Plan
+from .plan import SIDES, AnyPlan, Key, Nested, Pair, Plan
 
 Payload = tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
+class Partial:
+    """One kernel call's result for rows ``rows`` of an accumulator (forward: ``(out_j, lse_j)``;
+    backward: ``(dq_j,)`` or ``(dk_j, dv_j)``)."""
+
+    rows: slice
+    tensors: Payload
+
+
+@dataclass(frozen=True)
+class Whole:
+    """A complete accumulator (an inner plan's result) to fold in."""
+
+    acc: Payload
+
+
+Contribution = Union[Partial, Whole]
+Compute = Callable[[Pair, dict], Iterable[tuple[Key, Contribution]]]
 
 
 class Accs(Protocol):
@@ -28,8 +50,8 @@ class Accs(Protocol):
 
     sides: frozenset
 
-    def fold(self, side: str, acc: Optional[Payload], contribution) -> Payload:
-        """``acc`` (``None``: none yet) plus a contribution (a kernel partial or a whole accumulator)."""
+    def fold(self, side: str, acc: Optional[Payload], contribution: Contribution) -> Payload:
+        """``acc`` (``None``: none yet) plus a contribution."""
 
     def wire(self, side: str, acc: Optional[Payload]) -> Payload:
         """The tensors sent for ``acc`` (``None``: an empty one)."""
@@ -39,15 +61,6 @@ class Accs(Protocol):
 
     def received(self, side: str, acc: Optional[Payload], bufs: Payload) -> Payload:
         """``acc`` plus a received accumulator."""
-
-
-@dataclass(frozen=True)
-class Nested:
-    """A two-level plan: ``outer`` (over the outer group) whose step d runs ``inner[d]`` (over the
-    inner group) on the block it holds."""
-
-    outer: Plan
-    inner: tuple[Plan, ...]
 
 
 def _post(comm, label: str, moves, tensors_of, t: int) -> None:
@@ -62,10 +75,10 @@ def _last_uses(plan: Plan) -> dict:
     last: dict = {}
     for i, st in enumerate(plan.steps):
         for pr in st.pairs:
-            last[("q", pr.q)] = last[("kv", pr.k)] = i
+            last[Key("q", pr.q)] = last[Key("kv", pr.k)] = i
         for mv in st.fetch:
             if mv.send:
-                last[(mv.side, mv.owner)] = i
+                last[mv.key] = i
     return last
 
 
@@ -82,81 +95,82 @@ class _Flight:
         for label in self.channels:
             comm.wait(label, t)
         for key, bufs in self.taking.items():
-            acc[key] = accs.received(key[0], acc.get(key), bufs)
+            acc[key] = accs.received(key.side, acc.get(key), bufs)
         self.taking, self.sending, self.channels = {}, [], []
 
 
-def run_plan(comm, plan, data: dict, compute: Callable, accs: Accs, like: Optional[Callable] = None) -> dict:
-    """Run ``plan`` (a :class:`~.plan.Plan`; or :class:`Nested` with ``comm`` holding ``.inner`` and
-    ``.outer`` communicators, :class:`~.double.TwoLevelComm`).
+def run_plan(comm, plan: AnyPlan, data: dict, compute: Compute, accs: Accs, like: Optional[Callable] = None) -> dict:
+    """Run ``plan`` (a :class:`~.plan.Plan`; or a :class:`~.plan.Nested` with ``comm`` holding
+    ``.inner`` and ``.outer`` transports, :class:`~burstattn.comm.transport.TwoLevel`).
 
     Args:
-        comm: the :class:`~burstattn.comm.ring.RingComm` of the plan's group (``None``: one rank).
-        data: ``(side, owner) -> payload`` (a tuple of tensors) of the data held at the start (the
-            plan's ``own``); the loop drops its references after their last use.
-        compute: ``compute(pair, data) -> iterable of (side, owner, contribution)``.
-        like: ``like(side, owner) -> payload``: receive buffers for another owner's data (default:
-            shaped like this rank's own; owners whose shards differ in length need their own).
-    Returns the accumulators left on this rank, ``(side, owner) -> acc`` (its own, and for plans
-    that keep partials of other owners, e.g. after an all-gather, theirs).
+        comm: the :class:`~burstattn.comm.transport.Transport` of the plan's group (``None``: no
+            transfers: one rank, or a plan that moves nothing).
+        data: ``Key -> payload`` (a tuple of tensors) of the data held at the start (the plan's
+            ``own``); the loop drops its references after their last use.
+        compute: ``compute(pair, data) -> iterable of (key, contribution)``.
+        like: ``like(key) -> payload``: receive buffers for another owner's data (default: shaped
+            like this rank's own of that side; owners whose shards differ need their own).
+    Returns the accumulators left on this rank, ``Key -> acc`` (its own, and for plans that keep
+    partials of other owners, e.g. after an all-gather, theirs).
     """
     if isinstance(plan, Nested):
         return _run_nested(comm, plan, data, compute, accs, like)
     if comm is not None:
-        comm.open_channels(plan.channels())
+        comm.open_channels(plan.channels.all())
     last = _last_uses(plan)
     if like is None:
-        shapes = {side: [(x.shape, x.dtype, x.device) for x in data[(side, o)]] for side, o in plan.own
-                  if (side, o) in data}
+        shapes = {key.side: [(x.shape, x.dtype, x.device) for x in data[key]] for key in plan.own if key in data}
 
-        def like(side: str, owner: int) -> Payload:
-            return tuple(torch.empty(s, dtype=dt, device=dev) for s, dt, dev in shapes[side])
+        def like(key: Key) -> Payload:
+            return tuple(torch.empty(s, dtype=dt, device=dev) for s, dt, dev in shapes[key.side])
     acc: dict = {}
     flight = _Flight()
+    channels = plan.channels
     for i, st in enumerate(plan.steps):
         incoming = []
-        for side in ("kv", "q"):
+        for side in SIDES:
             moves = [mv for mv in st.fetch if mv.side == side]
             bufs = []
             for mv in moves:
                 if mv.send:
-                    bufs.append(data[(mv.side, mv.owner)])
+                    bufs.append(data[mv.key])
                 else:  # a fresh buffer: the block this rank is sending is never overwritten
-                    bufs.append(like(side, mv.owner))
-                    incoming.append(((mv.side, mv.owner), bufs[-1]))
+                    bufs.append(like(mv.key))
+                    incoming.append((mv.key, bufs[-1]))
             if moves:
-                _post(comm, plan.labels[("data", side)], moves, bufs, st.index)
+                _post(comm, channels.data(side), moves, bufs, st.index)
         t0 = now_ns()
         deferred = []
         for pr in st.pairs:
-            for side, owner, c in compute(pr, data):
-                if (side, owner) in flight.taking:  # its accumulator is still on the way here
-                    deferred.append((side, owner, c))
+            for key, c in compute(pr, data):
+                if key in flight.taking:  # its accumulator is still on the way here
+                    deferred.append((key, c))
                 else:
-                    acc[(side, owner)] = accs.fold(side, acc.get((side, owner)), c)
+                    acc[key] = accs.fold(key.side, acc.get(key), c)
         if comm is not None and comm.trace is not None:
-            label = plan.labels[("data", st.fetch[0].side)] if st.fetch else plan.labels.get(("data", "kv"), "kv")
+            label = channels.data(st.fetch[0].side) if st.fetch else channels.kv
             comm.trace.record("compute", comm.phase, label, st.index, comm.rank, t0, now_ns())
         flight.land(comm, accs, acc, st.index)
-        for side, owner, c in deferred:
-            acc[(side, owner)] = accs.fold(side, acc.get((side, owner)), c)
+        for key, c in deferred:
+            acc[key] = accs.fold(key.side, acc.get(key), c)
         gives = [mv for mv in st.give if mv.side in accs.sides]
-        for side in ("kv", "q"):
+        for side in SIDES:
             moves = [mv for mv in gives if mv.side == side]
             bufs = []
             for mv in moves:
                 if mv.send:
-                    bufs.append(accs.wire(side, acc.pop((side, mv.owner), None)))
+                    bufs.append(accs.wire(side, acc.pop(mv.key, None)))
                     flight.sending.append(bufs[-1])
                 else:
                     bufs.append(accs.like(side))
-                    flight.taking[(side, mv.owner)] = bufs[-1]
+                    flight.taking[mv.key] = bufs[-1]
             if moves:
-                _post(comm, plan.labels[("acc", side)], moves, bufs, st.index)
-                flight.channels.append(plan.labels[("acc", side)])
-        for side in ("kv", "q"):
+                _post(comm, channels.acc(side), moves, bufs, st.index)
+                flight.channels.append(channels.acc(side))
+        for side in SIDES:
             if any(mv.side == side for mv in st.fetch):
-                comm.wait(plan.labels[("data", side)], st.index)
+                comm.wait(channels.data(side), st.index)
         for key, bufs in incoming:
             data[key] = bufs
         for key in [k for k in data if last.get(k, -1) <= i]:
@@ -165,9 +179,9 @@ def run_plan(comm, plan, data: dict, compute: Callable, accs: Accs, like: Option
     return acc
 
 
-def _run_nested(levels, plan: Nested, data: dict, compute: Callable, accs: Accs, like) -> dict:
+def _run_nested(levels, plan: Nested, data: dict, compute: Compute, accs: Accs, like) -> dict:
     """The outer ring's step d computes by running ``plan.inner[d]`` on the block it holds; the inner
-    ring's accumulators come back as contributions of that step."""
+    ring's accumulators come back as :class:`Whole` contributions of that step."""
     inner_comm = levels.inner if levels is not None else None
     outer_comm = levels.outer if levels is not None else None
     step_of = {(pr.q, pr.k): d for d, st in enumerate(plan.outer.steps) for pr in st.pairs}
@@ -175,6 +189,6 @@ def _run_nested(levels, plan: Nested, data: dict, compute: Callable, accs: Accs,
     def outer_compute(pair: Pair, outer_data: dict):
         inner = plan.inner[step_of[(pair.q, pair.k)]]
         res = run_plan(inner_comm, inner, {key: outer_data[key] for key in inner.own}, compute, accs, like)
-        return [(side, owner, ("acc", a)) for (side, owner), a in res.items()]
+        return [(key, Whole(a)) for key, a in res.items()]
 
     return run_plan(outer_comm, plan.outer, data, outer_compute, accs, like)

@@ -5,10 +5,10 @@ choice; a pass only says what a pair computes and how partials accumulate:
 
 * forward: ``out, lse`` of the queries' owner, merged by the one log-sum-exp merge (float32;
   float64 for float64 inputs). The query side is ``(q,)``; a partial sent back (DistFlashAttn's
-  helper) is ``(lse, out in q's dtype)``.
+  helper, pass-Q's partials) is ``(lse, out)``, the output in q's dtype or the accumulators'.
 * backward: dQ for the queries' owner, dK/dV for the keys' owner (float32 accumulators). The query
-  side is ``(q, dO, [LSE; D])`` with ``D = rowsum(dO * O)``: a remote query block rebuilds an ``O'``
-  with the same ``D`` (:func:`pseudo_out`) instead of shipping O.
+  side is :func:`query_side`: ``(q, dO, [LSE; D])`` with ``D = rowsum(dO * O)``; a remote query
+  block rebuilds an ``O'`` with the same ``D`` (:func:`pseudo_out`) instead of shipping O.
 
 K and V travel as one message (:class:`KVPack`) at their own head sizes. Tensors here are
 ``[B, H, n, D]`` (one head group: :mod:`.run` runs the groups one after another).
@@ -21,9 +21,11 @@ from typing import Callable, Optional
 import torch
 
 from ..formulas import accum_dtype
-from ..kernels.base import ROW_CHUNK, Kernel, ScoreMods
+from ..kernels.base import ROW_CHUNK, Kernel, ScoreMods, row_dot
+from .loop import Partial, Whole
 from .merge import merge_
-from .schedule import BlockOp, MaskKind, tile_op
+from .pairs import BlockOp, MaskKind, tile_op
+from .plan import Key
 
 BLIND_LSE = 1e30  # exp(s - 1e30) == 0 in float32 and float64; finite, so no kernel forms inf - inf
 FP32_TILE = 1024  # rows and keys per kernel call when the backward runs on float32 copies
@@ -46,6 +48,14 @@ def op_slices(op: BlockOp) -> Optional[tuple[slice, slice, bool]]:
 def backward_lse(lse: torch.Tensor) -> torch.Tensor:
     """LSE with ``-inf`` (rows that see nothing) replaced by a huge finite value: P = 0 there."""
     return lse.masked_fill(lse == float("-inf"), BLIND_LSE)
+
+
+def query_side(q: torch.Tensor, dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> tuple:
+    """The backward's query side of one query block: ``(q, dout, [LSE'; D])`` with ``LSE'`` =
+    :func:`backward_lse` and ``D = rowsum(dout * out)`` (:func:`~burstattn.kernels.base.row_dot`, in
+    ``lse``'s dtype). ``q [B, h, n, D]``, ``dout, out [B, h, n, Dv]``, ``lse [B, h, n]`` -> the third
+    entry ``[2, B, h, n]``. What travels on the query ring and what a local plan starts from."""
+    return q, dout, torch.stack([backward_lse(lse), row_dot(dout, out, lse.dtype)])
 
 
 def pseudo_out(dout: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
@@ -172,14 +182,18 @@ def _full(rows: slice, n: int) -> bool:
 
 
 class ForwardAccs:
-    """Forward accumulators: ``(out [B, h, n, Dv], lse [B, h, n])`` per query owner (accumulator dtype)."""
+    """Forward accumulators: ``(out [B, h, n, Dv], lse [B, h, n])`` per query owner (accumulator
+    dtype). A partial sent back travels as ``(lse, out)`` with ``out`` in ``wire`` (default: q's
+    dtype)."""
 
     sides = frozenset({"q"})
 
-    def __init__(self, q: torch.Tensor, v_head_dim: Optional[int] = None) -> None:
+    def __init__(self, q: torch.Tensor, v_head_dim: Optional[int] = None,
+                 wire: Optional[torch.dtype] = None) -> None:
         b, h, n, d = q.shape
         self.shape = (b, h, n, d if v_head_dim is None else v_head_dim)
-        self.dtype, self.device = q.dtype, q.device
+        self.dtype = q.dtype if wire is None else wire
+        self.device = q.device
         self.acc = accum_dtype(q.dtype)
 
     def empty(self):
@@ -188,9 +202,9 @@ class ForwardAccs:
                 torch.full((b, h, n), float("-inf"), dtype=self.acc, device=self.device))
 
     def fold(self, side, acc, c):
-        if c[0] == "acc":
-            return self.received(side, acc, (c[1][1], c[1][0]))
-        rows, o_j, lse_j = c
+        if isinstance(c, Whole):
+            return self.received(side, acc, (c.acc[1], c.acc[0]))
+        rows, (o_j, lse_j) = c.rows, c.tensors
         if acc is None and _full(rows, self.shape[2]):  # the first partial covers every row: adopt it
             return o_j.to(self.acc).contiguous(), lse_j.to(self.acc).contiguous()
         acc = self.empty() if acc is None else acc
@@ -215,22 +229,23 @@ class ForwardAccs:
 
 
 class BackwardAccs:
-    """Backward accumulators: ``(dq,)`` per query owner, ``(dk, dv)`` per key owner."""
+    """Backward accumulators: ``(dq,)`` per query owner, ``(dk, dv)`` per key owner (shapes of q and
+    of one owner's K and V blocks, ``[B, h, n, D]``)."""
 
     sides = frozenset({"q", "kv"})
 
-    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor] = None) -> None:
+    def __init__(self, q: torch.Tensor, k_shape: tuple, v_shape: tuple) -> None:
         self.acc = accum_dtype(q.dtype)
-        self.shapes = {"q": [tuple(q.shape)], "kv": [tuple(k.shape), tuple((k if v is None else v).shape)]}
+        self.shapes = {"q": [tuple(q.shape)], "kv": [tuple(k_shape), tuple(v_shape)]}
         self.device = q.device
 
     def zeros(self, side):
         return tuple(torch.zeros(s, dtype=self.acc, device=self.device) for s in self.shapes[side])
 
     def fold(self, side, acc, c):
-        if c[0] == "acc":
-            return self.received(side, acc, c[1])
-        rows, parts = c[0], c[1:]
+        if isinstance(c, Whole):
+            return self.received(side, acc, c.acc)
+        rows, parts = c.rows, c.tensors
         n = self.shapes[side][0][2]
         if acc is None and _full(rows, n):  # the first partial covers every row: adopt it (sendable)
             return tuple(x.to(self.acc).contiguous() for x in parts)
@@ -261,12 +276,12 @@ def forward_compute(calls: BlockCalls, split: Callable = _stacked):
     """``compute`` of the forward: the queries of ``pair.q`` against the K/V of ``pair.k``
     (``split``: K/V message -> ``(k, v)``, :meth:`KVPack.split`)."""
     def compute(pair, data):
-        q = data[("q", pair.q)][0]
-        k, v = split(data[("kv", pair.k)][0])
+        q = data[Key("q", pair.q)][0]
+        k, v = split(data[Key("kv", pair.k)][0])
         for op in pair.ops:
             res = calls.forward(op, q, k, v, pair.q, pair.k)
             if res is not None:
-                yield "q", pair.q, res
+                yield Key("q", pair.q), Partial(res[0], res[1:])
     return compute
 
 
@@ -276,10 +291,10 @@ def backward_compute(calls: BlockCalls, own_q: int, own_out: torch.Tensor, split
     def compute(pair, data):
         if not pair.ops:
             return
-        q, dout, ld = data[("q", pair.q)]
-        k, v = split(data[("kv", pair.k)][0])
+        q, dout, ld = data[Key("q", pair.q)]
+        k, v = split(data[Key("kv", pair.k)][0])
         out = own_out if pair.q == own_q else pseudo_out(dout, ld[1])
         for qs, ks, dq_j, dk_j, dv_j in calls.backward(pair.ops, dout, q, k, v, out, ld[0], pair.q, pair.k):
-            yield "q", pair.q, (qs, dq_j)
-            yield "kv", pair.k, (ks, dk_j, dv_j)
+            yield Key("q", pair.q), Partial(qs, (dq_j,))
+            yield Key("kv", pair.k), Partial(ks, (dk_j, dv_j))
     return compute

@@ -1,8 +1,12 @@
 """Entry points of the engine: one distributed attention forward / backward on flash-layout tensors.
 
 ``attention_forward`` and ``attention_backward`` take this rank's ``[B, n, H, D]`` shards as the
-caller has them, build the plan (:func:`build_plan`) once per call and run the one loop
+caller has them, and a plan (:func:`build_plan`, once per call), and run the one loop
 (:func:`.loop.run_plan`) with the pass (:mod:`.passes`) for each *head group* in turn.
+``attention_partials`` is the forward's unnormalised end: the merged ``(out, lse)`` in the
+accumulators' dtype, for callers that merge further (decoding over a sharded cache).
+``gathered_forward`` / ``gathered_backward`` run a :func:`~.plan.local` plan over K/V blocks that
+are all held here (after an all-gather), with the same passes.
 
 Head groups bound the memory: everything a pass allocates (the ``[B, h, n, D]`` contiguous copies
 the kernels want, the travelling blocks and their receive buffers, the float32 accumulators, the
@@ -18,16 +22,14 @@ from typing import Optional
 import torch
 
 from ..formulas import accum_dtype
-from ..kernels.base import row_dot
-from .loop import Nested, run_plan
+from .direct import direct, distflash_steps
+from .loop import run_plan
 from .merge import add_sinks_, sinks_grad
-from .passes import BackwardAccs, BlockCalls, ForwardAccs, KVPack, backward_compute, backward_lse, forward_compute
-from .plan import DIRECT_LABELS, Plan, direct, ops_from_positions, ring
-from .schedule import distflash_plan
+from .pairs import ops_from_positions
+from .passes import BackwardAccs, BlockCalls, ForwardAccs, KVPack, backward_compute, forward_compute, query_side
+from .plan import DIRECT, AnyPlan, Key, Nested, local, ring, two_level
 
 MIN_GROUP_ELEMENTS = 1 << 19  # 2 MiB of float32 queries per group (1 MiB bfloat16)
-OUTER_LABELS = {("data", "kv"): "kv_outer", ("data", "q"): "q_outer", ("acc", "kv"): "dkv_outer",
-                ("acc", "q"): "dq_outer"}
 
 
 def head_groups(batch: int, local_seq: int, q_heads: int, kv_heads: int, head_dim: int) -> int:
@@ -41,13 +43,17 @@ def head_groups(batch: int, local_seq: int, q_heads: int, kv_heads: int, head_di
 
 
 def build_plan(rank: int, world_size: int, *, positions: list, causal: bool, travelling: str,
-               schedule: str = "ring", ranks_per_node: int = 1, mask_plan=None, kv_positions: Optional[list] = None):
+               schedule: str = "ring", ranks_per_node: int = 1, mask_plan=None,
+               kv_positions: Optional[list] = None) -> AnyPlan:
     """This rank's plan for one pass; ``positions[r]``: the global positions of rank r's queries
     (``[n_r]``; in the keys' coordinates when the two sequences differ, see
     :meth:`burstattn.AttnMask.aligned`) and ``kv_positions[r]`` of its keys (default: the same).
-    ``travelling``: ``"kv"`` (forward, RingAttention's backward) or ``"q"`` (BurstAttention's
-    backward). ``mask_plan``: a :class:`~burstattn.masks.plan.MaskPlan` (its sparse direct steps and
-    block ops replace the dense ones)."""
+    ``travelling``: the side that moves, ``"kv"`` (forward, RingAttention's backward) or ``"q"``
+    (BurstAttention's backward; :meth:`burstattn.config.AttnConfig.travelling`). ``schedule``:
+    ``"ring"``, ``"distflash"``, ``"double"`` (``ranks_per_node``), or ``"gathered"``: one step
+    without transfers over every rank's K/V, held here after an all-gather (:func:`~.plan.local`).
+    ``mask_plan``: a :class:`~burstattn.masks.plan.MaskPlan` (its sparse direct steps and block ops
+    replace the dense ones)."""
     n = int(positions[rank].numel())
     kv_positions = positions if kv_positions is None else kv_positions
     if mask_plan is not None:
@@ -55,30 +61,23 @@ def build_plan(rank: int, world_size: int, *, positions: list, causal: bool, tra
 
         def ops_of(q: int, k: int):
             return mp.row[k] if q == rank else mp.col[q]
+        if schedule == "gathered":
+            return local(rank, list(range(world_size)), ops_of)
         steps = mp.kv_steps() if travelling == "kv" else mp.q_steps()
-        return direct(rank, steps, world_size, ops_of, n, DIRECT_LABELS)
+        return direct(rank, steps, world_size, ops_of, n, DIRECT)
     ops_of = ops_from_positions(positions, kv_positions, causal)
+    if schedule == "gathered":
+        return local(rank, list(range(world_size)), ops_of)
     if schedule == "distflash":
-        return direct(rank, distflash_plan(rank, world_size), world_size, ops_of, n, DIRECT_LABELS)
+        return direct(rank, distflash_steps(rank, world_size), world_size, ops_of, n, DIRECT)
     if schedule == "double" and world_size > 1:
-        return double_nested(rank, world_size, ranks_per_node, ops_of, travelling)
+        return two_level(rank, world_size, ranks_per_node, ops_of, travelling)
     return ring(rank, world_size, ops_of, travelling)
 
 
-def double_nested(rank: int, world_size: int, ranks_per_node: int, ops_of, travelling: str) -> Nested:
-    """The two-level ring (:mod:`.double`) as a nested plan: the outer ring over the ranks with this
-    rank's index on every node, whose step d runs an inner ring over the node on the outer blocks."""
-    r_, m_ = ranks_per_node, world_size // ranks_per_node
-    m, i = divmod(rank, r_)
-    outer = ring(m, m_, lambda q, k: (), travelling, owners=[o * r_ + i for o in range(m_)], home=rank,
-                 labels=OUTER_LABELS)
-    inner = tuple(ring(i, r_, ops_of, travelling, owners=[((m - d) % m_) * r_ + j for j in range(r_)], home=rank)
-                  for d in range(m_))
-    return Nested(outer, inner)
-
-
-def _own(plan) -> dict:
-    return dict((plan.outer if isinstance(plan, Nested) else plan).own)
+def _own(plan: AnyPlan) -> dict:
+    """``side -> owner`` of the data a plan starts with (one owner per side)."""
+    return {key.side: key.owner for key in (plan.outer if isinstance(plan, Nested) else plan).own}
 
 
 def _heads(g: int, groups: int, hq: int, hkv: int) -> tuple[slice, slice]:
@@ -99,25 +98,34 @@ def _kv_pack(k: torch.Tensor, v: torch.Tensor, heads: slice) -> tuple[torch.Tens
     return pack.pack(kh, vh), pack
 
 
-def attention_forward(comm, plan, calls: BlockCalls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def _forward_group(comm, plan: AnyPlan, calls: BlockCalls, data: dict, split, dv: int,
+                   wire=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One head group's forward: ``(out, lse)`` ``[B, h, n, Dv]``, ``[B, h, n]`` in the accumulator dtype.
+    ``data`` (the query block and the K/V blocks held here) is handed over: the loop drops each block
+    after its last use, so the caller keeps no other reference to them."""
+    key = Key("q", _own(plan)["q"])
+    accs = ForwardAccs(data[key][0], dv, wire)
+    res = run_plan(comm, plan, data, forward_compute(calls, split), accs).get(key)
+    return res if res is not None else accs.empty()
+
+
+def attention_forward(comm, plan: AnyPlan, calls: BlockCalls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       groups: int = 1, sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``q [B, n, Hq, D]``, ``k [B, n_k, Hkv, D]``, ``v [B, n_k, Hkv, Dv]`` -> ``out [B, n, Hq, Dv]``
     (q's dtype, contiguous) and ``lse [B, Hq, n]`` (float32; float64 for float64 inputs; ``-inf`` for
     rows that see nothing). ``sinks [Hq]``: attention-sink logits, added once after the last merge
     (:func:`~.merge.add_sinks_`), so ``lse`` includes them."""
     b, n, hq, d = q.shape
-    hkv, dv, acc = k.shape[2], v.shape[3], accum_dtype(q.dtype)
+    hkv, dv = k.shape[2], v.shape[3]
     own = _own(plan)
     out = torch.empty(b, n, hq, dv, dtype=q.dtype, device=q.device)
-    lse = torch.empty(b, hq, n, dtype=acc, device=q.device)
+    lse = torch.empty(b, hq, n, dtype=accum_dtype(q.dtype), device=q.device)
     for g in range(groups):
         hs, ks = _heads(g, groups, hq, hkv)
         kv, pack = _kv_pack(k, v, ks)
-        data = {("q", own["q"]): (_bhnd(q, hs),), ("kv", own["kv"]): (kv,)}
-        accs = ForwardAccs(data[("q", own["q"])][0], dv)
+        data = {Key("q", own["q"]): (_bhnd(q, hs),), Key("kv", own["kv"]): (kv,)}
         del kv
-        res = run_plan(comm, plan, data, forward_compute(calls.heads(hs), pack.split), accs).get(("q", own["q"]))
-        o, l = res if res is not None else accs.empty()
+        o, l = _forward_group(comm, plan, calls.heads(hs), data, pack.split, dv)
         if sinks is not None:
             add_sinks_(o, l, sinks[hs])
         out[:, :, hs] = o.transpose(1, 2)
@@ -125,15 +133,37 @@ def attention_forward(comm, plan, calls: BlockCalls, q: torch.Tensor, k: torch.T
     return out, lse
 
 
-def attention_backward(comm, plan, calls: BlockCalls, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+def attention_partials(comm, plan: AnyPlan, calls: BlockCalls, q: torch.Tensor, k: torch.Tensor,
+                       v: torch.Tensor, wire: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward's merged result before it is cast: ``out [B, Hq, n, Dv]`` and ``lse [B, Hq, n]``,
+    both in the accumulator dtype (rows that see nothing: 0 and ``-inf``). Shapes of the inputs as
+    :func:`attention_forward`; one head group. ``wire``: the dtype partials sent back travel in
+    (default q's)."""
+    kv, pack = _kv_pack(k, v, slice(None))
+    own = _own(plan)
+    data = {Key("q", own["q"]): (q.transpose(1, 2).contiguous(),), Key("kv", own["kv"]): (kv,)}
+    del kv
+    return _forward_group(comm, plan, calls, data, pack.split, v.shape[3], wire)
+
+
+def _backward_group(comm, plan: AnyPlan, calls: BlockCalls, data: dict, out_h: torch.Tensor, split,
+                    kv_shapes: tuple) -> tuple[dict, BackwardAccs]:
+    """One head group's backward; ``data``: the query side (:func:`query_side`) and the K/V blocks held
+    here, handed over as in :func:`_forward_group`. Returns the accumulators left here, and the
+    accumulator rule (for zeros where none came)."""
+    own = _own(plan)
+    accs = BackwardAccs(data[Key("q", own["q"])][0], *kv_shapes)
+    res = run_plan(comm, plan, data, backward_compute(calls, own["q"], out_h, split), accs)
+    return res, accs
+
+
+def attention_backward(comm, plan: AnyPlan, calls: BlockCalls, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                        v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, groups: int = 1,
                        sinks: Optional[torch.Tensor] = None):
     """Gradients for :func:`attention_forward`'s inputs: ``dq, dk, dv`` (shapes and dtypes of q, k, v)
     and ``dsinks [Hq]`` (float32; ``None`` without sinks: this rank's rows' share, summed over the
-    group like any replicated parameter's gradient).
-
-    Per head group the query side is ``(q, dO, [LSE; D])`` with ``D = rowsum(dO * O)``; the pass
-    accumulates dQ and dK/dV in float32 and writes them into the outputs."""
+    group like any replicated parameter's gradient). The pass accumulates dQ and dK/dV in float32
+    and writes them into the outputs."""
     b, n, hq, d = q.shape
     hkv, acc = k.shape[2], accum_dtype(q.dtype)
     own = _own(plan)
@@ -141,20 +171,47 @@ def attention_backward(comm, plan, calls: BlockCalls, dout: torch.Tensor, q: tor
     dsinks = None if sinks is None else torch.zeros(hq, dtype=acc, device=q.device)
     for g in range(groups):
         hs, ks = _heads(g, groups, hq, hkv)
-        qh, doh, oh = _bhnd(q, hs), _bhnd(dout, hs, q.dtype), _bhnd(out, hs)
-        delta = row_dot(doh, oh, acc)  # D = rowsum(dO * O), [B, h, n]
+        oh = _bhnd(out, hs)
+        side = query_side(_bhnd(q, hs), _bhnd(dout, hs, q.dtype), oh, lse[:, hs])
         if sinks is not None:
-            dsinks[hs] = sinks_grad(lse[:, hs], delta, sinks[hs])
-        ld = torch.stack([backward_lse(lse[:, hs]), delta])  # [2, B, h, n]
+            dsinks[hs] = sinks_grad(lse[:, hs], side[2][1], sinks[hs])
         kv, pack = _kv_pack(k, v, ks)
-        accs = BackwardAccs(qh, *pack.split(kv))
-        data = {("q", own["q"]): (qh, doh, ld), ("kv", own["kv"]): (kv,)}
-        del qh, doh, ld, kv, delta
-        res = run_plan(comm, plan, data, backward_compute(calls.heads(hs), own["q"], oh, pack.split), accs)
+        data = {Key("q", own["q"]): side, Key("kv", own["kv"]): (kv,)}
+        del side, kv
+        res, accs = _backward_group(comm, plan, calls.heads(hs), data, oh, pack.split, (pack.k_shape, pack.v_shape))
         del oh
-        dq_g = res.get(("q", own["q"])) or accs.zeros("q")
-        dkv_g = res.get(("kv", own["kv"])) or accs.zeros("kv")
+        dq_g = res.get(Key("q", own["q"])) or accs.zeros("q")
+        dkv_g = res.get(Key("kv", own["kv"])) or accs.zeros("kv")
         dq[:, :, hs] = dq_g[0].transpose(1, 2)
         dk[:, :, ks] = dkv_g[0].transpose(1, 2)
         dv[:, :, ks] = dkv_g[1].transpose(1, 2)
     return dq, dk, dv, dsinks
+
+
+def gathered_forward(plan: AnyPlan, calls: BlockCalls, q: torch.Tensor,
+                     blocks: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """A :func:`~.plan.local` plan over K/V blocks held here: ``q [B, n, Hq, D]``, ``blocks`` owner ->
+    ``[2, B, Hkv, n_k, D]`` (K and V stacked, as an all-gather delivers them) -> ``out [B, n, Hq, D]``
+    (q's dtype) and ``lse [B, Hq, n]`` (accumulator dtype)."""
+    dv = next(iter(blocks.values())).shape[-1]
+    data = {Key("q", _own(plan)["q"]): (q.transpose(1, 2).contiguous(),),
+            **{Key("kv", j): (kv,) for j, kv in blocks.items()}}
+    o, lse = _forward_group(None, plan, calls, data, _stacked, dv)
+    return o.transpose(1, 2).to(q.dtype).contiguous(), lse
+
+
+def gathered_backward(plan: AnyPlan, calls: BlockCalls, dout: torch.Tensor, q: torch.Tensor, blocks: dict,
+                      out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """Gradients of :func:`gathered_forward`: ``dq [B, n, Hq, D]`` (accumulator dtype) and, per key
+    owner with any work, ``(dk, dv)`` ``[B, Hkv, n_k, D]`` (accumulator dtype)."""
+    oh = out.transpose(1, 2)
+    some = next(iter(blocks.values())).shape[1:]
+    data = {Key("q", _own(plan)["q"]): query_side(q.transpose(1, 2), dout.to(q.dtype).transpose(1, 2), oh, lse),
+            **{Key("kv", j): (kv,) for j, kv in blocks.items()}}
+    res, accs = _backward_group(None, plan, calls, data, oh, _stacked, (some, some))
+    dq = (res.get(Key("q", _own(plan)["q"])) or accs.zeros("q"))[0]
+    return dq.transpose(1, 2), {key.owner: a for key, a in res.items() if key.side == "kv"}
+
+
+def _stacked(buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return buf[0], buf[1]

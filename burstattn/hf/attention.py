@@ -35,7 +35,8 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from ..infer.sharded import rank_world, replicated_attention
+from ..groups import group_context
+from ..infer.sharded import replicated_attention
 from ..layout import local_positions, split_error
 from ..strategies import STRATEGIES, attention
 from ..strategies.base import MASK_OPTIONS, start
@@ -82,7 +83,7 @@ class ShardedOffset(int):
 
 
 def _group_size(group: Optional[dist.ProcessGroup]) -> int:
-    return rank_world(group)[2]
+    return group_context(group).world_size
 
 
 def make_mask_function(opts: BurstOptions):
@@ -202,7 +203,7 @@ def make_attention_function(opts: BurstOptions):
             return replicated_attention(q, layer.last_positions, k, v, layer.positions, group=opts.group,
                                         scale=scale, backend=opts.backend, window=window, causal=call.causal,
                                         softcap=call.softcap, sinks=call.sinks, key_mask=keys), None
-        _, rank, world = rank_world(opts.group)
+        _, rank, world = group_context(opts.group)
         shard = kwargs.get("burst_shard")
         problem = _local_problem(module, query, key, attention_mask, dropout, call.cross) or family_problem
         if problem is None and not call.cross:  # cross-attention: the queries' positions were checked by self-attention

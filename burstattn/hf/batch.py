@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ..infer.generate import check_every_rank
-from ..infer.sharded import rank_world
+from ..groups import group_context
 from ..layout import gather_sequence, local_positions
 from ..masks import AttnMask
 from ..partition import document_partition
@@ -184,7 +184,7 @@ def shard_batch(input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None, 
     label -100): no real token sees it. Raises ``ValueError`` on every rank for bad or differing input.
     """
     spec_s, layout, group = _resolve_layout(name, layout, group)
-    group, rank, world = rank_world(group)
+    group, rank, world = group_context(group)
     problem = _check_ids("input_ids", input_ids)
     if problem is None and labels is not None:
         problem = _check_ids("labels", labels)
@@ -267,7 +267,7 @@ def sync_gradients(model: torch.nn.Module, group: Optional[dist.ProcessGroup] = 
     reaches ``attn_implementation="burst"`` (:func:`~burstattn.hf.families.check_model`): its loss was
     computed from each rank's shard alone."""
     check_model(model.get_base_model() if hasattr(model, "get_base_model") else model)
-    group, _, world = rank_world(group)
+    group, _, world = group_context(group)
     params = [p for p in model.parameters() if p.requires_grad]
     if world == 1:
         return

@@ -35,7 +35,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from ..comm.stats import active_stats
 from ..infer.cache import append_rows
 from ..infer.placement import placement_counts
-from ..infer.sharded import rank_world
+from ..groups import group_context
 from .attention import ShardedOffset
 
 
@@ -128,7 +128,7 @@ class ShardedCache(Cache):
     def __init__(self, group: Optional[dist.ProcessGroup] = None) -> None:
         super().__init__(layers=[])
         self.group = group
-        _, self.rank, self.world_size = rank_world(group)
+        _, self.rank, self.world_size = group_context(group)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         if layer_idx == 0 and self.world_size > 1:

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..infer.sharded import rank_world
+from ..groups import group_context
 from ..layout import local_positions
 from .batch import GlobalItemCount
 from .packing import IGNORE_INDEX
@@ -47,7 +47,7 @@ def shard_seq2seq_batch(input_ids: torch.Tensor, decoder_input_ids: torch.Tensor
     """
     _ids("input_ids", input_ids)
     _ids("decoder_input_ids", decoder_input_ids)
-    _, rank, world = rank_world(group)
+    _, rank, world = group_context(group)
     unit = 2 * world if layout == "zigzag" else world
     b, n_enc = input_ids.shape
     if n_enc % unit:

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from ..strategies import STRATEGIES
 from .cache import ShardedKVCache, kv_bytes
-from .sharded import rank_world
+from ..groups import group_context
 from .steps import continue_prompt, decode_step, padded_length, prefill
 
 
@@ -60,7 +60,7 @@ def check_every_rank(fn: str, problem: Optional[str], fingerprint: list[int], gr
     """Raise ``ValueError`` on every rank if any rank has a ``problem`` or the ranks' ``fingerprint``
     (ints that must agree: e.g. prompt length and checksum; ``what`` names them in the message,
     ``fields`` describes the ints) differ. One all-gather of objects."""
-    group, rank, world = rank_world(group)
+    group, rank, world = group_context(group)
     if world == 1:
         if problem:
             raise ValueError(f"{fn}: {problem}")
@@ -99,7 +99,7 @@ def generate(model, prompt: torch.Tensor, max_new_tokens: int, *, strategy: str 
         :class:`GenerationResult`; with ``max_new_tokens == 0``, no tokens and nothing run.
     """
     fn = "burstattn.infer.generate"
-    group, rank, world = rank_world(group)
+    group, rank, world = group_context(group)
     problem = _problem(prompt, max_new_tokens)
     if problem is None and strategy not in STRATEGIES:
         problem = f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}"

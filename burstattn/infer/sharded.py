@@ -1,61 +1,91 @@
-"""Attention of queries against a KV cache that stays sharded over the ranks of a group.
+"""Attention of queries against a KV cache that stays sharded over the ranks of a group, on the engine.
 
 Every rank holds a shard of the cache: keys/values ``[B, S_r, Hkv, D]`` at known GLOBAL
-positions ``[S_r]`` (int64, increasing). Three exact ways to attend to the whole cache; all end
-in the engine's log-sum-exp merge (:func:`burstattn.engine.merge.merge_`), in rank order, so
-every rank that merges the same partials gets bit-identical results:
+positions ``[S_r]`` (int64, increasing). Three exact ways to attend to the whole cache, each a plan of
+the one loop (:func:`burstattn.engine.loop.run_plan`) over per-rank positions of any lengths, run by the
+engine's forward pass (one kernel choice and one fallback, :func:`burstattn.autograd.block_calls`), its
+partials merged by the one log-sum-exp merge:
 
-* :func:`replicated_attention` (decoding): every rank holds the same queries; each attends
-  them to its own shard with the local kernel, the partial ``(out, lse)`` are all-gathered
-  (op ``"decode"``) and merged. Bytes per rank: ``(P-1) * B*Hq*Sq*(D+1) * 4`` (float32
-  partials): O(heads x head_dim) per token, never O(cache).
-* :func:`pass_q_attention` (continuation, pass-Q): every rank holds ITS new queries; the
-  queries are all-gathered (op ``"q"``), every rank attends every rank's queries to its shard,
-  and the partials go back to their owners with one all-to-all (op ``"partials"``).
-* :func:`pass_kv_attention` (continuation, pass-KV): the shards (cached plus new K/V) travel
-  around the ring (op ``"kv"``, P-1 steps); every rank merges its own queries' partials.
+* :func:`replicated_attention` (decoding): every rank holds the same queries; each attends them to
+  its own shard (a :func:`~burstattn.engine.plan.local` plan), the partial ``(out, lse)`` are
+  all-gathered (op ``"decode"``) and merged in rank order, so every rank gets bit-identical results.
+  Bytes per rank: ``(P-1) * B*Hq*Sq*(D+1) * 4`` (float32 partials): O(heads x head_dim) per token,
+  never O(cache).
+* :func:`pass_q_attention` (continuation, pass-Q): every rank holds ITS new queries; they go
+  straight to every other rank (op ``"q"``) and their partials straight back (op ``"partials"``):
+  the direct plan of :func:`~burstattn.engine.direct.pass_q_steps`, the next step's queries in
+  flight while this one computes. The cache never moves.
+* :func:`pass_kv_attention` (continuation, pass-KV): the shards (cached plus new K/V) travel around
+  the ring (op ``"kv"``, P-1 hops, the next one prefetched); every rank merges its own queries'
+  partials.
+
+Shards of different lengths travel padded to the longest (queries to ``m_max``, cache shards to
+``S_max``: every rank posts messages of one size, and the byte formulas of
+:mod:`burstattn.infer.formulas` count exactly that); the padding is never attended, since the plan's
+block ops cover the real positions only.
 
 Visibility is by global positions: key ``j`` is visible to query ``i`` iff ``j <= i`` (``causal``,
 the default; ``causal=False`` for cross-attention over an encoder's sharded K/V) and
-``i - left <= j <= i + right`` with a ``window=(left, right)`` (the one window meaning of
-:func:`burstattn.config.normalize_window`). Score modifiers as everywhere: ``softcap``, and
-attention ``sinks`` added once after the merge; V may have a head size of its own. Byte formulas:
-:mod:`burstattn.infer.formulas`.
+``i - left <= j <= i + right`` with a ``window=(left, right)`` (the one window meaning,
+:class:`burstattn.AttnMask`'s). Score modifiers as everywhere: ``softcap``, and attention ``sinks``
+added once after the merge; V may have a head size of its own.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
+from ..autograd import CallPositions, block_calls, kernel_needs
 from ..comm.collectives import Collectives
-from ..comm.ring import RingComm
 from ..comm.stats import active_stats
-from ..config import normalize_window
+from ..comm.transport import Transport
+from ..config import AttnConfig, normalize_window
+from ..engine.direct import direct, pass_q_steps
 from ..engine.merge import add_sinks_, merge_
-from ..kernels import ScoreMods, get_kernel, resolve_backend
+from ..engine.pairs import ops_from_positions
+from ..engine.plan import Channels, local, ring
+from ..engine.run import attention_partials
+from ..formulas import accum_dtype
+from ..groups import group_context
+from ..kernels import resolve_backend
+from ..masks.blocks import mask_ops
+from ..masks.spec import AttnMask
+
+PASS_Q = Channels(q="q", dq="partials")
 
 
-def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window=None, causal: bool = True) -> torch.Tensor:
-    """Bool ``[Sq, Sk]``: key ``k_pos[j]`` visible to query ``q_pos[i]`` by global position: ``j <= i``
-    when ``causal``, and ``i - left <= j <= i + right`` for ``window=(left, right)``."""
-    diff = q_pos.view(-1, 1) - k_pos.view(1, -1)  # [Sq, Sk]
-    seen = diff >= 0 if causal else torch.ones_like(diff, dtype=torch.bool)
-    left, right = normalize_window(window) or (None, None)
-    if left is not None:
-        seen &= diff <= left
-    if right is not None:
-        seen &= diff >= -right
-    return seen
+def _setup(q: torch.Tensor, v: torch.Tensor, q_pos: list, k_pos: list, *, scale: float, backend: str, window,
+           causal: bool, softcap: Optional[float]):
+    """``(ops_of, calls)`` of a call against cache shards: the block ops of every (query owner, key owner)
+    from their positions (under ``window``, as an :class:`~burstattn.AttnMask`), and the kernel calls."""
+    window = normalize_window(window)
+    mask = None if window is None else AttnMask(window=window)
+    cfg = AttnConfig(causal=causal, softmax_scale=scale, softcap=softcap, mask=mask)
+    cfg = replace(cfg, backend=resolve_backend(backend, q.device, q.dtype, kernel_needs(cfg, q.shape[-1], v.shape[-1])))
+    n = 1 + max([int(p.max()) for p in list(q_pos) + list(k_pos) if p.numel()], default=0)
+    calls = block_calls(cfg, mask is not None, CallPositions(list(q_pos), list(q_pos), list(k_pos), n, n), scale, q, v,
+                        mask=mask)
+    if mask is None:
+        return ops_from_positions(q_pos, k_pos, causal), calls
+    cache: dict = {}
+
+    def ops_of(a: int, b: int):
+        if (a, b) not in cache:
+            cache[(a, b)] = mask_ops(mask, causal, q_pos[a], k_pos[b], n, n)
+        return cache[(a, b)]
+    return ops_of, calls
 
 
 def partial_attention(q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       k_pos: torch.Tensor, *, scale: float, backend: str = "auto", window=None,
                       causal: bool = True, softcap: Optional[float] = None,
                       key_mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of ``q [B, Sq, Hq, D]`` to the local keys ``k [B, Sk, Hkv, D]``, ``v [B, Sk, Hkv, Dv]`` only.
+    """Attention of ``q [B, Sq, Hq, D]`` to the local keys ``k [B, Sk, Hkv, D]``, ``v [B, Sk, Hkv, Dv]`` only:
+    one step of the engine on a :func:`~burstattn.engine.plan.local` plan.
 
     ``key_mask`` (bool ``[B, Sk]``, True = attend): per batch row, keys that are padding are never
     attended (rows then differ, so each row runs on its own).
@@ -69,29 +99,14 @@ def partial_attention(q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: 
                                    causal=causal, softcap=softcap)
                  for b in range(q.shape[0])]
         return torch.cat([o for o, _ in parts]), torch.cat([l for _, l in parts])
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    b, sq, hq, d = q.shape
-    out = torch.zeros(b, hq, sq, v.shape[-1], dtype=acc, device=q.device)
-    lse = torch.full((b, hq, sq), -math.inf, dtype=acc, device=q.device)
+    b, sq, hq, _ = q.shape
     if sq == 0 or k.shape[1] == 0:
-        return out, lse
-    seen = visible(q_pos.to(q.device), k_pos.to(q.device), window, causal)
-    rows = seen.any(dim=1)  # [Sq]
-    if not rows.any():
-        return out, lse
-    mask = None if bool(seen.all()) else seen
-    needs = {n for n, on in (("mask", mask is not None), ("softcap", softcap is not None),
-                             ("v_head_dim", v.shape[-1] != d)) if on}
-    name = resolve_backend(backend, q.device, q.dtype, needs - {"mask"})
-    kernel = get_kernel(name if needs <= get_kernel(name).supports else "reference")
-    # [B, S, H, D] -> [B, H, S, D]: the kernels' layout
-    qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-    o, l = kernel.forward(qt, kt, vt, scale, False, mask, mods=ScoreMods(softcap=softcap))
-    out.copy_(o.to(acc).nan_to_num_(0.0))
-    lse.copy_(l.to(acc))
-    lse[:, :, ~rows] = -math.inf
-    out[:, :, ~rows] = 0.0
-    return out, lse
+        acc = accum_dtype(q.dtype)
+        return (torch.zeros(b, hq, sq, v.shape[-1], dtype=acc, device=q.device),
+                torch.full((b, hq, sq), -math.inf, dtype=acc, device=q.device))
+    ops_of, calls = _setup(q, v, [q_pos.cpu()], [k_pos.cpu()], scale=scale, backend=backend, window=window,
+                           causal=causal, softcap=softcap)
+    return attention_partials(None, local(0, [0], ops_of), calls, q, k, v)
 
 
 def _merge_parts(parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,17 +116,6 @@ def _merge_parts(parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     for r in range(1, parts.shape[0]):
         merge_(out, lse, parts[r, ..., :-1], parts[r, ..., -1])
     return out, lse
-
-
-def rank_world(group: Optional[dist.ProcessGroup]) -> tuple[Optional[dist.ProcessGroup], int, int]:
-    """``(group, rank, world_size)``: ``None`` means the default group, or a world of one without
-    ``torch.distributed`` (then a given ``group`` raises ``ValueError``)."""
-    if not dist.is_available() or not dist.is_initialized():
-        if group is not None:
-            raise ValueError("group was given but torch.distributed is not initialized")
-        return None, 0, 1
-    group = group if group is not None else dist.group.WORLD
-    return group, dist.get_rank(group), dist.get_world_size(group)
 
 
 def replicated_attention(q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -126,12 +130,12 @@ def replicated_attention(q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, 
     Returns ``[B, Sq, Hq, Dv]`` in q's dtype, identical on every rank. Sends
     ``(P-1) * B*Hq*Sq*(Dv+1) * 4`` bytes (op ``"decode"``).
     """
-    group, _, world = rank_world(group)
+    where = group_context(group)
     out, lse = partial_attention(q, q_pos, k, v, k_pos, scale=scale, backend=backend, window=window, causal=causal,
                                  softcap=softcap, key_mask=key_mask)
-    if world > 1:
+    if where.world_size > 1:
         packed = torch.cat([out, lse.unsqueeze(-1)], dim=-1)  # [B, Hq, Sq, Dv+1]
-        parts = Collectives(group, "forward", active_stats()).all_gather(packed, "decode")
+        parts = Collectives(where.group, "forward", active_stats()).all_gather(packed, "decode")
         out, lse = _merge_parts(parts)
     if sinks is not None:
         add_sinks_(out, lse, sinks.detach())
@@ -161,23 +165,17 @@ def pass_q_attention(q: torch.Tensor, q_pos: Sequence[torch.Tensor], k: torch.Te
         ``[B, m_r, Hq, D]`` in q's dtype. Bytes sent: ``(P-1) * B*m_max*Hq*D * e`` (op ``"q"``) plus
         ``(P-1) * B*Hq*m_max*(D+1) * 4`` (op ``"partials"``), ``m_max = max_r m_r``.
     """
-    group, rank, world = rank_world(group)
-    if world == 1:
+    where = group_context(group)
+    if where.world_size == 1:
         return replicated_attention(q, q_pos[0], k, v, k_pos, scale=scale, backend=backend, window=window)
-    b, m, hq, d = q.shape
-    m_max = max(int(p.numel()) for p in q_pos)
-    coll = Collectives(group, "forward", active_stats())
-    all_q = coll.all_gather(_padded(q, m_max, 1), "q")  # [P, B, m_max, Hq, D]
-    parts = []
-    for r in range(world):
-        pos = _padded(q_pos[r].to(k_pos.device), m_max, 0)
-        o, l = partial_attention(all_q[r], pos, k, v, k_pos, scale=scale, backend=backend, window=window)
-        keep = torch.arange(m_max, device=q.device) < q_pos[r].numel()  # padded query rows see nothing
-        l[:, :, ~keep] = -math.inf
-        o[:, :, ~keep] = 0.0
-        parts.append(torch.cat([o, l.unsqueeze(-1)], dim=-1))  # [B, Hq, m_max, D+1]
-    back = coll.all_to_all(torch.stack(parts), "partials")  # [P, B, Hq, m_max, D+1]: entry r from rank r
-    out, _ = _merge_parts(back)
+    p, rank, m = where.world_size, where.rank, q.shape[1]
+    m_max = max(int(x.numel()) for x in q_pos)
+    k_of = [k_pos.cpu()] * p  # every helper pairs queries with ITS OWN shard: only index rank is read here
+    ops_of, calls = _setup(q, v, [x.cpu() for x in q_pos], k_of, scale=scale, backend=backend, window=window,
+                           causal=True, softcap=None)
+    plan = direct(rank, pass_q_steps(rank, p), p, ops_of, m_max, PASS_Q)
+    comm = Transport(where.group, "forward", active_stats())
+    out, _ = attention_partials(comm, plan, calls, _padded(q, m_max, 1), k, v, wire=accum_dtype(q.dtype))
     return out[:, :, :m].transpose(1, 2).to(q.dtype)
 
 
@@ -195,22 +193,14 @@ def pass_kv_attention(q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: 
         ``[B, m_r, Hq, D]`` in q's dtype. Bytes sent: ``(P-1) * 2*B*S_max*Hkv*D * e`` (op ``"kv"``),
         ``S_max = max_r S_r``.
     """
-    group, rank, world = rank_world(group)
-    if world == 1:
+    where = group_context(group)
+    if where.world_size == 1:
         return replicated_attention(q, q_pos, k, v, k_pos[0], scale=scale, backend=backend, window=window)
-    s_max = max(int(p.numel()) for p in k_pos)
-    # K and V packed in one buffer per step: [2, B, S_max, Hkv, D]
-    block = torch.stack([_padded(k, s_max, 1), _padded(v, s_max, 1)])
-    out, lse = partial_attention(q, q_pos, k, v, k_pos[rank], scale=scale, backend=backend, window=window)
-    comm = RingComm(group, "forward", active_stats())
-    for step in range(1, world):
-        recv = torch.empty_like(block)
-        comm.send_recv("kv", block, recv)
-        comm.commit("kv", step)
-        comm.wait("kv", step)
-        block, src = recv, (rank - step) % world
-        n = int(k_pos[src].numel())
-        o, l = partial_attention(q, q_pos, block[0, :, :n], block[1, :, :n], k_pos[src], scale=scale,
-                                 backend=backend, window=window)
-        merge_(out, lse, o, l)
+    p, rank = where.world_size, where.rank
+    s_max = max(int(x.numel()) for x in k_pos)
+    ops_of, calls = _setup(q, v, [q_pos.cpu()] * p, [x.cpu() for x in k_pos], scale=scale, backend=backend,
+                           window=window, causal=True, softcap=None)
+    comm = Transport(where.group, "forward", active_stats())
+    out, _ = attention_partials(comm, ring(rank, p, ops_of, "kv"), calls, q, _padded(k, s_max, 1),
+                                _padded(v, s_max, 1))
     return out.transpose(1, 2).to(q.dtype)

@@ -29,7 +29,8 @@ from ..layout import local_positions
 from ..strategies import STRATEGIES, attention
 from .cache import ShardedKVCache
 from .formulas import choose_continuation
-from .sharded import pass_kv_attention, pass_q_attention, rank_world, replicated_attention
+from ..groups import group_context
+from .sharded import pass_kv_attention, pass_q_attention, replicated_attention
 
 
 class LayerCalls:
@@ -93,7 +94,7 @@ class CachedAttention(LayerCalls):
 
 def _share_token(logits_last: Optional[torch.Tensor], owner: int, batch: int, group, device) -> torch.Tensor:
     """Greedy next token ``[B]`` (int64) from the rank ``owner`` that holds the last position."""
-    group, rank, world = rank_world(group)
+    group, rank, world = group_context(group)
     token = (logits_last.argmax(-1) if rank == owner else torch.zeros(batch, dtype=torch.long, device=device))
     if world == 1:
         return token
@@ -112,7 +113,7 @@ def prefill(model, tokens: torch.Tensor, cache: ShardedKVCache, *, strategy: str
             **options) -> torch.Tensor:
     """Run the prompt ``tokens [B, N]`` (the same on every rank) sharded over ``group``; fill the
     empty ``cache`` with this rank's tokens; return the first new token ``[B]`` on every rank."""
-    group, rank, world = rank_world(group)
+    group, rank, world = group_context(group)
     layout = layout if layout is not None else STRATEGIES[strategy].default_layout
     b, n = tokens.shape
     padded = padded_length(n, world, layout)
@@ -145,7 +146,7 @@ def continue_prompt(model, tokens: torch.Tensor, cache: ShardedKVCache, *, group
     """Append the prompt ``tokens [B, M]`` (the same on every rank) to the cache: each rank runs its
     placed chunk, attending to the whole cache by pass-KV or pass-Q. Returns the next greedy token
     ``[B]`` and the mode used (``"kv"`` or ``"q"``)."""
-    group, rank, world = rank_world(group)
+    group, rank, world = group_context(group)
     b, m = tokens.shape
     placed = cache.place(m)
     lengths_after = [a + int(p.numel()) for a, p in zip(cache.lengths, placed)]

@@ -50,11 +50,6 @@ class ScoreMods:
         return ScoreMods(self.softcap, self.alibi, self.q_pos[q_rows], self.k_pos[k_rows])
 
 
-def active(mods: Optional[ScoreMods]) -> bool:
-    """Whether ``mods`` changes any score."""
-    return mods is not None and bool(mods.needs)
-
-
 class Kernel(Protocol):
     """A local flash-style attention kernel that exposes the log-sum-exp."""
 

@@ -1,7 +1,7 @@
 """The ``"reference"`` backend: a plain PyTorch tiled attention kernel, the fallback everywhere and
 the one kernel that takes every score modifier (softcap, ALiBi), masks and a V head size of its own.
 
-(Not to be confused with :func:`burstattn.testing.reference.reference_attention`, the float64 test
+(Not to be confused with :func:`burstattn.testing.oracle.exact_attention`, the float64 test
 oracle over whole sequences; this is a kernel of the local-attention seam.)
 
 Keys are processed in tiles of ``tile`` rows with an online softmax, so memory is

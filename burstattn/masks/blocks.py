@@ -16,7 +16,7 @@ evaluated only on tiles the interval leaves non-empty. Consecutive tiles of one 
 the same class merge into one call (full runs, partial runs), and consecutive tile rows with
 identical calls merge vertically, so a dense region is one kernel call.
 
-The result for a pair is a tuple of :class:`~burstattn.engine.schedule.BlockOp` (mask kinds
+The result for a pair is a tuple of :class:`~burstattn.engine.pairs.BlockOp` (mask kinds
 FULL, CAUSAL, STRICT, PARTIAL); :func:`pair_ops` caches it in the mask object.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Optional, Union
 
 import torch
 
-from ..engine.schedule import BlockOp, MaskKind
+from ..engine.pairs import BlockOp, MaskKind
 from ..layout import local_positions
 from .spec import AttnMask
 
@@ -136,12 +136,19 @@ def pair_ops(mask: AttnMask, causal: bool, seq_len: int, world_size: int, layout
     key = ("ops", bool(causal), seq_len, world_size, layout_key(layout), q_rank, k_rank, k_len, layout_key(kv_layout))
     ops = mask.cache.get(key)
     if ops is None:
-        q_pos = local_positions(seq_len, q_rank, world_size, layout)
-        k_pos = local_positions(k_len, k_rank, world_size, kv_layout)
-        cls = classify(mask, q_pos, k_pos, seq_len, causal, k_len)
-        ops = compile_ops(cls, q_pos.numel(), k_pos.numel(), mask.block_size)
+        ops = mask_ops(mask, causal, local_positions(seq_len, q_rank, world_size, layout),
+                       local_positions(k_len, k_rank, world_size, kv_layout), seq_len, k_len)
         mask.cache[key] = ops
     return ops
+
+
+def mask_ops(mask: AttnMask, causal: bool, q_pos: torch.Tensor, k_pos: torch.Tensor, seq_len: int,
+             k_len: Optional[int] = None) -> tuple[BlockOp, ...]:
+    """The kernel calls of queries at ``q_pos [n_q]`` against keys at ``k_pos [n_k]`` (global
+    positions, keys increasing; ``seq_len`` queries and ``k_len`` keys in all) under ``mask``:
+    positions of any lengths, as :func:`burstattn.engine.pairs.position_ops` takes them."""
+    cls = classify(mask, q_pos, k_pos, seq_len, causal, k_len)
+    return compile_ops(cls, q_pos.numel(), k_pos.numel(), mask.block_size)
 
 
 def op_mask(mask: AttnMask, causal: bool, seq_len: int, q_pos: torch.Tensor, k_pos: torch.Tensor,

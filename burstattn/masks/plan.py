@@ -38,7 +38,9 @@ from typing import Optional
 
 import torch
 
-from ..engine.schedule import BlockOp, DirectStep
+from ..engine.direct import DirectStep
+from ..engine.pairs import BlockOp
+from ..engine.plan import ring_source
 from ..formulas import META_INTS, accum_dtype, byte_totals, element_size
 from .blocks import pair_ops
 from .spec import AttnMask
@@ -73,7 +75,7 @@ class MaskPlan:
         r, p = self.rank, self.world_size
         steps = [DirectStep(0, r if self.row[r] else None, None, None, None)]
         for t in range(1, p):
-            src, dst = (r - t) % p, (r + t) % p
+            src, dst = ring_source(r, t, p), (r + t) % p
             own_k = src if self.row[src] else None
             kv_to = dst if self.col[dst] else None
             if own_k is not None or kv_to is not None:
@@ -86,7 +88,7 @@ class MaskPlan:
         r, p = self.rank, self.world_size
         steps = [DirectStep(0, r if self.row[r] else None, None, None, None)]
         for t in range(1, p):
-            src, dst = (r + t) % p, (r - t) % p
+            src, dst = (r + t) % p, ring_source(r, t, p)
             helper_q = src if self.col[src] else None
             q_to = dst if self.row[dst] else None
             if helper_q is not None or q_to is not None:
@@ -151,8 +153,3 @@ def rank_work(mask: AttnMask, causal: bool, seq_len: int, world_size: int, layou
                 for op in pair_ops(mask, causal, seq_len, world_size, layout, r, s))
             for r in range(world_size)]
 
-
-def balance(work: list[float]) -> float:
-    """Max over mean of per-rank work (1.0: perfectly even)."""
-    mean = sum(work) / len(work)
-    return max(work) / mean if mean > 0 else 1.0

@@ -1,15 +1,14 @@
 """Per-call setup shared by ``burst_attn_func`` and the strategies: build the mask and this rank's
 plan *before* the cross-rank input check, so that a bad mask (or a ``mask_mod`` that raises)
 becomes a problem that the check reports on every rank instead of an exception on one
-(:func:`checked_config`)."""
+(:func:`build_mask`, :func:`plan_for`; the strategies' ``check_call``)."""
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
 
-from ..config import AttnConfig
-from ..validate import check_inputs, local_problem
+from ..config import AttnConfig, LruCache
 from .plan import MaskPlan, mask_plan
 from .spec import AttnMask, make_mask
 
@@ -82,24 +81,6 @@ def topology_problem(cfg: AttnConfig, world_size: int) -> Problem:
     return None
 
 
-def checked_config(q, k, v, ring, mask_args: dict, fn: str, extra: Problem = None,
-                   **cfg_args) -> tuple[AttnConfig, Optional[MaskPlan]]:
-    """The call's :class:`~burstattn.config.AttnConfig` (``cfg_args`` plus the mask built from
-    ``mask_args``) and this rank's mask plan (``None`` for a dense call), after
-    :func:`~burstattn.validate.check_inputs` has passed on every rank of ``ring``'s group: a bad
-    input, mask or topology on any rank raises on all of them (``extra``: a problem the caller
-    found, shared the same way)."""
-    amask, problem = build_mask(**mask_args)
-    problem = problem or extra
-    cfg = AttnConfig(mask=amask, **cfg_args)
-    plan = None
-    if problem is None and local_problem(q, k, v, cfg) is None:
-        plan, problem = plan_for(q, cfg, ring.rank, ring.world_size, k.shape[1])
-    problem = problem or topology_problem(cfg, ring.world_size)
-    check_inputs(q, k, v, cfg, ring.group, ring.world_size, fn=fn, extra=problem)
-    return cfg, plan
-
-
 class GuardedMaskMod:
     """A ``mask_mod`` that never raises inside the ring: a rank whose predicate raises (or returns a
     non-bool) in the middle of a pass would leave its peers waiting for transfers that never come.
@@ -146,34 +127,18 @@ def raise_mask_failures(guard: Optional[GuardedMaskMod], ring) -> None:
         raise ValueError(f"during the attention pass the mask_mod failed, all ranks abort the call ({detail})")
 
 
-class MaskCache:
-    """Masks made from data (window, document bounds, tile size; no ``mask_mod``) kept by their
-    definition, so that their block summaries, which cost seconds at long sequences, are built once:
-    the custom op receives a mask as data and looks its :class:`~.spec.AttnMask` up here. Bounded
-    (least recently used entries go first); a pure memo, so sharing it is safe."""
-
-    def __init__(self, size: int = 32) -> None:
-        from collections import OrderedDict
-
-        self.size = size
-        self.entries: "OrderedDict[tuple, AttnMask]" = OrderedDict()
-
-    def get(self, window, bounds: Optional[torch.Tensor], block_size: int,
-            kv_bounds: Optional[torch.Tensor] = None) -> AttnMask:
-        """The cached mask of this definition (made on first use)."""
-        key = (None if window is None else tuple(window),
-               None if bounds is None else bounds.cpu().numpy().tobytes(), block_size,
-               None if kv_bounds is None else kv_bounds.cpu().numpy().tobytes())
-        mask = self.entries.get(key)
-        if mask is None:
-            mask = AttnMask(window=key[0], cu_seqlens=None if bounds is None else bounds.cpu(), block_size=block_size,
-                            cu_seqlens_k=None if kv_bounds is None else kv_bounds.cpu())
-            self.entries[key] = mask
-            while len(self.entries) > self.size:
-                self.entries.popitem(last=False)
-        self.entries.move_to_end(key)
-        return mask
+def data_mask(window, bounds: Optional[torch.Tensor], block_size: int,
+              kv_bounds: Optional[torch.Tensor] = None) -> AttnMask:
+    """The mask made from data (window, document bounds, tile size; no ``mask_mod``), the same object for
+    the same definition (:data:`DATA_MASKS`): the custom op receives a mask as data and looks its
+    :class:`~.spec.AttnMask` up here, so its block summaries, which cost seconds at long sequences, are
+    built once."""
+    key = (None if window is None else tuple(window), None if bounds is None else bounds.cpu().numpy().tobytes(),
+           block_size, None if kv_bounds is None else kv_bounds.cpu().numpy().tobytes())
+    return DATA_MASKS.get(key, lambda: AttnMask(window=key[0], cu_seqlens=None if bounds is None else bounds.cpu(),
+                                                block_size=block_size,
+                                                cu_seqlens_k=None if kv_bounds is None else kv_bounds.cpu()))
 
 
-# The process-wide memo of data masks (see MaskCache): block summaries of a mask outlive one call.
-DATA_MASKS = MaskCache()
+# The process-wide memo of data masks (see data_mask): block summaries of a mask outlive one call.
+DATA_MASKS = LruCache(32)

@@ -38,17 +38,17 @@ def shard_positions(seq_len: int, *, strategy: str, layout: str, cp_rank: int, c
     return local_positions(seq_len, cp_rank, cp_size, layout)
 
 
-def cp_attention(strategy: str, cp_group, layout: str, *, backend: str = "auto", usp_mesh=None,
+def cp_attention(strategy: str, cp_group, layout: str, *, backend: str = "auto", usp_grid=None,
                  options: Optional[dict] = None) -> AttnCall:
     """The causal attention over the ``cp`` group: an :class:`~burstattn.models.AttnCall`.
 
-    ``usp`` takes its grid from ``usp_mesh`` (a 2-D ``("ring", "ulysses")`` mesh, see
-    :func:`burstattn.parallel.mesh.usp_mesh`); ``rsa`` only runs the plain-matmul backend."""
+    ``usp`` takes its grid from ``usp_grid`` (a 2-D ``("ring", "ulysses")`` mesh, see
+    :func:`burstattn.parallel.mesh.build_usp_mesh`); ``rsa`` only runs the plain-matmul backend."""
     opts = dict(options or {})
     if "backend" in STRATEGIES[strategy].options:
         opts.setdefault("backend", "auto" if strategy == "rsa" and backend != "reference" else backend)
     if strategy == "usp":
-        if usp_mesh is None:
-            raise ValueError("cp_attention: strategy 'usp' needs usp_mesh (a ('ring', 'ulysses') DeviceMesh)")
-        opts["mesh"] = usp_mesh
+        if usp_grid is None:
+            raise ValueError("cp_attention: strategy 'usp' needs usp_grid (a ('ring', 'ulysses') DeviceMesh)")
+        opts["mesh"] = usp_grid
     return AttnCall(strategy=strategy, group=cp_group, layout=layout, options=opts)

@@ -94,7 +94,7 @@ def flat_mesh(mesh: DeviceMesh, names: tuple[str, ...]) -> DeviceMesh:
     return mesh[names]._flatten("_".join(names))
 
 
-def usp_mesh(dims: ParallelDims, ulysses_degree: int, device_type: str = "cpu") -> DeviceMesh:
+def build_usp_mesh(dims: ParallelDims, ulysses_degree: int, device_type: str = "cpu") -> DeviceMesh:
     """A 4-D mesh ``(dp, ring, ulysses, tp)`` that splits ``cp`` into USP's ring x Ulysses grid
     (cp rank = ring index * ulysses_degree + ulysses index, as ``strategy="usp"`` expects).
 

@@ -3,14 +3,13 @@
 ``attention_timeline(strategy, shape, hw, ...)`` returns an :class:`AttnTimeline` for the forward
 and the backward of one attention call on every rank of a context-parallel group.
 
-Ring loops (burst, ring, rsa, usp's inner ring, the double ring) follow
-:func:`burstattn.engine.ring.ring_loop` event by event: at step ``t`` a rank posts the transfer of
+Ring plans (burst, ring, rsa, usp's inner ring, the double ring) follow the one loop,
+:func:`burstattn.engine.loop.run_plan`, event by event: at step ``t`` a rank posts the transfer of
 the next travelling block (rendezvous: it starts when both ends have posted), computes the step's
 block ops, waits for the travelling accumulator of step ``t-1`` from its predecessor, folds into it
 and sends it on, then waits for the next block. The recurrence runs over all ranks at once (numpy
 rows); when every rank's work is the same (balanced layouts) one row stands for all. DistFlashAttn's
-direct schedule follows :func:`burstattn.engine.direct.direct_loop` the same way (shifts instead of a
-ring). Collective strategies (ulysses, allgather, tp) have no overlap: collective, compute,
+direct plan follows the same loop (shifts instead of a ring, :mod:`.direct`). Collective strategies (ulysses, allgather, tp) have no overlap: collective, compute,
 collective. Times split into ``compute`` (mean over ranks), ``idle`` (what imbalance adds: the same
 run with free links, minus the compute) and ``exposed_comm`` (the rest).
 """

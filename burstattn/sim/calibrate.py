@@ -29,20 +29,29 @@ def _rate(fn, flops: float, seconds: float) -> float:
     return flops / min(times)  # the fastest repeat: work of other processes only ever slows one down
 
 
+def forward_rate(seconds: float = 1.0, seq: int = 1024, heads: int = 8, head_dim: int = 64) -> float:
+    """The one kernel FLOP/s calibration: the auto-selected local kernel's attention forward on one block of
+    ``seq x seq`` (float32, ``heads`` heads; FLOPs ``4 * seq^2 * d * heads``), the fastest repeat."""
+    from ..kernels import get_kernel, resolve_backend
+
+    q, k, v = (torch.randn(1, heads, seq, head_dim) for _ in range(3))
+    kernel = get_kernel(resolve_backend("auto", q.device, q.dtype))
+    return _rate(lambda: kernel.forward(q, k, v, head_dim ** -0.5, False), 4 * seq * seq * head_dim * heads, seconds)
+
+
 def kernel_rates(seq: int = 1024, heads: int = 8, head_dim: int = 64, seconds: float = 1.0,
                  plain: bool = True) -> dict:
     """Attention forward / backward FLOP/s of the auto-selected local kernel (float32, one block of
-    ``seq x seq``, forward FLOPs ``4 * seq^2 * d * heads``, backward 2.5x; the forward on the block
-    :func:`burstattn.cluster.spec.calibrate` times, so the two figures compare), its causal-block
-    efficiency, the matmul rate, the memory bandwidth (a copy) and the score entries/s of attention
-    from plain matmuls with materialised scores (:func:`plain_rates`)."""
+    ``seq x seq``, forward FLOPs ``4 * seq^2 * d * heads``: :func:`forward_rate`; backward 2.5x), its
+    causal-block efficiency, the matmul rate, the memory bandwidth (a copy) and the score entries/s of
+    attention from plain matmuls with materialised scores (:func:`plain_rates`)."""
     from ..kernels import get_kernel, resolve_backend
 
     q, k, v = (torch.randn(1, heads, seq, head_dim) for _ in range(3))
     kernel = get_kernel(resolve_backend("auto", q.device, q.dtype))
     flops = 4 * seq * seq * head_dim * heads
     scale = head_dim ** -0.5
-    fwd = _rate(lambda: kernel.forward(q, k, v, scale, False), flops, seconds)
+    fwd = forward_rate(seconds, seq, heads, head_dim)
     # the causal (diagonal) block against a full one of the same size, at 2048 (the kernel skips more
     # of a larger causal block, so a small one would understate it)
     q2, k2, v2 = (torch.randn(1, heads, 2 * seq, head_dim) for _ in range(3))

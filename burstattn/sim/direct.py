@@ -1,8 +1,9 @@
-"""Direct (non-ring) schedules replayed step by step: DistFlashAttn's load-balanced causal schedule
-(:func:`burstattn.engine.schedule.distflash_plan`) and the masked schedules of a sliding window
-(:func:`burstattn.masks.plan.mask_plan`), as :func:`burstattn.engine.direct.direct_loop` runs them: at
-step t every rank posts the fetch of step t+1's data, computes, posts step t's partial results home and
-waits for both; each transfer is a rendezvous with a peer, so the slowest rank sets each step's pace.
+"""Direct (non-ring) plans replayed step by step: DistFlashAttn's load-balanced causal schedule
+(:func:`burstattn.engine.direct.distflash_steps`) and the masked schedules of a sliding window
+(:func:`burstattn.masks.plan.mask_plan`), as the one loop (:func:`burstattn.engine.loop.run_plan`) runs
+them: at step t every rank posts the fetch of step t+1's data, computes, posts step t's partial results
+home and waits for both; each transfer is a rendezvous with a peer, so the slowest rank sets each step's
+pace.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def distflash_strategy(hw: ClusterHW, shape: AttnShape, pl: net.Placement) -> At
         rets = [0.0] + [max(net.shift_time(pl, ret_q, t) if q_moves[t] else 0.0,
                             net.shift_time(pl, ret_kv, p - t) if (ret_kv and kv_moves[t]) else 0.0)
                         for t in range(1, work.steps)]
-        # direct_loop at step t: post the fetch of step t+1, compute, post step t's partials home,
+        # the loop at step t: post the fetch of step t+1, compute, post step t's partials home,
         # wait for both; every transfer is a rendezvous with a peer, so the slowest rank sets the pace
         step = np.maximum(cmax + np.array(rets), np.array(fetch))
         pas = Pass(float(step.sum()), float(c.sum(axis=1).mean()))

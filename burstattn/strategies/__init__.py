@@ -14,30 +14,26 @@ import torch.distributed as dist
 
 from ..config import LAYOUTS
 from ..layout import DEFAULT_LAYOUT  # layout=None means this for every strategy, as for shard_sequence
-from .base import ENGINE_STRATEGIES, MASK_OPTIONS, MODEL_OPTIONS, StrategySpec
+from .base import MASK_OPTIONS, MODEL_OPTIONS, StrategySpec
 
 _ALL = LAYOUTS
 STRATEGIES = MappingProxyType({s.name: s for s in (
-    StrategySpec("burst", "burst", _ALL, DEFAULT_LAYOUT,
-                 ("backend", "backward", "schedule", "topology") + MASK_OPTIONS + MODEL_OPTIONS,
-                 "BurstAttention: K/V ring forward, query-ring (or K/V-ring) backward, balanced layouts; masks "
-                 "skip work and traffic", partitions=True),
-    StrategySpec("ring", "ring", _ALL, DEFAULT_LAYOUT, ("backend",) + MASK_OPTIONS + MODEL_OPTIONS,
-                 "RingAttention: K/V ring, K/V/dK/dV backward ring (the paper's layout is contiguous; every "
-                 "layout runs exactly)", partitions=True),
-    StrategySpec("rsa", "rsa", _ALL, DEFAULT_LAYOUT, ("backend",),
-                 "Ring Self-Attention: K ring builds the full local_seq x seq scores (kept: O(n N) memory), "
-                 "V ring; backend 'auto' or 'reference' only (plain matmuls)"),
-    StrategySpec("ulysses", "ulysses", _ALL, DEFAULT_LAYOUT, ("backend",) + MASK_OPTIONS,
-                 "DeepSpeed-Ulysses: all-to-all sequence shards <-> head shards", partitions=True),
-    StrategySpec("allgather", "allgather", _ALL, DEFAULT_LAYOUT, ("backend",) + MASK_OPTIONS,
-                 "all-gather K/V, local attention, reduce-scatter dK/dV (Llama 3 CP)", partitions=True),
-    StrategySpec("usp", "usp", _ALL, DEFAULT_LAYOUT, ("backend", "backward", "ulysses_degree", "ring_degree",
-                                                      "mesh", "ulysses_group", "ring_group"),
-                 "USP: Ulysses inside a group x burst ring across groups", partitions=True),
-    StrategySpec("tp", "tp", _ALL, DEFAULT_LAYOUT, ("backend",),
-                 "Megatron-SP tensor parallelism: all-gather q/k/v, Hq/P heads over the full sequence, "
-                 "all-to-all back", partitions=True),
+    # BurstAttention: K/V ring forward, query-ring (or K/V-ring) backward, balanced layouts; masks skip work
+    StrategySpec("burst", _ALL, DEFAULT_LAYOUT,
+                 ("backend", "backward", "schedule", "topology") + MASK_OPTIONS + MODEL_OPTIONS, partitions=True),
+    # RingAttention: K/V ring, K/V/dK/dV backward ring (the paper's layout is contiguous; every layout is exact)
+    StrategySpec("ring", _ALL, DEFAULT_LAYOUT, ("backend",) + MASK_OPTIONS + MODEL_OPTIONS, partitions=True),
+    # Ring Self-Attention: a K ring builds the full local_seq x seq scores (kept: O(n N) memory), a V ring
+    StrategySpec("rsa", _ALL, DEFAULT_LAYOUT, ("backend",)),
+    # DeepSpeed-Ulysses: all-to-all sequence shards <-> head shards
+    StrategySpec("ulysses", _ALL, DEFAULT_LAYOUT, ("backend",) + MASK_OPTIONS, partitions=True),
+    # all-gather K/V, local attention, reduce-scatter dK/dV (Llama 3 CP)
+    StrategySpec("allgather", _ALL, DEFAULT_LAYOUT, ("backend",) + MASK_OPTIONS, partitions=True),
+    # USP: Ulysses inside a group x burst ring across groups
+    StrategySpec("usp", _ALL, DEFAULT_LAYOUT, ("backend", "backward", "ulysses_degree", "ring_degree", "mesh",
+                                               "ulysses_group", "ring_group"), partitions=True),
+    # Megatron-SP tensor parallelism: all-gather q/k/v, Hq/P heads over the full sequence, all-to-all back
+    StrategySpec("tp", _ALL, DEFAULT_LAYOUT, ("backend",), partitions=True),
 )})
 
 
@@ -85,8 +81,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, strategy: st
               layout=layout if layout in LAYOUTS else "zigzag", extra=problem)
         raise problem[0](problem[1])  # a world of one without torch.distributed
     layout = spec.default_layout if layout is None else layout
-    return MODULES[spec.module].run(q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
-                         layout=layout, **strategy_options)
+    return MODULES[spec.name].run(q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
+                                  layout=layout, **strategy_options)
 
 
 # imported with the package (not on first use) so that attention() is traceable by torch.compile

@@ -2,9 +2,10 @@
 
 Forward: one all-gather brings every rank's K/V (at kv heads, packed, op ``kv``) to every
 rank; the local queries then attend to each rank's block with the same per-pair plan as the
-ring (:func:`burstattn.engine.schedule.block_ops` for ``(this rank, j)``, so every layout and
+ring (:func:`burstattn.engine.pairs.position_ops` for ``(this rank, j)``, so every layout and
 the causal mask are exact and fully masked blocks are skipped), the partials folded by the
-one log-sum-exp merge in float32 (float64 for float64 inputs).
+one log-sum-exp merge in float32 (float64 for float64 inputs): the engine's
+:func:`~burstattn.engine.run.gathered_forward` over a one-step plan.
 
 Backward: the K/V are gathered again (op ``kv``, phase backward: the gathered copy is not
 kept between forward and backward, so a layer holds only its own shard meanwhile), dQ
@@ -18,91 +19,18 @@ gathered K/V (plus the float32 dK/dV partials of the whole sequence in the backw
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
 
 import torch
 
-from ..autograd import RingContext, block_calls, call_positions, refuse_double_backward, without_autocast
+from ..autograd import block_calls, call_positions
 from ..comm.collectives import Collectives
-from ..comm.stats import CommStats, active_stats
-from ..config import AttnConfig
-from ..engine.loop import run_plan
-from ..engine.passes import BackwardAccs, ForwardAccs, backward_compute, backward_lse, forward_compute
-from ..kernels.base import row_dot
-from ..engine.plan import local, ops_from_positions
+from ..comm.stats import active_stats
+from ..engine.run import build_plan, gathered_backward, gathered_forward
 from ..formulas import accum_dtype, byte_totals, element_size, meta_bytes
 from ..kernels import resolve_backend
 from ..layout import local_positions
-from .base import start_masked
-
-
-def _local_plan(ring: RingContext, cfg: AttnConfig, n: int, plan):
-    """One step, no transfers: this rank's queries against every rank's gathered K/V (the mask
-    plan's ops with a mask, else the ops from the positions)."""
-    p = ring.world_size
-    if plan is not None:
-        ops_of = lambda q, k: plan.row[k]  # noqa: E731 - q is always this rank
-    else:
-        pos = [local_positions(n * p, r, p, cfg.layout) for r in range(p)]
-        ops_of = ops_from_positions(pos, pos, cfg.causal)
-    return local(ring.rank, list(range(p)), ops_of)
-
-
-def _gather_kv(ring: RingContext, k: torch.Tensor, v: torch.Tensor, phase: str,
-               stats: Optional[CommStats]) -> torch.Tensor:
-    """``k, v [B, Hkv, n, D]`` of this rank -> ``[P, 2, B, Hkv, n, D]`` of every rank."""
-    kv = torch.stack([k, v])  # (2, B, Hkv, n, D)
-    if ring.world_size == 1:
-        return kv.unsqueeze(0)
-    return Collectives(ring.group, phase, stats).all_gather(kv, "kv")
-
-
-class _AllGatherAttn(torch.autograd.Function):
-    """``out = f(q, k, v)``; ``cfg`` resolved (concrete backend). The local pass is the engine's
-    (:func:`burstattn.engine.loop.run_plan` on a one-step plan)."""
-
-    @staticmethod
-    @without_autocast
-    def forward(ctx, q, k, v, ring: RingContext, cfg: AttnConfig, plan=None):
-        qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))  # [B, n, H, D] -> [B, H, n, D] views
-        b, hq, n, d = qh.shape
-        scale, stats = cfg.scale_for(d), active_stats()
-        kv = _gather_kv(ring, kh, vh, "forward", stats)
-        data = {("q", ring.rank): (qh,), **{("kv", j): (kv[j],) for j in range(ring.world_size)}}
-        accs = ForwardAccs(qh)
-        calls = block_calls(cfg, plan, call_positions(cfg, ring.world_size, n, n), scale, qh, vh)
-        res = run_plan(None, _local_plan(ring, cfg, n, plan), data, forward_compute(calls), accs)
-        out32, lse = res.get(("q", ring.rank)) or accs.empty()
-        out = out32.transpose(1, 2).to(q.dtype).contiguous()  # (B, n, Hq, D)
-        if any(ctx.needs_input_grad[:3]):
-            ctx.save_for_backward(q, k, v, out, lse)
-            ctx.ring, ctx.cfg, ctx.stats, ctx.plan = ring, cfg, stats, plan
-        return out
-
-    @staticmethod
-    @without_autocast
-    def backward(ctx, dout):
-        refuse_double_backward()
-        q, k, v, out, lse = ctx.saved_tensors
-        ring, cfg = ctx.ring, ctx.cfg
-        stats = active_stats() or ctx.stats
-        qh, kh, vh, oh, doh = (x.transpose(1, 2) for x in (q, k, v, out, dout.to(q.dtype)))
-        n, scale, acc = q.shape[1], cfg.scale_for(q.shape[-1]), accum_dtype(q.dtype)
-        kv = _gather_kv(ring, kh, vh, "backward", stats)
-        delta = row_dot(doh, oh, acc)  # D = rowsum(dO * O), [B, Hq, n]
-        data = {("q", ring.rank): (qh, doh, torch.stack([backward_lse(lse), delta])),
-                **{("kv", j): (kv[j],) for j in range(ring.world_size)}}
-        accs = BackwardAccs(qh, kh)
-        calls = block_calls(cfg, ctx.plan, call_positions(cfg, ring.world_size, n, n), scale, qh, vh)
-        res = run_plan(None, _local_plan(ring, cfg, n, ctx.plan), data, backward_compute(calls, ring.rank, oh), accs)
-        dq = (res.get(("q", ring.rank)) or accs.zeros("q"))[0]
-        dkv = torch.zeros(kv.shape, dtype=acc, device=q.device)  # (P, 2, B, Hkv, n, D)
-        for j in range(ring.world_size):
-            if ("kv", j) in res:
-                dkv[j, 0], dkv[j, 1] = res[("kv", j)]
-        mine = dkv[0] if ring.world_size == 1 else Collectives(ring.group, "backward", stats).reduce_scatter(dkv, "dkv")
-        return (dq.transpose(1, 2).to(q.dtype), mine[0].transpose(1, 2).to(k.dtype),
-                mine[1].transpose(1, 2).to(v.dtype), None, None, None)
+from .base import check_call
+from .op import strategy_call
 
 
 def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", **mask_args) -> torch.Tensor:
@@ -110,10 +38,70 @@ def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", **mask
     ``[B, n, Hq, D]`` in q's dtype. Raises on every rank for invalid inputs (``check_inputs``).
     With a mask (``mask_args``) only the non-empty block ops are computed; the gathers move the
     same bytes (an all-gather cannot skip ranks)."""
-    ring, cfg, plan = start_masked("allgather", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
-                                   layout=layout, backend=backend, mask_args=mask_args)
-    cfg = replace(cfg, backend=resolve_backend(backend, q.device, q.dtype))
-    return _AllGatherAttn.apply(q, k, v, ring, cfg, plan)
+    return strategy_call("allgather", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
+                         layout=layout, backend=backend, mask_args=mask_args)
+
+
+def check(call, q, k, v):
+    """The input check on every rank; the call with this rank's mask plan over the group."""
+    return replace(call, plan=check_call(call, q, k, v))
+
+
+def plan_of(call, q, k):
+    """This rank's mask plan over the group (``None`` for a dense call)."""
+    from ..masks.setup import plan_for
+
+    return plan_for(q, call.cfg, call.where.rank, call.where.world_size, k.shape[1])[0]
+
+
+def _setup(call, q, v):
+    """The one-step plan over every rank's gathered K/V and its kernel calls."""
+    where, n = call.where, q.shape[1]
+    cfg = replace(call.cfg, backend=resolve_backend(call.cfg.backend, q.device, q.dtype))
+    pos = [local_positions(n * where.world_size, r, where.world_size, cfg.layout) for r in range(where.world_size)]
+    plan = build_plan(where.rank, where.world_size, positions=pos, causal=cfg.causal, travelling="kv",
+                      schedule="gathered", mask_plan=call.plan)
+    calls = block_calls(cfg, call.plan is not None, call_positions(cfg, where.world_size, n, n), cfg.scale_for(q.shape[3]),
+                        q, v)
+    return plan, calls
+
+
+def _gather_kv(call, k: torch.Tensor, v: torch.Tensor, phase: str) -> torch.Tensor:
+    """``k, v [B, n, Hkv, D]`` of this rank -> ``[P, 2, B, Hkv, n, D]`` of every rank."""
+    kv = torch.stack([k.transpose(1, 2), v.transpose(1, 2)])  # (2, B, Hkv, n, D)
+    if call.where.world_size == 1:
+        return kv.unsqueeze(0)
+    return Collectives(call.where.group, phase, active_stats()).all_gather(kv, "kv")
+
+
+def forward(call, q, k, v):
+    """``out [B, n, Hq, D]`` and the saved ``[lse]`` (``[B, Hq, n]``)."""
+    kv = _gather_kv(call, k, v, "forward")
+    plan, calls = _setup(call, q, v)
+    out, lse = gathered_forward(plan, calls, q, dict(enumerate(kv.unbind(0))))
+    return out, [lse]
+
+
+def backward(call, dout, q, k, v, out, saved):
+    """``dq, dk, dv``: K/V gathered again (op ``kv``), the local backward, the dK/dV partials of every
+    owner reduce-scattered to it in float32 (op ``dkv``)."""
+    (lse,) = saved
+    kv = _gather_kv(call, k, v, "backward")
+    plan, calls = _setup(call, q, v)
+    dq, per_owner = gathered_backward(plan, calls, dout, q, dict(enumerate(kv.unbind(0))), out, lse)
+    dkv = torch.zeros(kv.shape, dtype=accum_dtype(q.dtype), device=q.device)  # (P, 2, B, Hkv, n, D)
+    for j, (dk_j, dv_j) in per_owner.items():
+        dkv[j, 0], dkv[j, 1] = dk_j, dv_j
+    where = call.where
+    mine = dkv[0] if where.world_size == 1 else Collectives(where.group, "backward", active_stats()).reduce_scatter(
+        dkv, "dkv")
+    return dq.to(q.dtype), mine[0].transpose(1, 2).to(k.dtype), mine[1].transpose(1, 2).to(v.dtype)
+
+
+def fake(call, q, k, v):
+    """Empty ``[out, lse]`` of :func:`forward` (shapes only)."""
+    b, n, hq, d = q.shape
+    return [q.new_empty(b, n, hq, v.shape[-1]), q.new_empty(b, hq, n, dtype=accum_dtype(q.dtype))]
 
 
 def bytes_formula(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,

@@ -6,11 +6,10 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import Callable, Optional
 
-from ..api import ring_context
-from ..autograd import RingContext
 from ..config import AttnConfig
-from ..masks.setup import checked_config
-from ..validate import check_inputs, scale_value
+from ..groups import GroupContext, group_context
+from ..masks.setup import plan_for
+from ..validate import check_inputs, local_problem, scale_value
 
 MASK_OPTIONS = ("window", "cu_seqlens", "document_ids", "mask_mod", "mask")
 # the options of today's models (cross-attention, varlen documents of their own, score modifiers,
@@ -49,31 +48,23 @@ class StrategySpec:
     """One way of distributing attention.
 
     Attributes:
-        name: the ``strategy=`` value.
-        module: module (under ``burstattn.strategies``) holding ``run``; imported on first use.
+        name: the ``strategy=`` value (and the module under ``burstattn.strategies`` holding its ``run``).
         layouts: sequence layouts it accepts; ``default_layout`` is used when ``layout=None``.
         options: the extra keyword options it takes (anything else is an error).
-        summary: one line for error messages and docs.
         partitions: whether an explicit :class:`~burstattn.partition.Partition` is accepted as
-            ``layout`` (strategies that place tokens by position: burst, allgather, ulysses).
+            ``layout`` (every strategy but rsa).
     """
 
     name: str
-    module: str
     layouts: tuple[str, ...]
     default_layout: str
     options: tuple[str, ...]
-    summary: str
-    partitions: bool = False  # whether ``layout`` may be an explicit burstattn.partition.Partition
-
-    def runner(self) -> Callable:
-        """``run(q, k, v, *, group, causal, softmax_scale, layout, **options) -> out``."""
-        return import_module(f"burstattn.strategies.{self.module}").run
+    partitions: bool = False
 
     def bytes_formula(self) -> Callable:
         """``bytes_formula(*, batch, local_seq, world_size, q_heads, kv_heads, head_dim, dtype,
         **options) -> {"forward", "backward", "ops"}``: bytes each rank sends per call."""
-        return import_module(f"burstattn.strategies.{self.module}").bytes_formula
+        return import_module(f"burstattn.strategies.{self.name}").bytes_formula
 
 
 def label(name: str) -> str:
@@ -82,26 +73,27 @@ def label(name: str) -> str:
 
 
 def start(name: str, q, k, v, *, group, causal: bool, softmax_scale, layout: str, backend: str = "auto",
-          backward: str = "auto", extra: Optional[tuple[type, str]] = None) -> tuple[RingContext, AttnConfig]:
+          backward: str = "auto", extra: Optional[tuple[type, str]] = None) -> tuple[GroupContext, AttnConfig]:
     """Every strategy's first step: resolve ``group`` and run :func:`~burstattn.validate.check_inputs`
     (so bad input raises on every rank; ``extra`` is a problem the strategy found in its own
     options on this rank, shared the same way). Returns the group context and the config."""
-    ring = ring_context(group)
+    where = group_context(group)
     cfg = AttnConfig(causal=causal, softmax_scale=scale_value(softmax_scale), layout=layout, backend=backend,
                      backward=backward)
     extra = extra or one_sequence_problem(name, q, k, v)
-    check_inputs(q, k, v, cfg, ring.group, ring.world_size, fn=label(name), extra=extra)
-    return ring, cfg
+    check_inputs(q, k, v, cfg, where.group, where.world_size, fn=label(name), extra=extra)
+    return where, cfg
 
 
-def start_masked(name: str, q, k, v, *, group, causal: bool, softmax_scale, layout, backend: str = "auto",
-                 mask_args: Optional[dict] = None):
-    """:func:`start` for a strategy that takes masks (``mask_args``: its ``window`` / ``cu_seqlens``
-    / ``document_ids`` / ``mask_mod`` / ``mask`` options). Returns ``(ring, cfg, plan)``: ``plan``
-    is this rank's :class:`~burstattn.masks.plan.MaskPlan` (``None`` without a mask); a bad mask
-    raises on every rank like any bad input."""
-    ring = ring_context(group)
-    cfg, plan = checked_config(q, k, v, ring, mask_args or {}, label(name), causal=causal,
-                               softmax_scale=scale_value(softmax_scale), layout=layout, backend=backend,
-                               extra=one_sequence_problem(name, q, k, v))
-    return ring, cfg, plan
+def check_call(call, q, k, v, extra: Optional[tuple[type, str]] = None, group_plan: bool = True):
+    """A strategy call's cross-rank input check (inside its op): ``check_inputs`` over the call's group,
+    with the problem this rank found (``extra``, or the mask's: a sequence length it does not fit, a
+    partition for another world size, a ``mask_mod`` that raises), so a bad input raises on every rank.
+    Returns this rank's :class:`~burstattn.masks.plan.MaskPlan` over the group (``None`` for a dense call,
+    or when ``group_plan`` is false: the strategy plans its own, after the check)."""
+    where, cfg = call.where, call.cfg
+    plan, problem = None, extra
+    if problem is None and local_problem(q, k, v, cfg) is None:
+        plan, problem = plan_for(q, cfg, where.rank, where.world_size, k.shape[1])
+    check_inputs(q, k, v, cfg, where.group, where.world_size, fn=call.fn, extra=problem)
+    return plan if group_plan else None

@@ -17,13 +17,10 @@ import math
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 
-from ..comm.autograd import all_to_all
-from ..formulas import element_size
-from ..autograd import RingContext
+from ..comm.collectives import Collectives
+from ..formulas import accum_dtype, element_size
 from ..layout import local_positions
-from .base import label, start
 
 
 def heads_problem(q_heads: int, degree: int, strategy: str, what: str = "group size") -> Optional[str]:
@@ -35,18 +32,6 @@ def heads_problem(q_heads: int, degree: int, strategy: str, what: str = "group s
     return None
 
 
-def start_heads(name: str, q, k, v, *, group, causal, softmax_scale, layout, backend) -> RingContext:
-    """:func:`~burstattn.strategies.base.start` for a strategy that splits query heads over the
-    whole group (ulysses, tp): also raises ``ValueError`` (on every rank alike, the shapes being
-    equal by then) when ``q_heads`` is not divisible by the group size."""
-    ring, _ = start(name, q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
-                    backend=backend)
-    problem = heads_problem(q.shape[2], ring.world_size, name)
-    if problem:
-        raise ValueError(f"{label(name)}: {problem}")
-    return ring
-
-
 def kv_repeats(kv_heads: int, degree: int) -> int:
     """How often each kv head is repeated before the all-to-all: ``lcm(kv_heads, degree) / kv_heads``
     (1 when ``kv_heads % degree == 0``)."""
@@ -54,14 +39,23 @@ def kv_repeats(kv_heads: int, degree: int) -> int:
 
 
 def repeat_kv(x: torch.Tensor, repeats: int) -> torch.Tensor:
-    """``[B, n, Hkv, D] -> [B, n, Hkv*repeats, D]``, adjacent copies (differentiable: the
-    backward sums the copies' gradients)."""
+    """``[B, n, Hkv, D] -> [B, n, Hkv*repeats, D]``, adjacent copies."""
     return x if repeats == 1 else x.repeat_interleave(repeats, dim=2)
 
 
-def seq_to_heads(xs: list[torch.Tensor], group: Optional[dist.ProcessGroup], degree: int,
-                 op: str) -> list[torch.Tensor]:
-    """Sequence shards -> head shards, all tensors in ONE all-to-all.
+def unrepeat_kv(g: torch.Tensor, repeats: int, dtype: torch.dtype) -> torch.Tensor:
+    """The adjoint of :func:`repeat_kv`: ``[B, n, Hkv*repeats, D] -> [B, n, Hkv, D]``, the copies'
+    gradients summed (in the accumulator dtype), in ``dtype``."""
+    if repeats == 1:
+        return g.to(dtype)
+    b, n, h, d = g.shape
+    # (B, n, Hkv*r, D) -> (B, n, Hkv, r, D) -> sum over r
+    return g.reshape(b, n, h // repeats, repeats, d).sum(3, dtype=accum_dtype(dtype)).to(dtype)
+
+
+def seq_to_heads(xs: list[torch.Tensor], coll: Optional[Collectives], degree: int, op: str) -> list[torch.Tensor]:
+    """Sequence shards -> head shards, all tensors in ONE all-to-all (``coll``: of the group, in the
+    pass's phase; ``None`` when ``degree == 1``).
 
     Args:
         xs: ``[B, n, H_i, D]`` each (one dtype), ``H_i % degree == 0``.
@@ -76,25 +70,28 @@ def seq_to_heads(xs: list[torch.Tensor], group: Optional[dist.ProcessGroup], deg
     # (B, n, H_i, D) -> (B, n, P, H_i/P, D), then joined on the head axis: (B, n, P, h, D)
     packed = torch.cat([x.reshape(b, n, degree, w, d) for x, w in zip(xs, widths)], dim=3)
     # (B, n, P, h, D) -> (P, B, n, h, D): chunk j goes to rank j
-    recv = all_to_all(packed.permute(2, 0, 1, 3, 4), group, op)
+    recv = coll.all_to_all(packed.permute(2, 0, 1, 3, 4), op)
     # (P, B, n, h, D) -> (B, P, n, h, D) -> (B, P*n, h, D): rank i's tokens at rows [i*n, (i+1)*n)
     rows = recv.permute(1, 0, 2, 3, 4).reshape(b, degree * n, sum(widths), d)
     return list(rows.split(widths, dim=2))
 
 
-def heads_to_seq(x: torch.Tensor, group: Optional[dist.ProcessGroup], degree: int, op: str) -> torch.Tensor:
-    """Head shards -> sequence shards (the inverse of :func:`seq_to_heads` for one tensor).
+def heads_to_seq(xs: list[torch.Tensor], coll: Optional[Collectives], degree: int, op: str) -> list[torch.Tensor]:
+    """Head shards -> sequence shards, all tensors in ONE all-to-all: the inverse of
+    :func:`seq_to_heads`, and its adjoint (the same bytes).
 
-    ``x [B, degree*n, h, D]`` (rows in rank order) -> ``[B, n, degree*h, D]``.
+    ``xs``: ``[B, degree*n, h_i, D]`` each (rows in rank order) -> ``[B, n, degree*h_i, D]`` each.
     """
     if degree == 1:
-        return x
-    b, rows, h, d = x.shape
-    n = rows // degree
+        return list(xs)
+    b, rows, _, d = xs[0].shape
+    n, widths = rows // degree, [x.shape[2] for x in xs]
     # (B, P*n, h, D) -> (B, P, n, h, D) -> (P, B, n, h, D): rank i's rows go back to rank i
-    recv = all_to_all(x.reshape(b, degree, n, h, d).transpose(0, 1), group, op)
-    # (P, B, n, h, D) -> (B, n, P, h, D) -> (B, n, P*h, D): head slice j came from rank j
-    return recv.permute(1, 2, 0, 3, 4).reshape(b, n, degree * h, d)
+    x = torch.cat(xs, dim=2) if len(xs) > 1 else xs[0]
+    recv = coll.all_to_all(x.reshape(b, degree, n, sum(widths), d).transpose(0, 1), op)
+    # (P, B, n, h, D) -> (B, n, P, h, D): head slice j came from rank j; then each (B, n, P*h_i, D)
+    heads = recv.permute(1, 2, 0, 3, 4)
+    return [part.reshape(b, n, degree * w, d) for part, w in zip(heads.split(widths, dim=3), widths)]
 
 
 def rank_order(seq_len: int, world_size: int, layout: str) -> Optional[torch.Tensor]:

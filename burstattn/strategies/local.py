@@ -1,65 +1,60 @@
-"""Differentiable single-device attention through the kernel seam (for strategies that
-gather a full sequence or full heads onto one rank: ulysses, tp, allgather)."""
+"""Attention of a whole sequence on one rank, for the strategies that gather a full sequence or full
+heads onto a rank (ulysses, tp): one call of the resolved local kernel (the one kernel choice,
+:func:`burstattn.kernels.resolve_backend`) on the whole sequence, or under a mask the engine at a world
+of one (its world-of-one mask plan computes only the block ops the mask leaves non-empty).
+
+A dense call is one kernel block: the engine's loop would add its copies (the ``[B, h, n, D]`` query
+and K/V blocks, the float32 accumulators) to a sequence the rank already holds whole, doubling these
+strategies' attention memory for nothing it could skip.
+"""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 import torch
 
-from ..autograd import refuse_double_backward, without_autocast
+from ..autograd import backward_pass, forward_pass
+from ..config import AttnConfig
+from ..engine.passes import backward_lse
+from ..groups import GroupContext
 from ..kernels import get_kernel, resolve_backend
+from ..masks.plan import MaskPlan, mask_plan
+
+ALONE = GroupContext(None, 0, 1)
 
 
-class _LocalAttn(torch.autograd.Function):
-    @staticmethod
-    @without_autocast
-    def forward(ctx, q, k, v, scale: float, causal: bool, backend: str):
-        kernel = get_kernel(backend)
-        qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))  # [B, S, H, D] -> [B, H, S, D]
-        out, lse = kernel.forward(qh, kh, vh, scale, causal)
-        out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.scale, ctx.causal, ctx.backend = scale, causal, backend
-        return out.transpose(1, 2)
-
-    @staticmethod
-    @without_autocast
-    def backward(ctx, dout):
-        refuse_double_backward()
-        q, k, v, out, lse = ctx.saved_tensors
-        kernel = get_kernel(ctx.backend)
-        dq, dk, dv = kernel.backward(dout.transpose(1, 2).to(q.dtype), q.transpose(1, 2), k.transpose(1, 2),
-                                     v.transpose(1, 2), out, lse, ctx.scale, ctx.causal)
-        return (dq.transpose(1, 2).to(q.dtype), dk.transpose(1, 2).to(k.dtype),
-                dv.transpose(1, 2).to(v.dtype), None, None, None)
+def _local(cfg: AttnConfig, q: torch.Tensor) -> AttnConfig:
+    return replace(cfg, layout="contiguous", kv_layout=None, backend=resolve_backend(cfg.backend, q.device, q.dtype),
+                   backward="kv", schedule="ring", topology=None, grad_partials="kernel")
 
 
-def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                    softmax_scale: Optional[float] = None, backend: str = "auto") -> torch.Tensor:
-    """Attention of ``q [B, Sq, Hq, D]`` over ``k, v [B, Sk, Hkv, D]`` on this device.
-
-    ``causal`` requires ``Sq == Sk`` (key j visible to query i iff j <= i). Returns
-    ``[B, Sq, Hq, D]`` in q's dtype. Differentiable.
-    """
-    if causal and q.shape[1] != k.shape[1]:
-        raise ValueError(f"causal local attention needs equal query and key lengths, got {q.shape[1]} "
-                         f"and {k.shape[1]}")
-    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    name = resolve_backend(backend, q.device, q.dtype)
-    return _LocalAttn.apply(q, k, v, float(scale), bool(causal), name)
+def local_plan(cfg: AttnConfig, seq_len: int) -> Optional[MaskPlan]:
+    """The world-of-one mask plan of ``cfg.mask`` over ``seq_len`` tokens in global order (``None``
+    without a mask, or with an empty one)."""
+    if cfg.mask is None or cfg.mask.empty:
+        return None
+    return mask_plan(cfg.mask, cfg.causal, seq_len, 1, "contiguous", 0)
 
 
-def masked_local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg) -> torch.Tensor:
-    """Attention of the whole sequence in global order on this device under ``cfg.mask``
-    (``q [B, N, Hq, D]``, ``k, v [B, N, Hkv, D]`` -> ``[B, N, Hq, D]``): the masked engine at a
-    world of one, computing only the non-empty block ops. Differentiable."""
-    from dataclasses import replace
+def local_forward(cfg: AttnConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  plan: Optional[MaskPlan] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q [B, N, Hq, D]``, ``k, v [B, N, Hkv, D]`` in global order -> ``out [B, N, Hq, D]`` (q's dtype)
+    and ``lse [B, Hq, N]`` (float32; float64 for float64), causal on the global order."""
+    local = _local(cfg, q)
+    if plan is not None:
+        return forward_pass(ALONE, local, plan, q, k, v)
+    qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))  # [B, N, H, D] -> [B, H, N, D] views
+    out, lse = get_kernel(local.backend).forward(qh, kh, vh, local.scale_for(q.shape[-1]), local.causal)
+    return out.to(q.dtype).transpose(1, 2), lse
 
-    from ..autograd import BurstAttnFunction, RingContext
-    from ..masks.plan import mask_plan
 
-    n = q.shape[1]
-    plan = mask_plan(cfg.mask, cfg.causal, n, 1, "contiguous", 0)
-    local = replace(cfg, layout="contiguous", backend=resolve_backend(cfg.backend, q.device, q.dtype),
-                    backward="burst")
-    return BurstAttnFunction.apply(q, k, v, None, None, RingContext(None, 0, 1), local, plan)[0]
+def local_backward(cfg: AttnConfig, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   out: torch.Tensor, lse: torch.Tensor, plan: Optional[MaskPlan] = None):
+    """Gradients of :func:`local_forward`: ``dq, dk, dv`` in the inputs' shapes and dtypes."""
+    local = _local(cfg, q)
+    if plan is not None:
+        return backward_pass(ALONE, local, plan, dout, q, k, v, out, lse)[:3]
+    dq, dk, dv = get_kernel(local.backend).backward(*(x.transpose(1, 2) for x in (dout.to(q.dtype), q, k, v, out)),
+                                                    backward_lse(lse), local.scale_for(q.shape[-1]), local.causal)
+    return dq.to(q.dtype).transpose(1, 2), dk.to(k.dtype).transpose(1, 2), dv.to(v.dtype).transpose(1, 2)

@@ -1,7 +1,8 @@
 """``strategy="rsa"``: Ring Self-Attention (Li et al., 2021, "Sequence Parallelism"), the
 baseline the BurstAttention paper calls RingAttention.
 
-Forward, two rings (:func:`burstattn.engine.ring.ring_loop`):
+Forward, two rings (:func:`burstattn.engine.plan.ring` plans on the one loop,
+:func:`burstattn.engine.loop.run_plan`, with this strategy's own compute):
 
 1. K circulates (op ``k``); each step fills the columns of the visiting rank's keys in this
    rank's full score matrix ``S [B, Hq, n, N]`` (float32; float64 for float64 inputs), with
@@ -27,18 +28,25 @@ kernel (materialising them is the point), so ``backend`` can only be ``"auto"`` 
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
-from ..autograd import RingContext, refuse_double_backward, without_autocast
 from ..comm.stats import active_stats
+from ..comm.trace import active_trace
+from ..comm.transport import pass_transport
 from ..config import AttnConfig
-from ..engine.ring import ring_loop
-from ..engine.schedule import ring_plan
+from ..engine.loop import Partial, Whole, run_plan
+from ..engine.pairs import ops_from_positions
+from ..engine.plan import Channels, Key, Plan, ring
 from ..formulas import accum_dtype, byte_totals, element_size, meta_bytes
+from ..groups import GroupContext
 from ..kernels.base import row_dot
 from ..layout import local_positions
-from ..comm.trace import active_trace
-from .base import start
+from .base import check_call
+from .op import strategy_call
+
+K_RING, V_RING, KV_RING = Channels(kv="k", dkv="k_acc"), Channels(kv="v", dkv="v_acc"), Channels()
 
 
 def _grouped(x: torch.Tensor, kv_heads: int, dtype: torch.dtype) -> torch.Tensor:
@@ -55,81 +63,143 @@ def _ungrouped(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.reshape(b, hkv * g, n, d).transpose(1, 2).to(dtype).contiguous()
 
 
-class _RingSelfAttn(torch.autograd.Function):
-    """``out = f(q, k, v)`` over ``ring``; keeps the probabilities for the backward."""
+class _SumAccs:
+    """The backward's travelling dK/dV accumulator ``(dk, dv)`` per key owner, summed (``kv``: the
+    shape and dtype of one owner's stacked block ``[2, B, Hkv, n, D]``)."""
 
-    @staticmethod
-    @without_autocast
-    def forward(ctx, q, k, v, ring: RingContext, cfg: AttnConfig):
-        b, n, hq, d = q.shape
-        hkv, p, acc = k.shape[2], ring.world_size, accum_dtype(q.dtype)
-        scale, stats, trace = cfg.scale_for(d), active_stats(), active_trace()
-        qg = _grouped(q, hkv, acc)  # (B, Hkv, g, n, D)
-        plans = ring_plan(ring.rank, p, cfg.layout, cfg.causal, n, "kv")
-        seq = n * p
-        mine = local_positions(seq, ring.rank, p, cfg.layout).to(q.device)
-        scores = torch.full((b, hkv, hq // hkv, n, seq), float("-inf"), dtype=acc, device=q.device)
+    sides = frozenset({"kv"})
 
-        def fill(plan, kb):  # kb (B, Hkv, n, D): keys of rank plan.k_rank -> columns [k_rank*n, ...)
-            if not plan.ops:
-                return
+    def __init__(self, kv: torch.Tensor) -> None:
+        self.kv = kv
+
+    def fold(self, side, acc, c):
+        parts = c.acc if isinstance(c, Whole) else c.tensors
+        if acc is None:
+            return tuple(x.clone() for x in parts)
+        for a, x in zip(acc, parts):
+            a.add_(x)
+        return acc
+
+    def wire(self, side, acc):
+        return (torch.zeros_like(self.kv[0]), torch.zeros_like(self.kv[1])) if acc is None else acc
+
+    def like(self, side):
+        return torch.empty_like(self.kv[0]), torch.empty_like(self.kv[1])
+
+    def received(self, side, acc, bufs):
+        return bufs if acc is None else self.fold(side, acc, Whole(bufs))
+
+
+class _NoAccs:
+    """A ring whose steps only fill this rank's own buffers (nothing travels back)."""
+
+    sides = frozenset()
+
+
+def _plan(where: GroupContext, cfg: AttnConfig, n: int, channels: Channels) -> Plan:
+    """The K/V ring of this rank over positions of ``cfg.layout`` (the pairs a causal mask leaves
+    empty have no ops and are not computed)."""
+    p = where.world_size
+    pos = [local_positions(n * p, r, p, cfg.layout) for r in range(p)]
+    return ring(where.rank, p, ops_from_positions(pos, pos, cfg.causal), "kv", channels=channels)
+
+
+def _ring_of(where: GroupContext, comm, plan: Plan, block: torch.Tensor, compute, accs=_NoAccs()) -> dict:
+    """Run one ring of ``plan`` with this rank's travelling ``block``; ``compute(owner, block)`` per step
+    (an iterable of contributions to the owner's accumulator)."""
+    def step(pair, data):
+        return [(Key("kv", pair.k), c) for c in compute(pair, data[Key("kv", pair.k)][0])]
+    return run_plan(comm, plan, {Key("kv", where.rank): (block,), Key("q", where.rank): ()}, step, accs)
+
+
+def forward(call, q, k, v):
+    """``out [B, n, Hq, D]`` and the saved ``[probs [B, Hkv, g, n, N], out [B, Hkv, g, n, D]]`` (both in
+    the accumulator dtype): the K ring fills the scores, a row softmax, the V ring forms the output."""
+    where, cfg = call.where, call.cfg
+    b, n, hq, d = q.shape
+    hkv, p, acc = k.shape[2], where.world_size, accum_dtype(q.dtype)
+    scale = cfg.scale_for(d)
+    qg = _grouped(q, hkv, acc)  # (B, Hkv, g, n, D)
+    seq = n * p
+    pos = [local_positions(seq, r, p, cfg.layout).to(q.device) for r in range(p)]
+    scores = torch.full((b, hkv, hq // hkv, n, seq), float("-inf"), dtype=acc, device=q.device)
+
+    def fill(pair, kb):  # kb (B, Hkv, n, D): keys of rank pair.k -> columns [k*n, (k+1)*n)
+        if pair.ops:
             s = torch.matmul(qg, kb.to(acc).unsqueeze(2).transpose(-1, -2)).mul_(scale)  # (B, Hkv, g, n, n)
             if cfg.causal:
-                theirs = local_positions(seq, plan.k_rank, p, cfg.layout).to(q.device)
-                s.masked_fill_(theirs[None, :] > mine[:, None], float("-inf"))
-            scores[..., plan.k_rank * n:(plan.k_rank + 1) * n] = s
+                s.masked_fill_(pos[pair.k][None, :] > pos[where.rank][:, None], float("-inf"))
+            scores[..., pair.k * n:(pair.k + 1) * n] = s
+        return ()
 
-        comm = ring.comm("forward", stats, trace)
-        # the ring overwrites its carry buffer: always a copy, (B, n, Hkv, D) -> (B, Hkv, n, D)
-        ring_loop(comm, plans, k.transpose(1, 2).clone(memory_format=torch.contiguous_format), "k", fill)
-        # every row sees at least its own key, so the log-sum-exp is finite
-        probs = scores.sub_(torch.logsumexp(scores, dim=-1, keepdim=True)).exp_()
-        out = torch.zeros(qg.shape, dtype=acc, device=q.device)  # (B, Hkv, g, n, D)
+    comm = pass_transport(where, "forward", active_stats(), active_trace())
+    # the loop sends this block on: (B, n, Hkv, D) -> (B, Hkv, n, D)
+    _ring_of(where, comm, _plan(where, cfg, n, K_RING), k.transpose(1, 2).contiguous(), fill)
+    # every row sees at least its own key, so the log-sum-exp is finite
+    probs = scores.sub_(torch.logsumexp(scores, dim=-1, keepdim=True)).exp_()
+    out = torch.zeros(qg.shape, dtype=acc, device=q.device)  # (B, Hkv, g, n, D)
 
-        def apply(plan, vb):  # vb (B, Hkv, n, D)
-            if plan.ops:
-                out.add_(torch.matmul(probs[..., plan.k_rank * n:(plan.k_rank + 1) * n], vb.to(acc).unsqueeze(2)))
+    def apply(pair, vb):  # vb (B, Hkv, n, D)
+        if pair.ops:
+            out.add_(torch.matmul(probs[..., pair.k * n:(pair.k + 1) * n], vb.to(acc).unsqueeze(2)))
+        return ()
 
-        ring_loop(comm, plans, v.transpose(1, 2).clone(memory_format=torch.contiguous_format), "v", apply)
-        if any(ctx.needs_input_grad[:3]):
-            ctx.save_for_backward(q, k, v, probs, out)
-            ctx.ring, ctx.cfg, ctx.plans, ctx.stats, ctx.trace = ring, cfg, plans, stats, trace
-        return _ungrouped(out, q.dtype)
+    _ring_of(where, comm, _plan(where, cfg, n, V_RING), v.transpose(1, 2).contiguous(), apply)
+    return _ungrouped(out, q.dtype), [probs, out]
 
-    @staticmethod
-    @without_autocast
-    def backward(ctx, dout):
-        refuse_double_backward()
-        q, k, v, probs, out = ctx.saved_tensors
-        n, hkv = q.shape[1], k.shape[2]
-        acc, scale = out.dtype, ctx.cfg.scale_for(q.shape[3])
-        qg, dog = _grouped(q, hkv, acc), _grouped(dout, hkv, acc)  # (B, Hkv, g, n, D)
-        delta = row_dot(dog, out, acc).unsqueeze(-1)  # D = rowsum(dO * O), (B, Hkv, g, n, 1)
-        dq = torch.zeros_like(qg)
 
-        def compute(plan, kv):  # kv (2, B, Hkv, n, D) of rank plan.k_rank
-            if not plan.ops:
-                return None
-            p_blk = probs[..., plan.k_rank * n:(plan.k_rank + 1) * n]  # (B, Hkv, g, n, n)
-            kb, vb = kv[0].to(acc).unsqueeze(2), kv[1].to(acc).unsqueeze(2)  # (B, Hkv, 1, n, D)
-            ds = p_blk * (torch.matmul(dog, vb.transpose(-1, -2)) - delta)
-            dq.add_(torch.matmul(ds, kb), alpha=scale)
-            # (B, Hkv, g, n, D) -> (B, Hkv, n, D): sum over the query heads sharing a kv head
-            return (torch.matmul(ds.transpose(-1, -2), qg).sum(2).mul_(scale),
-                    torch.matmul(p_blk.transpose(-1, -2), dog).sum(2))
+def backward(call, dout, q, k, v, out_unused, saved):
+    """``dq, dk, dv`` from the stored probabilities: a K/V ring with the dK/dV accumulator one step
+    behind (ops ``kv``, ``dkv``); nothing is recomputed."""
+    probs, out = saved
+    where, cfg = call.where, call.cfg
+    n, hkv = q.shape[1], k.shape[2]
+    acc, scale = out.dtype, cfg.scale_for(q.shape[3])
+    qg, dog = _grouped(q, hkv, acc), _grouped(dout, hkv, acc)  # (B, Hkv, g, n, D)
+    delta = row_dot(dog, out, acc).unsqueeze(-1)  # D = rowsum(dO * O), (B, Hkv, g, n, 1)
+    dq = torch.zeros_like(qg)
 
-        def fold(acc_buf, parts):
-            if parts is not None:
-                acc_buf[0] += parts[0]
-                acc_buf[1] += parts[1]
+    def compute(pair, kv):  # kv (2, B, Hkv, n, D) of rank pair.k
+        if not pair.ops:
+            return ()
+        p_blk = probs[..., pair.k * n:(pair.k + 1) * n]  # (B, Hkv, g, n, n)
+        kb, vb = kv[0].to(acc).unsqueeze(2), kv[1].to(acc).unsqueeze(2)  # (B, Hkv, 1, n, D)
+        ds = p_blk * (torch.matmul(dog, vb.transpose(-1, -2)) - delta)
+        dq.add_(torch.matmul(ds, kb), alpha=scale)
+        # (B, Hkv, g, n, D) -> (B, Hkv, n, D): sum over the query heads sharing a kv head
+        return (Partial(slice(None), (torch.matmul(ds.transpose(-1, -2), qg).sum(2).mul_(scale),
+                                      torch.matmul(p_blk.transpose(-1, -2), dog).sum(2))),)
 
-        ring = ctx.ring
-        comm = ring.comm("backward", active_stats() or ctx.stats, active_trace() or ctx.trace)
-        kv = torch.stack([k.transpose(1, 2), v.transpose(1, 2)])  # (2, B, Hkv, n, D)
-        acc0 = torch.zeros(kv.shape, dtype=acc, device=q.device)
-        dkv = ring_loop(comm, ctx.plans, kv, "kv", compute, "dkv", acc0, fold)
-        return (_ungrouped(dq, q.dtype), dkv[0].transpose(1, 2).to(k.dtype),
-                dkv[1].transpose(1, 2).to(v.dtype), None, None)
+    comm = pass_transport(where, "backward", active_stats(), active_trace())
+    kv = torch.stack([k.transpose(1, 2), v.transpose(1, 2)])  # (2, B, Hkv, n, D)
+    accs = _SumAccs(torch.zeros(kv.shape, dtype=acc, device=q.device))
+    res = _ring_of(where, comm, _plan(where, cfg, n, KV_RING), kv, compute, accs)
+    dk, dv = res.get(Key("kv", where.rank)) or accs.wire("kv", None)
+    return _ungrouped(dq, q.dtype), dk.transpose(1, 2).to(k.dtype), dv.transpose(1, 2).to(v.dtype)
+
+
+def check(call, q, k, v):
+    """The input check on every rank (the backend: ``"auto"`` or ``"reference"``)."""
+    problem = None
+    if call.cfg.backend not in ("auto", "reference"):
+        problem = (ValueError, f"backend must be 'auto' or 'reference' (the score matrix is built with plain "
+                               f"PyTorch matmuls, the 'reference' backend, which is the baseline), got "
+                               f"{call.cfg.backend!r}")
+        call = replace(call, cfg=replace(call.cfg, backend="reference"))
+    check_call(call, q, k, v, problem, group_plan=False)
+    return call
+
+
+def plan_of(call, q, k):
+    return None
+
+
+def fake(call, q, k, v):
+    """Empty ``[out, probs, out_acc]`` of :func:`forward` (shapes only)."""
+    b, n, hq, d = q.shape
+    hkv, p, acc = k.shape[2], call.where.world_size, accum_dtype(q.dtype)
+    return [q.new_empty(b, n, hq, d), q.new_empty(b, hkv, hq // hkv, n, n * p, dtype=acc),
+            q.new_empty(b, hkv, hq // hkv, n, d, dtype=acc)]
 
 
 def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto") -> torch.Tensor:
@@ -140,13 +210,8 @@ def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto") -> tor
         ValueError / TypeError on every rank: invalid inputs (see ``check_inputs``), or a
         ``backend`` other than ``"auto"`` / ``"reference"``.
     """
-    problem = None
-    if backend not in ("auto", "reference"):
-        problem = (ValueError, f"backend must be 'auto' or 'reference' (the score matrix is built with plain "
-                               f"PyTorch matmuls, the 'reference' backend, which is the baseline), got {backend!r}")
-    ring, cfg = start("rsa", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
-                      layout=layout, backend="reference" if problem else backend, extra=problem)
-    return _RingSelfAttn.apply(q, k, v, ring, cfg)
+    return strategy_call("rsa", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
+                         backend=backend)
 
 
 def bytes_formula(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,

@@ -15,31 +15,37 @@ already), so:
 * return to sequence shards with an all-to-all of the attention output (op ``out``:
   ``(P-1)/P * B*n*Hq*d*e``), which moves 1/P of what Megatron's reduce-scatter of the
   projected hidden state moves: without a projection no rank holds partial sums to reduce.
-* backward (autograd): the all-to-all's adjoint is the same all-to-all (op ``out``); the
-  all-gather's adjoint is a reduce-scatter of dq, dk, dv (op ``qkv``), as Megatron's
-  sequence-parallel backward reduce-scatters the input gradient; summed in float32
-  (``(P-1) * B*n*(Hq + 2*Hkv)*d*4`` bytes).
+* backward: the all-to-all's adjoint is the same all-to-all (op ``out``); the all-gather's adjoint
+  is a reduce-scatter of dq, dk, dv (op ``qkv``), as Megatron's sequence-parallel backward
+  reduce-scatters the input gradient; summed in float32 (``(P-1) * B*n*(Hq + 2*Hkv)*d*4`` bytes).
 
-Requires ``q_heads % P == 0``. Memory: q, k, v of the full sequence on every rank.
+Requires ``q_heads % P == 0``. Memory: q, k, v of the full sequence on every rank during the
+forward; this rank's heads of them are kept for the backward. Runs as the custom op
+``torch.ops.burstattn.strategy_fwd`` (:mod:`.op`).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
-from ..comm.autograd import all_gather
+from ..comm.collectives import Collectives
+from ..comm.stats import active_stats
 from ..formulas import accum_dtype, byte_totals, element_size, meta_bytes
-from .heads import from_global, heads_to_seq, rank_order, start_heads, to_global
-from .local import local_attention
+from .base import check_call
+from .heads import from_global, heads_problem, heads_to_seq, rank_order, seq_to_heads, to_global
+from .local import local_backward, local_forward
+from .op import strategy_call
 
 
-def kv_index(first_head: int, heads: int, group_size: int) -> torch.Tensor:
+def kv_index(first_head: int, heads: int, group_size: int) -> list[int]:
     """Indices of the kv heads that query heads ``[first_head, first_head + heads)`` read, one
     entry per kv head a local GQA call can use: the distinct ones when every kv head serves the
     same number of these query heads (ratio ``heads / len``), else one per query head.
-    ``group_size`` = Hq / Hkv."""
-    per_q = torch.arange(first_head, first_head + heads) // group_size
-    distinct = torch.unique_consecutive(per_q)
-    if heads % len(distinct) == 0 and torch.equal(distinct.repeat_interleave(heads // len(distinct)), per_q):
+    ``group_size`` = Hq / Hkv. Plain integers (also for the op's shapes under the compiler)."""
+    per_q = [(first_head + i) // group_size for i in range(heads)]
+    distinct = sorted(set(per_q))
+    if heads % len(distinct) == 0 and [d for d in distinct for _ in range(heads // len(distinct))] == per_q:
         return distinct
     return per_q
 
@@ -52,23 +58,91 @@ def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto") -> tor
         ValueError / TypeError on every rank: invalid inputs (see ``check_inputs``), or
         ``q_heads`` not divisible by the group size.
     """
-    ring = start_heads("tp", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
-                       layout=layout, backend=backend)
-    p = ring.world_size
+    return strategy_call("tp", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
+                         backend=backend)
+
+
+def check(call, q, k, v):
+    """The input check (shapes, ``q_heads % P``) on every rank."""
+    problem = heads_problem(q.shape[2], call.where.world_size, "tp")
+    check_call(call, q, k, v, problem and (ValueError, problem), group_plan=False)
+    return replace(call, plan=None)
+
+
+def plan_of(call, q, k):
+    return None
+
+
+def _heads(call, q, k):
+    """``(first query head, query heads, kv head indices)`` of this rank (kv indices on q's device)."""
+    hq, hkv, p = q.shape[2], k.shape[2], call.where.world_size
+    mine = hq // p
+    return call.where.rank * mine, mine, torch.tensor(kv_index(call.where.rank * mine, mine, hq // hkv),
+                                                      device=q.device)
+
+
+def _coll(call, phase: str):
+    return Collectives(call.where.group, phase, active_stats()) if call.where.world_size > 1 else None
+
+
+def forward(call, q, k, v):
+    """``out [B, n, Hq, D]`` and the saved ``[q, k, v, out, lse]`` of this rank's heads over the whole
+    sequence in global order."""
+    p = call.where.world_size
     b, n, hq, d = q.shape
-    hkv, mine = k.shape[2], hq // p
+    hkv = k.shape[2]
+    first, mine, kv = _heads(call, q, k)
     qkv = torch.cat([q, k, v], dim=2)  # (B, n, Hq + 2*Hkv, D)
     if p > 1:
         # (B, n, H', D) -> (P, B, n, H', D) -> (B, P, n, H', D) -> (B, N, H', D): rank order
-        qkv = all_gather(qkv, ring.group, "qkv").transpose(0, 1).reshape(b, p * n, -1, d)
-    order = rank_order(p * n, p, layout)
+        qkv = _coll(call, "forward").all_gather(qkv, "qkv").transpose(0, 1).reshape(b, p * n, -1, d)
+    order = rank_order(p * n, p, call.cfg.layout)
     full = to_global(qkv, order)  # (B, N, H', D) in global order
-    kv = kv_index(ring.rank * mine, mine, hq // hkv).to(q.device)
-    out = local_attention(full[:, :, ring.rank * mine:(ring.rank + 1) * mine],
-                          full.index_select(2, hq + kv), full.index_select(2, hq + hkv + kv),
-                          causal=causal, softmax_scale=softmax_scale, backend=backend)
+    qh = full[:, :, first:first + mine].contiguous()
+    kh, vh = full.index_select(2, hq + kv), full.index_select(2, hq + hkv + kv)
+    del qkv, full
+    oh, lse = local_forward(call.cfg, qh, kh, vh)
     # (B, N, Hq/P, D) in global order -> rank order -> (B, n, Hq, D)
-    return heads_to_seq(from_global(out, order), ring.group, p, "out")
+    (out,) = heads_to_seq([from_global(oh, order)], _coll(call, "forward"), p, "out")
+    return out, [qh, kh, vh, oh, lse]
+
+
+def backward(call, dout, q, k, v, out, saved):
+    """``dq, dk, dv``: the output's all-to-all in reverse (op ``out``), the local backward, and the
+    all-gather's adjoint, a reduce-scatter of the full-sequence gradients in float32 (op ``qkv``)."""
+    p = call.where.world_size
+    b, n, hq, d = q.shape
+    hkv, acc = k.shape[2], accum_dtype(q.dtype)
+    qh, kh, vh, oh, lse = saved
+    first, mine, kv = _heads(call, q, k)
+    order = rank_order(p * n, p, call.cfg.layout)
+    (doh,) = seq_to_heads([dout.to(q.dtype)], _coll(call, "backward"), p, "out")
+    doh = to_global(doh, order)
+    dqh, dkh, dvh = local_backward(call.cfg, doh, qh, kh, vh, oh, lse)
+    del doh, saved, qh, kh, vh, oh, lse
+    grad = torch.zeros(b, p * n, hq + 2 * hkv, d, dtype=acc, device=q.device)  # (B, N, H', D), global order
+    grad[:, :, first:first + mine] = dqh
+    grad.index_add_(2, hq + kv, dkh.to(acc))
+    grad.index_add_(2, hq + hkv + kv, dvh.to(acc))
+    del dqh, dkh, dvh
+    grad = from_global(grad, order)  # rank order
+    if p > 1:
+        # (B, N, H', D) -> (B, P, n, H', D) -> (P, B, n, H', D): the gradient of every rank's shard
+        grad = _coll(call, "backward").reduce_scatter(grad.reshape(b, p, n, -1, d).transpose(0, 1), "qkv")
+    dq, dk, dv = grad.split([hq, hkv, hkv], dim=2)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def fake(call, q, k, v):
+    """Empty ``[out, *saved]`` of :func:`forward` (shapes only)."""
+    b, n, hq, d = q.shape
+    p = call.where.world_size
+    mine = hq // p
+    kvh = len(kv_index(call.where.rank * mine, mine, hq // k.shape[2]))
+    big = n * p
+    return [q.new_empty(b, n, hq, d), q.new_empty(b, big, mine, d), k.new_empty(b, big, kvh, d),
+            v.new_empty(b, big, kvh, d), q.new_empty(b, big, mine, d),
+            q.new_empty(b, mine, big, dtype=accum_dtype(q.dtype))]
 
 
 def bytes_formula(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,

@@ -22,7 +22,7 @@ become an explicit partition (the masked engine's direct schedule).
 Groups come from a ``DeviceMesh`` (``mesh``, dims ``("ring", "ulysses")``), from explicit
 ``ulysses_group`` and ``ring_group``, or from the degrees alone. Creating process groups is a
 collective of the whole job and costs a rendezvous and file descriptors, so with degrees alone the
-sub-groups are built on the first call and reused (:class:`burstattn.groups.GroupCache`).
+sub-groups are built on the first call and reused (:func:`burstattn.groups.usp_subgroups`).
 """
 from __future__ import annotations
 
@@ -31,12 +31,20 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..api import burst_attn_func
-from ..formulas import byte_totals, choose_backward, meta_bytes, ring_bytes
-from ..groups import SUBGROUPS, UspGroups, distributed, mesh_usp_groups, usp_groups  # noqa: F401 (re-exported)
+from ..api import resolved
+from ..autograd import backward_pass, forward_pass
+from ..comm.collectives import Collectives
+from ..comm.stats import active_stats
+from ..config import AttnConfig
+from ..formulas import accum_dtype, byte_totals, choose_backward, meta_bytes, ring_bytes
+from ..groups import UspGroups, group_context, group_name, mesh_usp_groups, resolve_group, usp_subgroups
 from ..layout import local_positions
-from .base import start
-from .heads import a2a_bytes, heads_problem, heads_to_seq, kv_repeats, repeat_kv, seq_to_heads
+from ..masks.setup import plan_for
+from ..ops import checked_plan
+from .base import check_call
+from .heads import a2a_bytes, heads_problem, heads_to_seq, kv_repeats, repeat_kv, seq_to_heads, unrepeat_kv
+from .local import ALONE
+from .op import strategy_call
 
 
 def usp_positions(seq_len: int, *, ring_rank: int, ring_degree: int, ulysses_rank: int, ulysses_degree: int,
@@ -128,36 +136,130 @@ def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backwa
     """``q [B, n, Hq, D]``, ``k, v [B, n, Hkv, D]`` (this rank's shard in ``layout`` over the whole
     group, as :func:`burstattn.shard_sequence` gives it) -> ``[B, n, Hq, D]`` in q's dtype.
     ``backend``/``backward``: as in :func:`burst_attn_func`. Given only degrees, the sub-groups are
-    built on the first call and reused (:data:`burstattn.groups.SUBGROUPS`).
+    built on the first call and reused (:func:`burstattn.groups.usp_subgroups`). Runs as the custom op
+    ``torch.ops.burstattn.strategy_fwd`` (:mod:`.op`; the sub-groups travel by name).
 
     Raises:
         ValueError / TypeError on every rank: invalid inputs (``check_inputs``), degrees that do
         not multiply to the group size, inconsistent groups/mesh, ``q_heads`` not divisible by
         ``ulysses_degree``.
     """
-    p, rank = 1, 0
-    if distributed():
-        g = group if group is not None else dist.group.WORLD
-        p, rank = dist.get_world_size(g), dist.get_rank(g)
-    groups, (u, r), problem = _given_groups(p, rank, ulysses_degree, ring_degree, mesh, ulysses_group, ring_group)
+    where = group_context(group)
+    groups, (u, r), problem = _given_groups(where.world_size, where.rank, ulysses_degree, ring_degree, mesh,
+                                            ulysses_group, ring_group)
     if problem is None:
         problem = heads_problem(q.shape[2], u, "usp", "ulysses_degree") if isinstance(q, torch.Tensor) else None
-    ring, _ = start("usp", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
-                    backend=backend, backward=backward, extra=problem and (ValueError, problem))
-    if groups is None:
-        groups = SUBGROUPS.usp(u, r, ring.group)
-    reps = kv_repeats(k.shape[2], u)
-    inner_layout, sorted_rows = ring_layout(layout, q.shape[1] * p, u, r)
-    order = rows_order(sorted_rows, groups.ring_rank)
-    # (B, n, H, D) -> (B, u*n, H/u, D): the u shards of this ring index, in rank order
-    qh, kh, vh = seq_to_heads([q, repeat_kv(k, reps), repeat_kv(v, reps)], groups.ulysses_group, u, "qkv")
-    if order is not None:  # rank order -> increasing global positions: this ring index's shard of inner_layout
-        qh, kh, vh = (x.index_select(1, order.to(x.device)) for x in (qh, kh, vh))
-    out = burst_attn_func(qh, kh, vh, group=groups.ring_group, causal=causal, softmax_scale=softmax_scale,
-                          layout=inner_layout, backend=backend, backward=backward)
-    if order is not None:  # back to rank order
-        out = out.index_select(1, torch.argsort(order).to(out.device))
-    return heads_to_seq(out, groups.ulysses_group, u, "out")  # (B, u*n, Hq/u, D) -> (B, n, Hq, D)
+    options = ({"ulysses_degree": u, "ring_degree": r} if groups is None else
+               {"ulysses_group": group_name(groups.ulysses_group), "ring_group": group_name(groups.ring_group)})
+    return strategy_call("usp", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
+                         backend=backend, backward=backward, options=options,
+                         problem=problem and (ValueError, problem))
+
+
+def _groups(call) -> UspGroups:
+    """The call's sub-groups: given by name, or built once per degrees (:func:`usp_subgroups`)."""
+    opts = call.options
+    if "ulysses_group" in opts:
+        ug, rg = resolve_group(opts["ulysses_group"]), resolve_group(opts["ring_group"])
+        if ug is None:
+            return UspGroups(None, None, 1, 1, 0, 0)
+        return UspGroups(ug, rg, dist.get_world_size(ug), dist.get_world_size(rg), dist.get_rank(ug),
+                         dist.get_rank(rg))
+    return usp_subgroups(opts["ulysses_degree"], opts["ring_degree"], call.where.group)
+
+
+def _degrees(call) -> tuple[int, int]:
+    """``(ulysses_degree, ring_degree)`` without building anything (for shapes)."""
+    opts = call.options
+    if "ulysses_degree" in opts:
+        return opts["ulysses_degree"], opts["ring_degree"]
+    from torch.distributed.distributed_c10d import _get_group_size_by_name
+
+    return tuple(_get_group_size_by_name(opts[name]) if opts[name] else 1 for name in ("ulysses_group", "ring_group"))
+
+
+class _Inner:
+    """The burst ring over the ring group of one call: where, config (resolved) and the row order."""
+
+    def __init__(self, call, q, k) -> None:
+        p = call.where.world_size
+        self.groups = _groups(call)
+        u, r = self.groups.ulysses_degree, self.groups.ring_degree
+        self.u, self.reps = u, kv_repeats(k.shape[2], u)
+        layout, sorted_rows = ring_layout(call.cfg.layout, q.shape[1] * p, u, r)
+        self.order = rows_order(sorted_rows, self.groups.ring_rank)
+        self.where = group_context(self.groups.ring_group) if self.groups.ring_group is not None else ALONE
+        self.layout = layout
+
+    def cfg(self, call, qh, kh, vh) -> AttnConfig:
+        c = call.cfg
+        inner = AttnConfig(causal=c.causal, softmax_scale=c.softmax_scale, layout=self.layout, backend=c.backend,
+                           backward=c.backward)
+        return resolved(inner, qh, kh, vh, self.where.world_size)
+
+    def sort(self, x: torch.Tensor) -> torch.Tensor:  # rank order -> increasing global positions
+        return x if self.order is None else x.index_select(1, self.order.to(x.device))
+
+    def unsort(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.order is None else x.index_select(1, torch.argsort(self.order).to(x.device))
+
+    def coll(self, phase: str) -> Optional[Collectives]:
+        return Collectives(self.groups.ulysses_group, phase, active_stats()) if self.u > 1 else None
+
+
+def check(call, q, k, v):
+    """The input check on every rank of the whole group (the inner ring checks its own at its start)."""
+    check_call(call, q, k, v, group_plan=False)
+    return call
+
+
+def plan_of(call, q, k):
+    return None
+
+
+def forward(call, q, k, v):
+    """``out [B, n, Hq, D]`` and the saved ``[q, k, v, out, lse]`` of the inner burst ring (head shards
+    of this ring index's sequence, sorted: ``[B, u*n, Hq/u, D]``, ``[B, u*n, Hkv'/u, D]``, LSE
+    ``[B, Hq/u, u*n]``)."""
+    inner = _Inner(call, q, k)
+    coll = inner.coll("forward")
+    # (B, n, H, D) -> (B, u*n, H/u, D): the u shards of this ring index, in rank order, then sorted
+    heads = seq_to_heads([q, repeat_kv(k, inner.reps), repeat_kv(v, inner.reps)], coll, inner.u, "qkv")
+    qh, kh, vh = (inner.sort(x).contiguous() for x in heads)
+    del heads
+    cfg = inner.cfg(call, qh, kh, vh)
+    plan = checked_plan(qh, kh, vh, inner.where, cfg, "burst_attn_func")
+    oh, lse = forward_pass(inner.where, cfg, plan, qh, kh, vh)
+    (out,) = heads_to_seq([inner.unsort(oh)], coll, inner.u, "out")  # (B, u*n, Hq/u, D) -> (B, n, Hq, D)
+    return out, [qh, kh, vh, oh, lse]
+
+
+def backward(call, dout, q, k, v, out, saved):
+    """``dq, dk, dv``: the output's all-to-all in reverse (op ``out``), the inner ring's backward, the
+    q/k/v all-to-all in reverse (op ``qkv``), the repeated kv heads' gradients summed."""
+    qh, kh, vh, oh, lse = saved
+    inner = _Inner(call, q, k)
+    coll = inner.coll("backward")
+    (doh,) = seq_to_heads([dout.to(q.dtype)], coll, inner.u, "out")
+    cfg = inner.cfg(call, qh, kh, vh)
+    plan = plan_for(qh, cfg, inner.where.rank, inner.where.world_size, kh.shape[1])[0]
+    doh = inner.sort(doh)
+    grads = backward_pass(inner.where, cfg, plan, doh, qh, kh, vh, oh, lse)[:3]
+    del doh, saved, qh, kh, vh, oh, lse
+    grads = [inner.unsort(g) for g in grads]
+    dq, dk, dv = heads_to_seq(grads, coll, inner.u, "qkv")
+    del grads
+    return dq, unrepeat_kv(dk, inner.reps, k.dtype), unrepeat_kv(dv, inner.reps, v.dtype)
+
+
+def fake(call, q, k, v):
+    """Empty ``[out, *saved]`` of :func:`forward` (shapes only)."""
+    b, n, hq, d = q.shape
+    u, _ = _degrees(call)
+    kvh = k.shape[2] * kv_repeats(k.shape[2], u) // u
+    return [q.new_empty(b, n, hq, d), q.new_empty(b, u * n, hq // u, d), k.new_empty(b, u * n, kvh, d),
+            v.new_empty(b, u * n, kvh, d), q.new_empty(b, u * n, hq // u, d),
+            q.new_empty(b, hq // u, u * n, dtype=accum_dtype(q.dtype))]
 
 
 def bytes_formula(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int, head_dim: int,

@@ -1,6 +1,6 @@
 """What tests, benchmarks and the demo run on, beside the library's call path.
 
-* :mod:`.reference`: the float64 oracle (plain PyTorch attention over the full sequence).
+* :mod:`.oracle`: the float64 oracle (plain PyTorch attention over the full sequence).
 * :mod:`.launch`: :class:`~.launch.LocalPool` / :func:`~.launch.run_local`, a group of local
   processes started once and reused (tests, ``burstattn demo | bench | train | generate``).
 """

@@ -212,6 +212,19 @@ class LocalPool:
         """True while the ranks are running."""
         return bool(self._procs)
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds the live ranks used so far (``/proc/<pid>/stat`` utime + stime; 0 where there
+        is no ``/proc``): they are not joined children, so the parent's own CPU time misses them."""
+        total = 0.0
+        for proc in self._procs:
+            try:
+                with open(f"/proc/{proc.pid}/stat") as f:
+                    parts = f.read().rsplit(")", 1)[1].split()
+                total += (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+            except (OSError, ValueError, IndexError):
+                pass
+        return total
+
     def close(self) -> None:
         """Stop the ranks (politely, then by force); idempotent."""
         for tasks, proc in zip(self._tasks, self._procs):

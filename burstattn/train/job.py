@@ -18,7 +18,7 @@ from ..config import torch_dtype
 from ..models import AttnCall, Llama, auto_chunks
 from ..models.offload import offload_problem, offloaded_bytes
 from ..parallel import (IGNORE, ParallelDims, apply_fsdp, apply_tp, build_mesh, cp_attention, flat_mesh,
-                        mixed_precision, shard_positions, shift_labels, usp_mesh)
+                        mixed_precision, shard_positions, shift_labels, build_usp_mesh)
 from .checks import check_config, model_config
 from .config import TrainConfig
 from .data import make_data
@@ -130,9 +130,9 @@ def build_job(cfg: TrainConfig) -> Job:
     mcfg = with_chunks(model_config(cfg), cfg, dims, variant)
     check_host_memory(cfg, dims, variant, mcfg, device)
     d, c, _ = dims.coords(dist.get_rank())
-    grid = usp_mesh(dims, ulysses, device_type)["ring", "ulysses"] if attn_strategy == "usp" else None
+    grid = build_usp_mesh(dims, ulysses, device_type)["ring", "ulysses"] if attn_strategy == "usp" else None
     options = {"schedule": cfg.schedule} if cfg.schedule != "ring" else None
-    attn = cp_attention(attn_strategy, mesh.get_group("cp"), layout, backend=cfg.backend, usp_mesh=grid,
+    attn = cp_attention(attn_strategy, mesh.get_group("cp"), layout, backend=cfg.backend, usp_grid=grid,
                         options=options)
     positions = shard_positions(cfg.seq_len, strategy=attn_strategy, layout=layout, cp_rank=c, cp_size=dims.cp,
                                 ulysses_degree=ulysses)

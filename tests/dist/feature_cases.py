@@ -14,7 +14,7 @@ import torch
 
 import burstattn
 from burstattn.layout import local_positions
-from burstattn.testing.reference import reference_attention
+from burstattn.testing.oracle import exact_attention
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
@@ -141,7 +141,7 @@ def reference(case: FCase) -> dict:
     vis, aligned = visibility(case)
     q, k, v = (t[n].double().requires_grad_() for n in ("q", "k", "v"))
     sinks = t["sinks"].double().requires_grad_() if case.sinks else None
-    out, lse = reference_attention(q, k, v, softmax_scale=None, mask=vis, softcap=case.softcap,
+    out, lse = exact_attention(q, k, v, softmax_scale=None, mask=vis, softcap=case.softcap,
                                    alibi_slopes=t.get("alibi"), sinks=sinks, q_positions=aligned)
     out.backward(t["dout"].double())
     res = dict(out=out.detach(), lse=lse.detach(), dq=q.grad, dk=k.grad, dv=v.grad)

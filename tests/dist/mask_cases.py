@@ -8,7 +8,7 @@ import torch
 
 import burstattn
 from burstattn.masks import AttnMask, mask_bytes, mask_plan
-from burstattn.testing.reference import reference_attention
+from burstattn.testing.oracle import exact_attention
 from tests.helpers import Case, full_inputs
 
 
@@ -74,7 +74,7 @@ def reference(case: Case, kind: str, block_size: int) -> dict:
     n = case.seq_len
     dense = build(kind, n, block_size).dense(torch.arange(n), torch.arange(n), n, case.causal)
     q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
-    out, lse = reference_attention(q64, k64, v64, causal=case.causal, softmax_scale=case.softmax_scale, mask=dense)
+    out, lse = exact_attention(q64, k64, v64, causal=case.causal, softmax_scale=case.softmax_scale, mask=dense)
     out.backward(dout.double())
     return dict(out=out.detach(), lse=lse.detach(), dq=q64.grad, dk=k64.grad, dv=v64.grad)
 

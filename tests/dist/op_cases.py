@@ -19,8 +19,8 @@ def compiled_vs_eager(rank: int, world: int, strategy: str, backend: str) -> dic
     torch._dynamo.reset()
     case = Case(world=world, local_seq=8, heads="gqa", head_dim=16, causal=True)
     layout = "contiguous" if strategy == "ring" else "zigzag"
-
-    opts: dict = {}
+    opts: dict = {"usp": dict(ulysses_degree=2), "usp-ring": dict(ring_degree=2)}.get(strategy, {})
+    strategy = strategy.split("-")[0]
 
     def fn(q, k, v):
         if strategy == "burst_attn_func":

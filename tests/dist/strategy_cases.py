@@ -9,7 +9,8 @@ import torch
 import burstattn
 from burstattn.bench.memory import measure_peak
 from burstattn.layout import local_positions
-from burstattn.strategies.usp import usp_groups, usp_positions
+from burstattn.groups import usp_groups
+from burstattn.strategies.usp import usp_positions
 from tests.helpers import Case, full_inputs
 
 

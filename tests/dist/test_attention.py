@@ -2,7 +2,7 @@
 
 Every rank builds the same full random q/k/v/grad_out from a seed and shards them with
 shard_sequence; the parent reassembles out, lse, dq, dk, dv from the ranks and compares with
-reference_attention (autograd in float64), by the tolerance rule of tests/helpers.py: relative
+exact_attention (autograd in float64), by the tolerance rule of tests/helpers.py: relative
 Frobenius error <= 1e-5 (float32); bfloat16 within flash-attn's rule (2x / 3x the error of a plain
 bfloat16 PyTorch attention against a float32 truth).
 

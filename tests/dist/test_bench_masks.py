@@ -8,7 +8,8 @@ import json
 import pytest
 from rich.console import Console
 
-from burstattn.bench.masks import MasksConfig, mask_grid, packed_documents
+from burstattn.bench.mask_points import packed_documents
+from burstattn.bench.masks import MasksConfig, mask_grid
 from burstattn.bench.masks_report import SECTION, update_section
 
 

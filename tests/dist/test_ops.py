@@ -10,21 +10,42 @@ from tests.dist import op_cases
 
 
 def test_op_handles_and_policy():
-    assert ops.SAVED_OPS == (torch.ops.burstattn.attention_fwd.default,)
+    assert ops.SAVED_OPS == (torch.ops.burstattn.attention_fwd.default, torch.ops.burstattn.strategy_fwd.default)
     from torch.utils.checkpoint import CheckpointPolicy
 
     policy = ops.remat_policy()
-    assert policy(None, torch.ops.burstattn.attention_fwd.default) is CheckpointPolicy.MUST_SAVE
+    for op in ops.SAVED_OPS:
+        assert policy(None, op) is CheckpointPolicy.MUST_SAVE
+    assert policy(None, torch.ops.burstattn.attention_bwd.default) is CheckpointPolicy.PREFER_RECOMPUTE
     assert policy(None, torch.ops.aten.mm.default) is CheckpointPolicy.PREFER_RECOMPUTE
-    spec = ops.OpSpec("attention(strategy='ring')", True, 0.25, "partition:a;b", "reference", "kv", "ring",
-                      ["g1", "g2", 2, 2], [4, None], True, 64)
-    back = ops.OpSpec.decode(spec.encode())
-    assert back == ops.OpSpec("attention(strategy='ring')", True, 0.25, "partition:a,b", "reference", "kv", "ring",
-                              ["g1", "g2", 2, 2], [4, None], True, 64)
 
 
-@pytest.mark.parametrize("strategy", ["burst_attn_func", "burst", "ring"])
+NAMES = ["partition:a;b", "a=b;c=d", "it's", 'say "hi"', "back\\slash\\", "tab\tnew\nline\rret", "nul\x00",
+         "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029", "unicodé ☃ 𝔘", "", ";", "'", "\\'", "partition:usp-documents"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_op_spec_round_trip_is_lossless(name):
+    """Every field comes back exactly, whatever a name holds (the separator, quotes, escapes, line ends)."""
+    spec = ops.OpSpec(f"attention(strategy={name!r})", True, 0.25, name, "reference", "kv", "ring",
+                      [name, "g2", 2, 2], [4, None], True, 64, name or None, 30.0, False, "kernel", "usp",
+                      [["ring_group", name], ["ulysses_degree", 2]])
+    text = spec.encode()
+    assert ops.OpSpec.decode(text) == spec
+    assert len(text.split(";")) == len(ops.OpSpec.__dataclass_fields__)  # no raw separator inside a value
+
+
+def test_op_spec_round_trip_of_every_character():
+    text = "".join(chr(c) for c in range(0x3000) if not 0xD800 <= c <= 0xDFFF) + "\U0001F600"
+    spec = ops.OpSpec(text, False, None, "partition:" + text, "auto", "auto", "ring")
+    assert ops.OpSpec.decode(spec.encode()) == spec
+
+
+@pytest.mark.parametrize("strategy", ["burst_attn_func", "burst", "ring", "ulysses", "usp", "usp-ring", "tp",
+                                      "allgather", "rsa"])
 def test_compile_fullgraph_equals_eager(pools, strategy):
+    """Every strategy runs behind the custom op: one graph (``fullgraph=True``), and the compiled forward
+    and backward equal the eager ones bit for bit (eager is checked against float64 elsewhere)."""
     # aot_eager: the whole graph capture (dynamo, fake tensors, AOT autograd) without C++ codegen
     for diffs in pools.get(2).run(op_cases.compiled_vs_eager, strategy, "aot_eager"):
         assert max(diffs.values()) == 0.0, diffs

@@ -23,7 +23,7 @@ def run_snippet(rank: int, world: int, code: str) -> dict:
 
 
 def test_readme_api_snippet_is_exact_on_every_rank(pools):
-    from burstattn.testing.reference import reference_rows
+    from burstattn.testing.oracle import exact_rows
 
     out = pools.get(2).run(run_snippet, api_snippet())
     for r in out[1:]:
@@ -31,6 +31,6 @@ def test_readme_api_snippet_is_exact_on_every_rank(pools):
         assert torch.equal(r["full_out"], out[0]["full_out"])
     q, (k, v) = out[0]["full_q"], out[0]["full_kv"]
     rows = torch.randperm(q.shape[1], generator=torch.Generator().manual_seed(0))[:256]  # as the demo checks
-    want, _ = reference_rows(q[:, rows].double(), k.double(), v.double(), rows, causal=True)
+    want, _ = exact_rows(q[:, rows].double(), k.double(), v.double(), rows, causal=True)
     err = float((out[0]["full_out"][:, rows].double() - want).norm() / want.norm())
     assert err < 1e-5, err

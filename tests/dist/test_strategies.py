@@ -2,7 +2,7 @@
 
 Each case: every rank shards the same full random q/k/v/grad_out (the strategy's layout: the
 layout over the group, or USP's grid layout), runs forward + backward under comm_stats(), and
-the parent reassembles out, dq, dk, dv and compares with reference_attention in float64
+the parent reassembles out, dq, dk, dv and compares with exact_attention in float64
 (the tolerance rule of tests/helpers.py: relative Frobenius error <= 1e-5 float32, flash-attn's rule
 for bfloat16); every rank's measured bytes per
 (phase, op) must equal the strategy's bytes_formula exactly. Plus: rsa's memory grows
@@ -142,9 +142,9 @@ def test_formulas_relations():
 
 def test_head_helpers():
     assert [kv_repeats(h, 4) for h in (1, 2, 3, 4, 8)] == [4, 2, 4, 1, 1]
-    assert kv_index(0, 4, 2).tolist() == [0, 1]  # two kv heads, GQA ratio 2 locally
-    assert kv_index(2, 2, 4).tolist() == [0]  # both query heads read kv head 0
-    assert kv_index(3, 3, 2).tolist() == [1, 2, 2]  # uneven: one kv head per query head
+    assert kv_index(0, 4, 2) == [0, 1]  # two kv heads, GQA ratio 2 locally
+    assert kv_index(2, 2, 4) == [0]  # both query heads read kv head 0
+    assert kv_index(3, 3, 2) == [1, 2, 2]  # uneven: one kv head per query head
     # one meaning per layout: (ring 0, ulysses 1) is group rank 1 of 4, zigzag chunks 1 and 6 of 8
     assert usp_positions(16, ring_rank=0, ring_degree=2, ulysses_rank=1, ulysses_degree=2,
                          layout="zigzag").tolist() == [2, 3, 12, 13]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from burstattn.ops import SAVED_OPS
 from burstattn.train import TrainConfig, build_job, train_step
 
 
@@ -27,7 +28,7 @@ def run_training(rank: int, world: int, cfg: TrainConfig, with_params: bool = Tr
 
 # ---- checkpointing modes ------------------------------------------------------------------------
 class OpCounter:
-    """Counts the executions of the attention op (a dispatch mode: a call that ``remat``'s
+    """Counts the executions of the attention ops (``attention_fwd``, ``strategy_fwd``; a dispatch mode: a call that ``remat``'s
     recomputation answers from its record never reaches it)."""
 
     def __init__(self) -> None:
@@ -37,7 +38,7 @@ class OpCounter:
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                if func is torch.ops.burstattn.attention_fwd.default:
+                if func in SAVED_OPS:
                     counter.calls += 1
                 return func(*args, **(kwargs or {}))
 
@@ -46,7 +47,9 @@ class OpCounter:
 
 def checkpointing_modes(rank: int, world: int, cfg: TrainConfig) -> dict:
     """Per mode: attention op executions and forward bytes of one step (forward + backward), full
-    gradients, peak bytes of one step."""
+    gradients, peak bytes of one step, and the bytes the forward keeps for the backward (``kept``:
+    allocated when the loss is computed, still held at the end of the forward; the same model states
+    and batch in every mode)."""
     import burstattn
     from burstattn.bench.memory import measure_peak
     from burstattn.train import local_batch
@@ -66,7 +69,10 @@ def checkpointing_modes(rank: int, world: int, cfg: TrainConfig) -> dict:
                  for n, p in job.model.named_parameters()}
         job.model.zero_grad(set_to_none=True)
         _, peak = measure_peak(step)
-        out[mode] = dict(calls=counter.calls, forward_bytes=stats.sent(phase="forward"),
+        job.model.zero_grad(set_to_none=True)
+        out_, kept = measure_peak(lambda: job.model(tokens, job.positions, labels=labels, total_targets=total))
+        out_.loss.backward()
+        out[mode] = dict(calls=counter.calls, forward_bytes=stats.sent(phase="forward"), kept=kept.end_bytes,
                          grads=grads if rank == 0 else None, peak=peak.peak_bytes, layers=len(job.model.layers))
     return out
 

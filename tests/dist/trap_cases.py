@@ -127,7 +127,7 @@ def layout_none_is_zigzag(rank: int, world: int) -> dict:
     real data (at world > 1 zigzag is not the identity). Returns, per function or strategy, whether
     the two agree exactly (outputs and q/k/v gradients), and whether zigzag differs from contiguous."""
     from burstattn.strategies import STRATEGIES
-    from burstattn.testing.reference import reference_attention
+    from burstattn.testing.oracle import exact_attention
 
     seq, heads = 8 * world, 4
     gen = torch.Generator().manual_seed(7)
@@ -140,7 +140,7 @@ def layout_none_is_zigzag(rank: int, world: int) -> dict:
                                            burstattn.shard_sequence(x, layout="contiguous"))}
     local = burstattn.shard_sequence(x, layout="zigzag")
     out["gather"] = torch.equal(burstattn.gather_sequence(local, layout=None), x)
-    want, _ = reference_attention(*(t.double() for t in full[:3]), causal=True)
+    want, _ = exact_attention(*(t.double() for t in full[:3]), causal=True)
     for name in sorted(STRATEGIES):
         opts = dict(ulysses_degree=2, ring_degree=world // 2) if name == "usp" else {}
         if name == "usp" and world % 2:

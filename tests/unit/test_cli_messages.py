@@ -30,7 +30,7 @@ def test_bench_alone_names_every_suite(capsys):
 def test_bench_bad_cluster_is_one_line(capsys, monkeypatch, argv, prefix):
     import burstattn.cluster.spec as spec
 
-    monkeypatch.setattr(spec, "calibrate", lambda *a, **k: pytest.fail("measured before checking --cluster"))
+    monkeypatch.setattr(spec, "rank_flops", lambda *a, **k: pytest.fail("measured before checking --cluster"))
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(prefix) and err.count("\n") == 1 and "--cluster" in err and "a100-pcie-roce" in err, err

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from burstattn.engine.schedule import distflash_plan
+from burstattn.engine.direct import direct, distflash_steps
+from burstattn.engine.pairs import ops_from_positions
+from burstattn.engine.plan import plan_cost
+from burstattn.layout import local_positions
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 8, 9])
@@ -12,7 +15,7 @@ def test_plan_covers_each_causal_pair_once(world):
     """Every causal (query rank, key rank) pair is computed exactly once, row halves counted as 1/2."""
     covered = {}
     for r in range(world):
-        for st in distflash_plan(r, world):
+        for st in distflash_steps(r, world):
             if st.own_k is not None:
                 covered.setdefault((r, st.own_k), []).append(st.own_part or (0, 1))
             if st.helper_q is not None:
@@ -24,18 +27,18 @@ def test_plan_covers_each_causal_pair_once(world):
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 6, 8, 9])
 def test_every_rank_does_the_same_work(world):
-    """P/2 blocks per rank (the diagonal counts 1/2, a half step 1/2): perfect balance."""
+    """P/2 blocks of n x n score entries per rank (the causal diagonal counts 1/2, a half step 1/2),
+    counted on the plan that runs: perfect balance."""
+    n = 4
+    pos = [local_positions(n * world, r, world, "contiguous") for r in range(world)]
+    ops_of = ops_from_positions(pos, pos, True)
     for r in range(world):
-        work = sum((0.5 if st.own_k == r else (1.0 if st.own_part is None else 0.5)) if st.own_k is not None else 0
-                   for st in distflash_plan(r, world))
-        work += sum(1.0 if st.helper_part is None else 0.5 for st in distflash_plan(r, world)
-                    if st.helper_q is not None)
-        assert work == world / 2
+        assert plan_cost(direct(r, distflash_steps(r, world), world, ops_of, n)) == world / 2 * n * n
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 6, 8])
 def test_plan_transfers_are_symmetric(world):
-    plans = [distflash_plan(r, world) for r in range(world)]
+    plans = [distflash_steps(r, world) for r in range(world)]
     for r in range(world):
         for st in plans[r]:
             if st.kv_to is not None:
@@ -50,9 +53,9 @@ def test_plan_transfers_are_symmetric(world):
 
 @pytest.mark.parametrize("world", [2, 3, 4, 5, 8])
 def test_every_rank_works_on_every_step(world):
-    steps = len(distflash_plan(0, world))
+    steps = len(distflash_steps(0, world))
     assert steps == world // 2 + 1
     for t in range(steps):
         busy = [st.own_k is not None or st.helper_q is not None
-                for st in (distflash_plan(r, world)[t] for r in range(world))]
+                for st in (distflash_steps(r, world)[t] for r in range(world))]
         assert all(busy), (world, t)

@@ -1,31 +1,45 @@
-"""The double ring's plan (pure): every rank meets every block exactly once, each inner step moves a
-block one hop inside the node, each outer step one hop across nodes."""
+"""The two-level ring (:func:`burstattn.engine.plan.two_level`, pure): every rank meets every block
+exactly once, with the flat ring's ops for that pair; each inner step moves a block one hop inside the
+node, each outer step one hop across nodes; the plans of every inner ring are consistent."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from burstattn.engine.double import double_plan
-from burstattn.engine.schedule import ring_plan
+from burstattn.engine.pairs import ops_from_positions
+from burstattn.engine.plan import check_plans, ring_source, two_level
 from burstattn.formulas import double_bytes, ring_bytes
+from burstattn.layout import local_positions
+
+CASES = [(1, 1), (2, 1), (2, 2), (4, 2), (6, 3), (6, 2), (6, 1), (6, 6), (8, 4), (8, 2), (9, 3)]
 
 
-@pytest.mark.parametrize("world,per_node", [(1, 1), (2, 1), (2, 2), (4, 2), (6, 3), (6, 2), (8, 4), (8, 2), (9, 3)])
+@pytest.mark.parametrize("world,per_node", CASES)
 @pytest.mark.parametrize("travelling", ["kv", "q"])
 def test_every_block_once_and_hops_stay_local(world, per_node, travelling):
+    pos = [local_positions(8 * world, r, world, "zigzag") for r in range(world)]
+    ops_of = ops_from_positions(pos, pos, True)
+    m_ = world // per_node
     for rank in range(world):
-        plan = double_plan(rank, world, per_node, "zigzag", True, 8, travelling)
-        srcs = [st.k_rank if travelling == "kv" else st.q_rank for inner in plan.outer for st in inner]
-        assert sorted(srcs) == list(range(world))
+        nested = two_level(rank, world, per_node, ops_of, travelling)
         m, i = divmod(rank, per_node)
-        for d, inner in enumerate(plan.outer):
-            for s, st in enumerate(inner):
-                src = st.k_rank if travelling == "kv" else st.q_rank
-                assert src == ((m - d) % (world // per_node)) * per_node + (i - s) % per_node
-                # the ops of a pair are the flat ring's ops of the same pair
-                flat = {p.k_rank if travelling == "kv" else p.q_rank: p.ops
-                        for p in ring_plan(rank, world, "zigzag", True, 8, travelling)}
-                assert st.ops == flat[src]
+        srcs = []
+        for d, inner in enumerate(nested.inner):
+            for s, st in enumerate(inner.steps):
+                (pr,) = st.pairs
+                src = pr.k if travelling == "kv" else pr.q
+                assert src == ring_source(m, d, m_) * per_node + ring_source(i, s, per_node)
+                assert pr.ops == ops_of(pr.q, pr.k)  # the flat ring's ops of the same pair
+                assert all(0 <= mv.peer < per_node for mv in st.fetch + st.give)  # inside the node
+                srcs.append(src)
+        assert sorted(srcs) == list(range(world))
+        for st in nested.outer.steps:
+            assert all(0 <= mv.peer < m_ for mv in st.fetch + st.give)  # one hop across nodes
+    for d in range(m_):  # each inner ring (one node, one outer step) is consistent
+        for m in range(m_):
+            inner = [two_level(m * per_node + i, world, per_node, ops_of, travelling).inner[d]
+                     for i in range(per_node)]
+            check_plans(inner, ops_of)
 
 
 def test_bytes_equal_the_flat_ring_up_to_the_accumulator_hops():

@@ -8,9 +8,10 @@ import dataclasses
 import pytest
 import torch
 
-from burstattn.engine.plan import Step, check_plans, direct, ops_from_positions, ring
-from burstattn.engine.run import build_plan, double_nested, head_groups
-from burstattn.engine.schedule import BlockOp, MaskKind, block_ops, distflash_plan, position_ops
+from burstattn.engine.direct import direct, distflash_steps, pass_q_steps
+from burstattn.engine.pairs import BlockOp, MaskKind, ops_from_positions, position_ops
+from burstattn.engine.plan import Step, check_plans, local, ring
+from burstattn.engine.run import build_plan, head_groups
 from burstattn.layout import local_positions
 from burstattn.masks.plan import mask_plan
 from burstattn.masks.spec import make_mask
@@ -36,15 +37,27 @@ def assert_exact(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool) -> None
     assert torch.equal(coverage(ops, len(q_pos), len(k_pos)), want.long()), (q_pos, k_pos, ops)
 
 
+LAYOUT_OPS = {  # the one op per pair of each layout at local length n (module docstring of engine.pairs)
+    "contiguous": lambda q, k, n: ((BlockOp(0, n, 0, n, MaskKind.CAUSAL),) if q == k else
+                                   (BlockOp(0, n, 0, n, MaskKind.FULL),) if k < q else ()),
+    "zigzag": lambda q, k, n: ((BlockOp(0, n, 0, n, MaskKind.CAUSAL),) if q == k else
+                               (BlockOp(0, n, 0, n // 2, MaskKind.FULL),) if k < q else
+                               (BlockOp(n // 2, n, 0, n, MaskKind.FULL),)),
+    "striped": lambda q, k, n: (BlockOp(0, n, 0, n, MaskKind.CAUSAL if k <= q else MaskKind.STRICT),),
+}
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 @pytest.mark.parametrize("causal", [False, True])
-def test_position_ops_are_the_layout_ops(layout, world, causal):
+def test_position_ops_of_the_layouts(layout, world, causal):
+    """One kernel call per pair, the layouts' known shapes, and exactly the global causal mask."""
     n = 8
     pos = [local_positions(n * world, r, world, layout) for r in range(world)]
     for q in range(world):
         for k in range(world):
-            assert position_ops(pos[q], pos[k], causal) == block_ops(q, k, world, layout, causal, n)
+            want = LAYOUT_OPS[layout](q, k, n) if causal else (BlockOp(0, n, 0, n, MaskKind.FULL),)
+            assert position_ops(pos[q], pos[k], causal) == want
             assert_exact(pos[q], pos[k], causal)
 
 
@@ -80,7 +93,7 @@ def test_ring_plans_are_consistent(layout, world, travelling):
 def test_distflash_plans_are_consistent(world):
     pos = [local_positions(4 * world, r, world, "contiguous") for r in range(world)]
     ops_of = ops_from_positions(pos, pos, True)
-    plans = [direct(r, distflash_plan(r, world), world, ops_of, 4) for r in range(world)]
+    plans = [direct(r, distflash_steps(r, world), world, ops_of, 4) for r in range(world)]
     check_plans(plans, ops_of)
 
 
@@ -117,26 +130,29 @@ def test_decode_and_continuation_rings():
                                    (k_pos[k][None, :] <= q_pos[q][:, None]).long())
 
 
-def test_double_nested_plans_visit_every_block_once():
-    for world, per_node in ((4, 2), (6, 3), (8, 2), (6, 1), (6, 6)):
-        pos = [local_positions(4 * world, r, world, "zigzag") for r in range(world)]
-        ops_of = ops_from_positions(pos, pos, True)
-        for travelling in ("kv", "q"):
-            for r in range(world):
-                nested = double_nested(r, world, per_node, ops_of, travelling)
-                pairs = [pr for inner in nested.inner for st in inner.steps for pr in st.pairs]
-                other = [pr.k if travelling == "kv" else pr.q for pr in pairs]
-                assert sorted(other) == list(range(world))
-                assert all(pr.ops == ops_of(pr.q, pr.k) for pr in pairs)
-            m_ = world // per_node
-            for d in range(m_):  # each inner ring (one node, one outer step) is consistent
-                for m in range(m_):
-                    inner = [double_nested(m * per_node + i, world, per_node, ops_of, travelling).inner[d]
-                             for i in range(per_node)]
-                    for sp in inner:
-                        for st in sp.steps:
-                            for mv in st.fetch + st.give:
-                                assert 0 <= mv.peer < per_node
+def test_pass_q_continuation_plans_are_consistent():
+    """Pass-Q over cache shards of different lengths: every rank's new queries meet every shard once,
+    each query block sent to and each partial sent back by its peer in the same step."""
+    lengths, new = [5, 1, 17, 3], [2, 0, 3, 1]
+    k_pos, q_pos, start = [], [], 0
+    for n in lengths:
+        k_pos.append(torch.arange(start, start + n))
+        start += n
+    for m in new:
+        q_pos.append(torch.arange(start, start + m))
+        start += m
+    k_pos = [torch.cat([k, q]) for k, q in zip(k_pos, q_pos)]  # the new tokens join their rank's shard
+    ops_of = ops_from_positions(q_pos, k_pos, True)
+    check_plans([direct(r, pass_q_steps(r, 4), 4, ops_of, max(new)) for r in range(4)], ops_of, sides=("q",))
+
+
+def test_decode_local_plan_computes_every_shard_pair_once():
+    """A decode step: the replicated query (owner 0) against one rank's cache shard, one step, no moves."""
+    k_pos = [torch.arange(0, 7)]
+    ops_of = ops_from_positions([torch.tensor([7])], k_pos, True)
+    plan = local(0, [0], ops_of)
+    check_plans([plan], ops_of)
+    assert plan.steps[0].pairs[0].ops == (BlockOp(0, 1, 0, 7, MaskKind.FULL),) and not plan.steps[0].fetch
 
 
 def test_check_plans_can_fail():
@@ -166,7 +182,7 @@ def test_head_groups_give_the_same_result(heads, causal):
     from burstattn.engine.passes import BlockCalls
     from burstattn.engine.run import attention_backward, attention_forward
     from burstattn.kernels import get_kernel
-    from burstattn.testing.reference import reference_attention
+    from burstattn.testing.oracle import exact_attention
 
     hq, hkv = heads
     gen = torch.Generator().manual_seed(1)
@@ -179,7 +195,7 @@ def test_head_groups_give_the_same_result(heads, causal):
         out, lse = attention_forward(None, plans[0], calls, q, k, v, groups)
         results.append((out, lse, *attention_backward(None, plans[1], calls, dout, q, k, v, out, lse, groups)))
     q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
-    ref_out, ref_lse = reference_attention(q64, k64, v64, causal=causal)
+    ref_out, ref_lse = exact_attention(q64, k64, v64, causal=causal)
     ref_out.backward(dout.double())
     ref = (ref_out, ref_lse, q64.grad, k64.grad, v64.grad)
     for res in results:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from burstattn.kernels import available_backends, get_kernel, resolve_backend
-from burstattn.testing.reference import reference_rows
+from burstattn.testing.oracle import exact_rows
 from tests.helpers import EXACT, rel_err, rule_bounds
 
 KERNELS = ["reference", "cpu_flash"]
@@ -23,10 +23,10 @@ def make(b, hq, hkv, sq, sk, d, dtype, seed=0):
 
 
 def oracle(q, k, v, dout, scale, causal):
-    """float64 out [B,H,Sq,D], lse [B,H,Sq] and grads, via reference_rows (which is [B, S, H, D])."""
+    """float64 out [B,H,Sq,D], lse [B,H,Sq] and grads, via exact_rows (which is [B, S, H, D])."""
     q64, k64, v64 = (x.transpose(1, 2).double().requires_grad_() for x in (q, k, v))
     rows = torch.arange(q.shape[2]) if causal else torch.zeros(q.shape[2], dtype=torch.long)
-    out, lse = reference_rows(q64, k64, v64, rows, causal=causal, softmax_scale=scale)
+    out, lse = exact_rows(q64, k64, v64, rows, causal=causal, softmax_scale=scale)
     out.backward(dout.transpose(1, 2).double())
     return out.detach().transpose(1, 2), lse.detach(), *(x.grad.transpose(1, 2) for x in (q64, k64, v64))
 

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from burstattn.engine.schedule import MaskKind
+from burstattn.engine.pairs import MaskKind
 from burstattn.formulas import ring_bytes
 from burstattn.layout import local_positions
 from burstattn.masks import AttnMask, balance, choose_mask_backward, mask_bytes, mask_plan, pair_ops, rank_work

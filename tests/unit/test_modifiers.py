@@ -9,9 +9,9 @@ import torch
 from burstattn.config import normalize_window
 from burstattn.engine.merge import add_sinks_, sinks_grad
 from burstattn.engine.passes import FP32_TILE, BlockCalls, KVPack
-from burstattn.engine.schedule import BlockOp, MaskKind, tile_op
+from burstattn.engine.pairs import BlockOp, MaskKind, tile_op
 from burstattn.kernels import ScoreMods, get_kernel, resolve_backend
-from burstattn.testing.reference import reference_attention
+from burstattn.testing.oracle import exact_attention
 from tests.helpers import rel_err
 
 
@@ -33,7 +33,7 @@ def test_plain_kernel_modifiers_match_oracle(softcap, alibi, dv, causal):
     out, lse = kernel.forward(q, k, v, 0.3, causal, mods=mods)
     q64, k64, v64 = (x.transpose(1, 2).double().requires_grad_() for x in (q, k, v))
     # the oracle's rows and keys sit at 0..s-1: the same distances |i - j| as the block's at 40..
-    ref, ref_lse = reference_attention(q64, k64, v64, causal=causal, softmax_scale=0.3, softcap=softcap,
+    ref, ref_lse = exact_attention(q64, k64, v64, causal=causal, softmax_scale=0.3, softcap=softcap,
                                        alibi_slopes=slopes)
     ref.backward(dout.transpose(1, 2).double())
     assert out.shape == (b, hq, s, dv)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from burstattn.layout import local_positions
 from burstattn.partition import (Partition, balance, document_partition, document_spread,
-                                 layout_positions, rank_work, token_work)
+                                 layout_positions, partition_work, token_work)
 
 WINDOWS = [None, (0, 0), (2, 1), (3, None), (None, 2)]
 
@@ -84,14 +84,14 @@ def test_partition_is_valid_for_random_documents(lengths, world, causal, window,
     part = document_partition(cu, world, causal=causal, window=window, tolerance=tolerance)
     assert_valid(part, seq_len, world)
     work = token_work(seq_len, causal=causal, cu_seqlens=cu, window=window)
-    assert float(rank_work(part, work).sum()) == float(work.sum())
+    assert float(partition_work(part, work).sum()) == float(work.sum())
     again = document_partition(cu.tolist(), world, causal=causal, window=window, tolerance=tolerance)
     assert again.fingerprint == part.fingerprint, "the partition must be deterministic"
     assert int(document_spread(part, cu).max()) <= world
 
 
 def layout_balance(layout: str, seq_len: int, world: int, work: torch.Tensor) -> float:
-    return balance(rank_work(layout_positions(layout, seq_len, world), work))
+    return balance(partition_work(layout_positions(layout, seq_len, world), work))
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -101,12 +101,12 @@ def test_balance_beats_named_layouts_on_skewed_documents(seed, causal):
     cu = random_cu(seed, seq_len, 8)
     work = token_work(seq_len, causal=causal, cu_seqlens=cu)
     part = document_partition(cu, world, causal=causal)
-    ours = balance(rank_work(part, work))
+    ours = balance(partition_work(part, work))
     assert ours <= 1.011, "default tolerance 0.01: every rank within 1 % of the mean"
     assert ours < layout_balance("contiguous", seq_len, world, work)
     assert ours < layout_balance("zigzag", seq_len, world, work)
     exact = document_partition(cu, world, causal=causal, tolerance=0.0)
-    assert balance(rank_work(exact, work)) <= 1.001
+    assert balance(partition_work(exact, work)) <= 1.001
     # both runs of every rank cut at most one document each: at most 2 new pieces per rank boundary
     assert int(document_spread(part, cu).sum()) <= len(cu) - 1 + 2 * (world - 1)
 
@@ -119,7 +119,7 @@ def test_many_documents_many_ranks(causal, window):
     work = token_work(seq_len, causal=causal, cu_seqlens=cu, window=window)
     part = document_partition(cu, world, causal=causal, window=window)
     assert_valid(part, seq_len, world)
-    assert balance(rank_work(part, work)) <= 1.011
+    assert balance(partition_work(part, work)) <= 1.011
     spread = document_spread(part, cu)
     zigzag_spread = document_spread(layout_positions("zigzag", seq_len, world), cu)
     assert int(spread.sum()) < int(zigzag_spread.sum())
@@ -130,7 +130,7 @@ def test_single_document_is_zigzag_balanced(world):
     seq_len = 4096
     work = token_work(seq_len, causal=True)
     part = document_partition([0, seq_len], world, causal=True)
-    assert balance(rank_work(part, work)) == pytest.approx(1.0, abs=1e-9)
+    assert balance(partition_work(part, work)) == pytest.approx(1.0, abs=1e-9)
     assert layout_balance("zigzag", seq_len, world, work) == pytest.approx(1.0, abs=1e-9)
     for p in part.positions:  # zigzag inside the document: position i pairs with N-1-i
         assert torch.equal((seq_len - 1 - p).flip(0), p)
@@ -145,7 +145,7 @@ def test_documents_stay_whole_when_a_perfect_packing_exists(lengths, world, caus
     part = document_partition(cu, world, causal=causal)
     assert torch.equal(document_spread(part, cu), torch.ones(len(lengths), dtype=torch.int64))
     work = token_work(seq_len, causal=causal, cu_seqlens=cu)
-    assert balance(rank_work(part, work)) == 1.0
+    assert balance(partition_work(part, work)) == 1.0
 
 
 def test_tensor_and_list_cu_seqlens_agree():
@@ -211,7 +211,7 @@ def test_fingerprint_identifies_the_partition():
                        f"fingerprint={a.fingerprint:#010x})")
 
 
-def test_layout_positions_and_rank_work():
+def test_layout_positions_and_partition_work():
     named = layout_positions("zigzag", 16, 4)
     assert all(torch.equal(p, local_positions(16, r, 4, "zigzag")) for r, p in enumerate(named))
     part = Partition(tuple(named), name="zigzag")
@@ -221,10 +221,10 @@ def test_layout_positions_and_rank_work():
     with pytest.raises(TypeError, match="layout name or a Partition"):
         layout_positions(3, 16, 4)
     work = torch.arange(16, dtype=torch.float64)
-    assert rank_work(part, work).tolist() == [float(work[p].sum()) for p in named]
-    assert rank_work(named, work).dtype == torch.float64
+    assert partition_work(part, work).tolist() == [float(work[p].sum()) for p in named]
+    assert partition_work(named, work).dtype == torch.float64
     with pytest.raises(ValueError, match="hold 16 tokens but work has 8"):
-        rank_work(part, work[:8])
+        partition_work(part, work[:8])
     assert balance([1.0, 1.0, 2.0]) == pytest.approx(1.5)
     with pytest.raises(ValueError, match="positive sum"):
         balance([])

@@ -1,8 +1,8 @@
 """The float64 dense attention oracle the tests compare everything against.
 
 Plain differentiable torch ops, computed in float64 whatever the input dtype, so autograd on
-these functions gives float64 reference gradients. ``reference_attention`` materialises the full
-``[B, Hq, N, N]`` score matrix on purpose (O(N^2) memory); ``reference_rows`` computes a subset
+these functions gives exact float64 gradients. ``exact_attention`` materialises the full
+``[B, Hq, N, N]`` score matrix on purpose (O(N^2) memory); ``exact_rows`` computes a subset
 of query rows against the full key/value sequence in O(R N) memory.
 
 Mask semantics (global positions): non-causal, every query sees every key; causal, the query at
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["reference_attention", "reference_rows"]
+__all__ = ["exact_attention", "exact_rows"]
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
@@ -68,7 +68,7 @@ def _attend(q, k, v, q_pos, k_pos, causal, softmax_scale, visible_mask=None, sof
     return out, lse
 
 
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                         softmax_scale: float | None = None, mask: torch.Tensor | None = None,
                         softcap: float | None = None, alibi_slopes: torch.Tensor | None = None,
                         sinks: torch.Tensor | None = None,
@@ -99,7 +99,7 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     return _attend(q, k, v, q_pos, k_pos, causal, softmax_scale, mask, softcap, alibi_slopes, sinks)
 
 
-def reference_rows(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_positions: torch.Tensor, *,
+def exact_rows(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_positions: torch.Tensor, *,
                    causal: bool = False, softmax_scale: float | None = None,
                    mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention for some query rows against the full key/value sequence, in float64.
@@ -108,7 +108,7 @@ def reference_rows(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_p
         q_rows: [B, R, Hq, D], the queries at global positions ``row_positions``.
         k, v: [B, N, Hkv, D], the full sequence.
         row_positions: LongTensor [R] of global positions in [0, N).
-        causal, softmax_scale: as in :func:`reference_attention`.
+        causal, softmax_scale: as in :func:`exact_attention`.
         mask: optional bool [R, N] (True: row r may see key j), ANDed with ``causal``.
 
     Returns:

@@ -1,5 +1,7 @@
-"""The per-step schedules, checked without any process group: summed over every
-(q_rank, k_rank) pair, the block ops cover exactly the global mask, each entry once."""
+"""The ring's plans over the three layouts, checked without any process group: summed over every
+(q_rank, k_rank) pair, the block ops from the layouts' positions cover exactly the global mask, each
+entry once, also as the kernels run them; the ring visits every pair once; causal work is balanced
+by zigzag and striped (counted on the plans, :func:`plan_cost`)."""
 from __future__ import annotations
 
 import itertools
@@ -7,8 +9,9 @@ import itertools
 import pytest
 import torch
 
+from burstattn.engine.pairs import MaskKind, ops_from_positions, position_ops
 from burstattn.engine.passes import op_slices
-from burstattn.engine.schedule import MaskKind, block_ops, rank_cost, ring_plan
+from burstattn.engine.plan import plan_cost, ring, ring_source
 from burstattn.layout import local_positions
 
 LAYOUTS = ["contiguous", "zigzag", "striped"]
@@ -49,7 +52,7 @@ def covered(world, layout, causal, n, via_kernel) -> torch.Tensor:
     count = torch.zeros(total, total, dtype=torch.int64)
     pos = [local_positions(total, r, world, layout) for r in range(world)]
     for qr, kr in itertools.product(range(world), repeat=2):
-        for op in block_ops(qr, kr, world, layout, causal, n):
+        for op in position_ops(pos[qr], pos[kr], causal):
             assert 0 <= op.q_start < op.q_stop <= n and 0 <= op.k_start < op.k_stop <= n, op
             qpos = pos[qr][op.q_start:op.q_stop]
             kpos = pos[kr][op.k_start:op.k_stop]
@@ -62,7 +65,7 @@ def covered(world, layout, causal, n, via_kernel) -> torch.Tensor:
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n", [2, 6])
 @pytest.mark.parametrize("via_kernel", [False, True], ids=["maskkind", "kernel"])
-def test_block_ops_cover_the_global_mask_exactly_once(layout, world, causal, n, via_kernel):
+def test_position_ops_cover_the_global_mask_exactly_once(layout, world, causal, n, via_kernel):
     total = n * world
     expected = torch.ones(total, total, dtype=torch.int64)
     if causal:
@@ -80,29 +83,38 @@ def test_one_token_per_rank(layout, world):
 @pytest.mark.parametrize("travelling", ["kv", "q"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_ring_plan_visits_every_pair_once(travelling, world):
+    pos = [local_positions(4 * world, r, world, "zigzag") for r in range(world)]
+    ops_of = ops_from_positions(pos, pos, True)
     pairs = []
     for rank in range(world):
-        plans = ring_plan(rank, world, "zigzag", True, 4, travelling)
-        assert [p.step for p in plans] == list(range(world))
-        assert [p.prefetch for p in plans] == [True] * (world - 1) + [False]
-        for p in plans:
-            mine, other = (p.q_rank, p.k_rank) if travelling == "kv" else (p.k_rank, p.q_rank)
-            assert mine == rank and other == (rank - p.step) % world, p
-            assert p.ops == block_ops(p.q_rank, p.k_rank, world, "zigzag", True, 4)
-            pairs.append((p.q_rank, p.k_rank))
+        plan = ring(rank, world, ops_of, travelling)
+        assert [st.index for st in plan.steps] == list(range(world))
+        assert [bool(st.fetch) for st in plan.steps] == [True] * (world - 1) + [False]  # the next block prefetched
+        for st in plan.steps:
+            (p,) = st.pairs
+            mine, other = (p.q, p.k) if travelling == "kv" else (p.k, p.q)
+            assert mine == rank and other == ring_source(rank, st.index, world) == (rank - st.index) % world, p
+            assert p.ops == position_ops(pos[p.q], pos[p.k], True)
+            pairs.append((p.q, p.k))
     assert sorted(pairs) == sorted(itertools.product(range(world), repeat=2))
+
+
+def rank_costs(world: int, layout: str, causal: bool, n: int) -> list[float]:
+    """Score entries each rank's forward ring plan computes."""
+    pos = [local_positions(n * world, r, world, layout) for r in range(world)]
+    ops_of = ops_from_positions(pos, pos, causal)
+    return [plan_cost(ring(r, world, ops_of, "kv")) for r in range(world)]
 
 
 @pytest.mark.parametrize("layout", ["zigzag", "striped"])
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
 def test_balanced_layouts_give_every_rank_equal_causal_work(layout, world):
     n = 16
-    costs = [rank_cost(r, world, layout, True, n) for r in range(world)]
+    costs = rank_costs(world, layout, True, n)
     assert max(costs) - min(costs) <= n, costs  # striped: at most one row per block apart
-    assert sum(costs) == pytest.approx(sum(rank_cost(r, world, layout, False, n) for r in range(world)) / 2,
-                                       rel=0.1)
+    assert sum(costs) == pytest.approx(sum(rank_costs(world, layout, False, n)) / 2, rel=0.1)
 
 
 def test_contiguous_causal_is_imbalanced():
-    costs = [rank_cost(r, 4, "contiguous", True, 8) for r in range(4)]
+    costs = rank_costs(4, "contiguous", True, 8)
     assert costs == sorted(costs) and costs[-1] > 3 * costs[0]

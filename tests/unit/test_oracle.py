@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from burstattn.testing.reference import reference_attention, reference_rows
+from burstattn.testing.oracle import exact_attention, exact_rows
 from tests.helpers import rel_err
 
 
@@ -27,7 +27,7 @@ def test_reference_matches_sdpa_float64(causal, hq, hkv, scale):
     k = torch.randn(2, 37, hkv, 16, generator=gen, dtype=torch.float64, requires_grad=True)
     v = torch.randn(2, 37, hkv, 16, generator=gen, dtype=torch.float64, requires_grad=True)
     dout = torch.randn(2, 37, hq, 16, generator=gen, dtype=torch.float64)
-    out, lse = reference_attention(q, k, v, causal=causal, softmax_scale=scale)
+    out, lse = exact_attention(q, k, v, causal=causal, softmax_scale=scale)
     grads = torch.autograd.grad(out, (q, k, v), dout)
     expected = sdpa64(q, k, v, causal, scale)
     expected_grads = torch.autograd.grad(expected, (q, k, v), dout)
@@ -43,7 +43,7 @@ def test_reference_matches_sdpa_float64(causal, hq, hkv, scale):
 
 def test_reference_upcasts_low_precision_inputs():
     q, k, v = (torch.randn(1, 8, 2, 8).to(torch.bfloat16) for _ in range(3))
-    out, lse = reference_attention(q, k, v, causal=True)
+    out, lse = exact_attention(q, k, v, causal=True)
     assert out.dtype == lse.dtype == torch.float64
     torch.testing.assert_close(out, sdpa64(q.double(), k.double(), v.double(), True, None))
 
@@ -52,9 +52,9 @@ def test_reference_upcasts_low_precision_inputs():
 def test_rows_match_full(causal):
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 29, h, 8, generator=gen, dtype=torch.float64) for h in (6, 3, 3))
-    out, lse = reference_attention(q, k, v, causal=causal)
+    out, lse = exact_attention(q, k, v, causal=causal)
     rows = torch.tensor([0, 28, 5, 5, 13])
-    out_r, lse_r = reference_rows(q[:, rows], k, v, rows, causal=causal)
+    out_r, lse_r = exact_rows(q[:, rows], k, v, rows, causal=causal)
     torch.testing.assert_close(out_r, out[:, rows], rtol=0, atol=1e-14)
     torch.testing.assert_close(lse_r, lse[:, :, rows], rtol=0, atol=1e-14)
 
@@ -63,8 +63,8 @@ def test_rows_gradients_match_full():
     gen = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, 12, 2, 4, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3))
     rows = torch.arange(12)
-    full = torch.autograd.grad(reference_attention(q, k, v, causal=True)[0].sum(), (q, k, v))
-    part = torch.autograd.grad(reference_rows(q, k, v, rows, causal=True)[0].sum(), (q, k, v))
+    full = torch.autograd.grad(exact_attention(q, k, v, causal=True)[0].sum(), (q, k, v))
+    part = torch.autograd.grad(exact_rows(q, k, v, rows, causal=True)[0].sum(), (q, k, v))
     for a, b in zip(full, part):
         torch.testing.assert_close(a, b)
 
@@ -78,7 +78,7 @@ def test_rows_gradients_match_full():
 ])
 def test_reference_rejects_bad_shapes(shapes, word):
     with pytest.raises(ValueError, match=word):
-        reference_attention(*(torch.randn(s) for s in shapes))
+        exact_attention(*(torch.randn(s) for s in shapes))
 
 
 def test_unequal_lengths_are_bottom_right_aligned():
@@ -86,21 +86,21 @@ def test_unequal_lengths_are_bottom_right_aligned():
     full self-attention at positions Nk - Nq + i; Nq > Nk: the first Nq - Nk rows see nothing."""
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 10, 2, 4, generator=gen, dtype=torch.float64) for _ in range(3))
-    full, full_lse = reference_attention(q, k, v, causal=True)
-    tail, tail_lse = reference_attention(q[:, 6:], k, v, causal=True)
+    full, full_lse = exact_attention(q, k, v, causal=True)
+    tail, tail_lse = exact_attention(q[:, 6:], k, v, causal=True)
     torch.testing.assert_close(tail, full[:, 6:])
     torch.testing.assert_close(tail_lse, full_lse[:, :, 6:])
-    out, lse = reference_attention(q, k[:, :7], v[:, :7], causal=True)
+    out, lse = exact_attention(q, k[:, :7], v[:, :7], causal=True)
     assert torch.isinf(lse[:, :, :3]).all() and (out[:, :3] == 0).all()
-    torch.testing.assert_close(out[:, 3:], reference_attention(q[:, 3:], k[:, :7], v[:, :7], causal=True)[0])
+    torch.testing.assert_close(out[:, 3:], exact_attention(q[:, 3:], k[:, :7], v[:, :7], causal=True)[0])
 
 
 def test_rows_reject_bad_positions():
     q, k = torch.randn(1, 3, 2, 4), torch.randn(1, 5, 2, 4)
     with pytest.raises(ValueError, match="row_positions"):
-        reference_rows(q, k, k, torch.tensor([0, 1, 5]))
+        exact_rows(q, k, k, torch.tensor([0, 1, 5]))
     with pytest.raises(ValueError, match="row_positions"):
-        reference_rows(q, k, k, torch.tensor([0, 1]))
+        exact_rows(q, k, k, torch.tensor([0, 1]))
 
 
 def test_rel_err_flags_nan():
