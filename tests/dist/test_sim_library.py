@@ -41,8 +41,14 @@ def test_memory_model_matches_the_library(pools, strategy, options, n, hq, hkv, 
 
 def test_predicted_time_matches_the_committed_measurement():
     """The simulator on the committed calibration against the committed ``bench grid`` run (P=2 on this
-    machine, N=8192, quiet machine): within 25% for the fused-kernel ring strategies. The two files belong
-    together: recalibrating on another machine means rerunning the grid there too."""
+    machine, N=8192, quiet machine), for the fused-kernel ring strategies. The two files belong together:
+    recalibrating on another machine means rerunning the grid there too.
+
+    The band follows from what the model assumes: it prices the plan's kernels, merges and transfers at
+    the calibration's rates, each the fastest of its repeats, and nothing else, so it can only be
+    optimistic (a prediction above the measurement means a priced cost is wrong); what it leaves out (the
+    engine's Python, its copies and packing, docs/simulation.md "Reading") is at most the 25% that
+    docs/simulation.md states for these strategies."""
     import json
     from pathlib import Path
 
@@ -54,7 +60,7 @@ def test_predicted_time_matches_the_committed_measurement():
     checked = [r for r in rows if r["seq_len"] == 8192 and r["contender"] in ("burst", "ring", "ulysses", "usp")]
     assert len(checked) == 8
     for r in checked:
-        assert abs(r["error"]) <= 0.25, r
+        assert -0.25 <= r["error"] <= 0.0, r
     causal = {r["contender"]: r for r in checked if r["causal"]}
     assert causal["burst"]["measured_s"] < causal["ring"]["measured_s"]
     assert causal["burst"]["predicted_s"] < causal["ring"]["predicted_s"]
