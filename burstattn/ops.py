@@ -183,6 +183,7 @@ def _setup_fwd(ctx, inputs, output) -> None:
     q, k, v, alibi, sinks, group, spec, positions, kv_positions, bounds, kv_bounds = inputs
     out, lse = output
     ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)  # no zero gradient for the LSE
     optional = (alibi, sinks, positions, kv_positions, bounds, kv_bounds)
     ctx.save_for_backward(q, k, v, out, lse, *[t for t in optional if t is not None])
     ctx.group, ctx.spec, ctx.has = group, spec, tuple(t is not None for t in optional)
@@ -288,10 +289,19 @@ def _strategy_bwd_fake(dout, q, k, v, out, saved, group, spec, positions, bounds
     return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)]
 
 
+def _shape_only(x: torch.Tensor) -> torch.Tensor:
+    """A stand-in of ``x`` with its shape, dtype and device and one element of storage (stride 0)."""
+    return x.new_zeros(()).expand(x.shape)
+
+
 def _setup_strategy(ctx, inputs, output) -> None:
     q, k, v, group, spec, positions, bounds = inputs
     out, *saved = output
     ctx.mark_non_differentiable(*saved)
+    ctx.set_materialize_grads(False)  # no zero gradients for the saved outputs (as large as q, k, v, out)
+    if not getattr(strategy_module(OpSpec.decode(spec).strategy), "BACKWARD_READS_INPUTS", True):
+        # its backward reads only the shapes and dtypes of q, k, v and out: keep no copy of them alive
+        q, k, v, out = (_shape_only(x) for x in (q, k, v, out))
     ctx.save_for_backward(q, k, v, out, *saved, *[t for t in (positions, bounds) if t is not None])
     ctx.n_saved, ctx.group, ctx.spec = len(saved), group, spec
     ctx.has = (positions is not None, bounds is not None)

@@ -7,9 +7,13 @@ import torch
 
 
 def attention_peak(rank: int, world: int, strategy: str, n: int, hq: int, hkv: int, d: int, causal: bool,
-                   options: dict, repeats: int = 0) -> dict:
+                   options: dict, repeats: int = 0, memory_repeats: int = 1) -> dict:
     """Peak bytes of one fwd+bwd of ``strategy`` on this rank (inputs existing before: q, k, v and
-    dO), and the fastest fwd / fwd+bwd seconds of ``repeats`` timed calls."""
+    dO): ``peak`` the smallest of ``memory_repeats`` measurements, ``peak_max`` the largest; ``buffers``
+    the bytes of the call's collective inputs (bounded above by the bytes sent x P / (P - 1): an
+    all-to-all sends (P-1)/P of its input, a gather P-1 times it); and the fastest fwd / fwd+bwd
+    seconds of ``repeats`` timed calls."""
+    import burstattn
     from burstattn.bench.memory import measure_peak
     from burstattn.strategies import attention
 
@@ -22,8 +26,9 @@ def attention_peak(rank: int, world: int, strategy: str, n: int, hq: int, hkv: i
         attention(q, k, v, strategy=strategy, causal=causal, **options).backward(grad)
         q.grad = k.grad = v.grad = None
 
-    fwd_bwd()
-    _, peak = measure_peak(fwd_bwd)
+    with burstattn.comm_stats() as stats:
+        fwd_bwd()
+    peaks = [measure_peak(fwd_bwd)[1].peak_bytes for _ in range(memory_repeats)]
     times = {"fwd": [], "fwd+bwd": []}
     for _ in range(repeats):
         torch.distributed.barrier()
@@ -37,5 +42,6 @@ def attention_peak(rank: int, world: int, strategy: str, n: int, hq: int, hkv: i
         times["fwd"].append(t1 - t0)
         times["fwd+bwd"].append(time.perf_counter() - t1)
     fastest = {k: min(v) for k, v in times.items() if v}  # other processes only ever slow a repeat down
-    return {"peak": peak.peak_bytes, "times": fastest}
+    buffers = stats.sent() * world / max(world - 1, 1)
+    return {"peak": min(peaks), "peak_max": max(peaks), "buffers": buffers, "times": fastest}
 

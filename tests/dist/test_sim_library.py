@@ -12,9 +12,9 @@ from .sim_cases import attention_peak
 
 MEMORY_CASES = [  # shapes other than the ones the units were read off (burstattn/sim/memory.py)
     ("burst", {}, 768, 4, 4, 48, False), ("burst", {}, 512, 8, 4, 32, True),
-    ("ring", {}, 768, 4, 4, 48, True), ("ulysses", {}, 768, 4, 4, 48, False),
-    ("allgather", {}, 512, 8, 4, 32, False), ("usp", {"ulysses_degree": 2}, 768, 4, 4, 48, True),
-    ("tp", {}, 768, 4, 4, 48, False), ("rsa", {}, 512, 8, 4, 32, True),
+    ("ring", {}, 768, 4, 4, 48, True), ("ulysses", {}, 512, 4, 2, 64, False), ("ulysses", {}, 1024, 8, 8, 32, True),
+    ("allgather", {}, 512, 8, 4, 32, False), ("usp", {"ulysses_degree": 2}, 512, 4, 2, 64, False),
+    ("tp", {}, 1024, 8, 8, 64, False), ("tp", {}, 768, 4, 2, 48, True), ("rsa", {}, 512, 8, 4, 32, True),
     ("burst", {"schedule": "distflash", "layout": "contiguous"}, 768, 4, 4, 48, True),
     ("burst", {}, 4096, 8, 8, 32, True), ("ring", {}, 2048, 8, 4, 128, False),  # head groups G = 2 and 4
 ]
@@ -24,19 +24,21 @@ MEMORY_CASES = [  # shapes other than the ones the units were read off (burstatt
 def test_memory_model_matches_the_library(pools, strategy, options, n, hq, hkv, d, causal):
     world = 2
     pool = pools.get(world)
-    measured = max(r["peak"] for r in pool.run(attention_peak, strategy, n, hq, hkv, d, causal, options))
+    out = pool.run(attention_peak, strategy, n, hq, hkv, d, causal, options, 0, 4)  # 4 memory repeats
     bwd_mode = "kv" if strategy == "burst" and hq != hkv and not options else "burst"
     predicted = attention_buffers(strategy, batch=1, local_seq=n, world=world, q_heads=hq, kv_heads=hkv, head_dim=d,
                                   e=4, backward=True, schedule=options.get("schedule", "ring"), bwd_mode=bwd_mode)
-    if strategy in ("ulysses", "usp", "tp"):
-        # their peak varies by up to 30% between runs (when the all-to-all's buffers are freed); the model
-        # takes the top of the range: an upper bound, and not a loose one
-        # (seen in full-suite runs: usp 20-28 units at this shape, ulysses and tp up to 1.15x the model,
-        # depending on what ran before in the same process)
-        low, high = 0.8, 1.4
-        assert measured * low <= predicted <= high * measured, (predicted / 2**20, measured / 2**20)
-    else:
-        assert predicted == pytest.approx(measured, rel=0.10), (predicted / 2**20, measured / 2**20)
+    # The model is the program's peak (burstattn/sim/memory.py). A measurement may hold more only by
+    # collective buffers that the backend's thread releases late, so the program's peak is the smallest
+    # measurement: of the repeats, and for the collective strategies (every rank runs the same program on
+    # the same shapes) of the ranks too; the ring strategies' ranks differ (the larger one counts). The
+    # largest measurement stays within the call's collective buffers (each input and its contiguous copy)
+    # of the model's 10%.
+    same_program = strategy in ("ulysses", "usp", "tp", "allgather")
+    measured = (min if same_program else max)(r["peak"] for r in out)
+    assert predicted == pytest.approx(measured, rel=0.10), (predicted / 2**20, measured / 2**20)
+    for r in out:
+        assert r["peak_max"] <= 1.10 * predicted + 2 * r["buffers"], (r, predicted)
 
 
 def test_predicted_time_matches_the_committed_measurement():
