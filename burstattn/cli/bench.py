@@ -46,6 +46,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cluster-out", default="bench-out")
     p.add_argument("--cluster-docs", default=None, help="also write the tables into this Markdown file")
     suites = p.add_subparsers(dest="suite", metavar="SUITE", required=False)
+    from .bench_hf import add_hf_arguments, run_hf
+
     handlers = {"core": run_core, "grid": run_grid, "maxlen": run_maxlen, "masks": run_masks, "train": run_train,
                 "infer": run_infer, "hf": run_hf}
     flags = {"core": add_core_arguments, "grid": add_grid_arguments, "maxlen": add_maxlen_arguments,
@@ -381,50 +383,4 @@ def infer_config(ns: argparse.Namespace) -> InferBenchConfig:
     if ns.quick:
         cfg = dataclasses.replace(cfg, model="tiny", prompt_lens=(64, 128), decode_cache=128, decode_tokens=4,
                       crossover_cache=64, crossover_new=(8, 64), repeats=1)
-    return cfg
-
-
-def run_hf(ns: argparse.Namespace) -> int:
-    """``burstattn bench hf``: Trainer steps with and without context parallelism (needs ``burstattn[hf]``)."""
-    from ..bench.generate_run import missing_transformers
-
-    if missing_transformers():
-        print("burstattn bench hf: needs transformers and accelerate: pip install 'burstattn[hf]'", file=sys.stderr)
-        return 2
-    from ..bench import hf
-    from ..bench.hf_report import hf_markdown
-
-    print(hf_markdown(hf.run_hf_bench(hf_config(ns), docs=ns.docs)))
-    return 0
-
-
-def add_hf_arguments(p: argparse.ArgumentParser) -> None:
-    from ..bench.hf import CONTENDERS, SUITES, HfBenchConfig
-
-    d = HfBenchConfig()
-    p.add_argument("--world-size", type=int, default=d.world_size)
-    p.add_argument("--seq-lens", nargs="+", type=int, default=list(d.seq_lens), help="tokens of one packed row")
-    p.add_argument("--contenders", nargs="+", default=list(d.contenders), choices=CONTENDERS)
-    p.add_argument("--steps", type=int, default=d.steps, help="timed optimizer steps (after --warmup)")
-    p.add_argument("--warmup", type=int, default=d.warmup)
-    p.add_argument("--mem-budget-mib", type=float, default=d.mem_budget_mib, help="per-rank budget of the maxlen suite")
-    p.add_argument("--maxlen-cap", type=int, default=d.maxlen_cap)
-    p.add_argument("--suites", nargs="+", default=list(d.suites), choices=SUITES)
-    p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
-    p.add_argument("--out", default=d.out)
-    p.add_argument("--docs", default=None, metavar="FILE", help="also write the tables into this Markdown file "
-                                                              "(between its bench hf markers)")
-
-
-def hf_config(ns: argparse.Namespace):
-    from ..bench.hf import HfBenchConfig
-
-    cfg = dataclasses.replace(HfBenchConfig(), world_size=ns.world_size, seq_lens=tuple(ns.seq_lens),
-                              contenders=tuple(ns.contenders), steps=ns.steps, warmup=ns.warmup,
-                              mem_budget_mib=ns.mem_budget_mib, maxlen_cap=ns.maxlen_cap, suites=tuple(ns.suites),
-                              out=ns.out)
-    if ns.quick:
-        cfg = dataclasses.replace(cfg, seq_lens=(256,), steps=1, warmup=0, hidden=64, heads=4, kv_heads=2, vocab=256,
-                                  mean_doc=64, mem_budget_mib=24.0, maxlen_start=256, maxlen_cap=1024, granule=256,
-                                  bisect_steps=0, balance_seq_len=4096, balance_world_sizes=(2, 4), block_size=128)
     return cfg
