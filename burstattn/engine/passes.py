@@ -94,6 +94,10 @@ class KVPack:
         buf[nk:].view(self.v_shape).copy_(v)
         return buf
 
+    def payload_split(self, payload: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(k, v)`` views of a payload ``(message,)`` (what the loop holds for a K/V block)."""
+        return self.split(payload[0])
+
     def split(self, buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(k, v)`` views of a message."""
         if self.k_shape == self.v_shape:
@@ -268,16 +272,22 @@ class BackwardAccs:
         return acc
 
 
-def _stacked(buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return buf[0], buf[1]
+def stacked_kv(payload: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(k, v)`` of a payload ``([2, B, h, n, D],)``: K and V stacked in one message."""
+    return payload[0][0], payload[0][1]
 
 
-def forward_compute(calls: BlockCalls, split: Callable = _stacked):
+def held_kv(payload: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(k, v)`` of a payload ``(k, v)``: a block that never travels, held as it is (no copy)."""
+    return payload[0], payload[1]
+
+
+def forward_compute(calls: BlockCalls, split: Callable = stacked_kv):
     """``compute`` of the forward: the queries of ``pair.q`` against the K/V of ``pair.k``
-    (``split``: K/V message -> ``(k, v)``, :meth:`KVPack.split`)."""
+    (``split``: K/V payload -> ``(k, v)``: :func:`stacked_kv`, :func:`held_kv`, :meth:`KVPack.payload_split`)."""
     def compute(pair, data):
         q = data[Key("q", pair.q)][0]
-        k, v = split(data[Key("kv", pair.k)][0])
+        k, v = split(data[Key("kv", pair.k)])
         for op in pair.ops:
             res = calls.forward(op, q, k, v, pair.q, pair.k)
             if res is not None:
@@ -285,14 +295,14 @@ def forward_compute(calls: BlockCalls, split: Callable = _stacked):
     return compute
 
 
-def backward_compute(calls: BlockCalls, own_q: int, own_out: torch.Tensor, split: Callable = _stacked):
+def backward_compute(calls: BlockCalls, own_q: int, own_out: torch.Tensor, split: Callable = stacked_kv):
     """``compute`` of the backward. Query side ``(q, dO, [LSE; D])``; the owner ``own_q``'s rows use
     the real output ``own_out``, other owners' rows :func:`pseudo_out`."""
     def compute(pair, data):
         if not pair.ops:
             return
         q, dout, ld = data[Key("q", pair.q)]
-        k, v = split(data[Key("kv", pair.k)][0])
+        k, v = split(data[Key("kv", pair.k)])
         out = own_out if pair.q == own_q else pseudo_out(dout, ld[1])
         for qs, ks, dq_j, dk_j, dv_j in calls.backward(pair.ops, dout, q, k, v, out, ld[0], pair.q, pair.k):
             yield Key("q", pair.q), Partial(qs, (dq_j,))

@@ -26,8 +26,9 @@ from .direct import direct, distflash_steps
 from .loop import run_plan
 from .merge import add_sinks_, sinks_grad
 from .pairs import ops_from_positions
-from .passes import BackwardAccs, BlockCalls, ForwardAccs, KVPack, backward_compute, forward_compute, query_side
-from .plan import DIRECT, AnyPlan, Key, Nested, local, ring, two_level
+from .passes import (BackwardAccs, BlockCalls, ForwardAccs, KVPack, backward_compute, forward_compute, held_kv,
+                     query_side, stacked_kv)
+from .plan import DIRECT, AnyPlan, Key, Nested, Plan, local, ring, two_level
 
 MIN_GROUP_ELEMENTS = 1 << 19  # 2 MiB of float32 queries per group (1 MiB bfloat16)
 
@@ -125,7 +126,7 @@ def attention_forward(comm, plan: AnyPlan, calls: BlockCalls, q: torch.Tensor, k
         kv, pack = _kv_pack(k, v, ks)
         data = {Key("q", own["q"]): (_bhnd(q, hs),), Key("kv", own["kv"]): (kv,)}
         del kv
-        o, l = _forward_group(comm, plan, calls.heads(hs), data, pack.split, dv)
+        o, l = _forward_group(comm, plan, calls.heads(hs), data, pack.payload_split, dv)
         if sinks is not None:
             add_sinks_(o, l, sinks[hs])
         out[:, :, hs] = o.transpose(1, 2)
@@ -139,11 +140,22 @@ def attention_partials(comm, plan: AnyPlan, calls: BlockCalls, q: torch.Tensor, 
     both in the accumulator dtype (rows that see nothing: 0 and ``-inf``). Shapes of the inputs as
     :func:`attention_forward`; one head group. ``wire``: the dtype partials sent back travel in
     (default q's)."""
-    kv, pack = _kv_pack(k, v, slice(None))
     own = _own(plan)
-    data = {Key("q", own["q"]): (q.transpose(1, 2).contiguous(),), Key("kv", own["kv"]): (kv,)}
+    q_data = (q.transpose(1, 2).contiguous(),)
+    if not _fetches(plan, "kv"):  # the K/V block never travels (decoding, pass-Q): the kernels read it in place
+        data = {Key("q", own["q"]): q_data, Key("kv", own["kv"]): (k.transpose(1, 2), v.transpose(1, 2))}
+        return _forward_group(comm, plan, calls, data, held_kv, v.shape[3], wire)
+    kv, pack = _kv_pack(k, v, slice(None))
+    data = {Key("q", own["q"]): q_data, Key("kv", own["kv"]): (kv,)}
     del kv
-    return _forward_group(comm, plan, calls, data, pack.split, v.shape[3], wire)
+    return _forward_group(comm, plan, calls, data, pack.payload_split, v.shape[3], wire)
+
+
+def _fetches(plan: AnyPlan, side: str) -> bool:
+    """Whether any step of ``plan`` moves the ``side`` data (a two-level plan: assumed so)."""
+    if not isinstance(plan, Plan):
+        return True
+    return any(mv.side == side for st in plan.steps for mv in st.fetch)
 
 
 def _backward_group(comm, plan: AnyPlan, calls: BlockCalls, data: dict, out_h: torch.Tensor, split,
@@ -178,7 +190,7 @@ def attention_backward(comm, plan: AnyPlan, calls: BlockCalls, dout: torch.Tenso
         kv, pack = _kv_pack(k, v, ks)
         data = {Key("q", own["q"]): side, Key("kv", own["kv"]): (kv,)}
         del side, kv
-        res, accs = _backward_group(comm, plan, calls.heads(hs), data, oh, pack.split, (pack.k_shape, pack.v_shape))
+        res, accs = _backward_group(comm, plan, calls.heads(hs), data, oh, pack.payload_split, (pack.k_shape, pack.v_shape))
         del oh
         dq_g = res.get(Key("q", own["q"])) or accs.zeros("q")
         dkv_g = res.get(Key("kv", own["kv"])) or accs.zeros("kv")
@@ -196,7 +208,7 @@ def gathered_forward(plan: AnyPlan, calls: BlockCalls, q: torch.Tensor,
     dv = next(iter(blocks.values())).shape[-1]
     data = {Key("q", _own(plan)["q"]): (q.transpose(1, 2).contiguous(),),
             **{Key("kv", j): (kv,) for j, kv in blocks.items()}}
-    o, lse = _forward_group(None, plan, calls, data, _stacked, dv)
+    o, lse = _forward_group(None, plan, calls, data, stacked_kv, dv)
     return o.transpose(1, 2).to(q.dtype).contiguous(), lse
 
 
@@ -208,10 +220,7 @@ def gathered_backward(plan: AnyPlan, calls: BlockCalls, dout: torch.Tensor, q: t
     some = next(iter(blocks.values())).shape[1:]
     data = {Key("q", _own(plan)["q"]): query_side(q.transpose(1, 2), dout.to(q.dtype).transpose(1, 2), oh, lse),
             **{Key("kv", j): (kv,) for j, kv in blocks.items()}}
-    res, accs = _backward_group(None, plan, calls, data, oh, _stacked, (some, some))
+    res, accs = _backward_group(None, plan, calls, data, oh, stacked_kv, (some, some))
     dq = (res.get(Key("q", _own(plan)["q"])) or accs.zeros("q"))[0]
     return dq.transpose(1, 2), {key.owner: a for key, a in res.items() if key.side == "kv"}
 
-
-def _stacked(buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return buf[0], buf[1]
