@@ -135,14 +135,17 @@ def attention_forward(comm, plan: AnyPlan, calls: BlockCalls, q: torch.Tensor, k
 
 
 def attention_partials(comm, plan: AnyPlan, calls: BlockCalls, q: torch.Tensor, k: torch.Tensor,
-                       v: torch.Tensor, wire: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       v: torch.Tensor, wire: Optional[torch.dtype] = None,
+                       hold_kv: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward's merged result before it is cast: ``out [B, Hq, n, Dv]`` and ``lse [B, Hq, n]``,
     both in the accumulator dtype (rows that see nothing: 0 and ``-inf``). Shapes of the inputs as
     :func:`attention_forward`; one head group. ``wire``: the dtype partials sent back travel in
-    (default q's)."""
+    (default q's). ``hold_kv``: a K/V block the plan never sends is read in place (strided ``[B, h, n, D]``
+    views), not copied into a message: for decoding, whose few queries read it once per call; where many
+    query tiles reread it the copy pays (the kernels ran 5% slower on the views at N = 8192)."""
     own = _own(plan)
     q_data = (q.transpose(1, 2).contiguous(),)
-    if not _fetches(plan, "kv"):  # the K/V block never travels (decoding, pass-Q): the kernels read it in place
+    if hold_kv and not _fetches(plan, "kv"):
         data = {Key("q", own["q"]): q_data, Key("kv", own["kv"]): (k.transpose(1, 2), v.transpose(1, 2))}
         return _forward_group(comm, plan, calls, data, held_kv, v.shape[3], wire)
     kv, pack = _kv_pack(k, v, slice(None))

@@ -106,7 +106,7 @@ def partial_attention(q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: 
                 torch.full((b, hq, sq), -math.inf, dtype=acc, device=q.device))
     ops_of, calls = _setup(q, v, [q_pos.cpu()], [k_pos.cpu()], scale=scale, backend=backend, window=window,
                            causal=causal, softcap=softcap)
-    return attention_partials(None, local(0, [0], ops_of), calls, q, k, v)
+    return attention_partials(None, local(0, [0], ops_of), calls, q, k, v, hold_kv=True)
 
 
 def _merge_parts(parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
