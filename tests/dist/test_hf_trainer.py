@@ -71,6 +71,7 @@ def test_trl_sft_trainer_through_the_mixin(pools):
     """TRL's SFTTrainer with ContextParallelMixin (padding-free packed rows) equals the plain SFTTrainer."""
     pytest.importorskip("trl", reason="TRL is optional: pip install 'burstattn[trl]'")
     pytest.importorskip("datasets", reason="TRL's datasets")
+    pytest.importorskip("tokenizers", reason="the test's word-level tokenizer (transformers' own dependency)")
     ref = tc.sft(0, 1, False)
     for rank, got in enumerate(pools.get(2).run(tc.sft, True)):
         assert len(got) == 3 and _rel(got, ref) <= 1e-5, (rank, got, ref)
