@@ -28,9 +28,10 @@ OPTIONS = {
 SIZES = {2: [dict(batch=2), dict(batch=4)], 4: [dict(seq_len=4096, batch=1), dict(seq_len=4096, batch=2)]}
 # ulysses: a measured step may hold more than the program does by the all-to-alls' buffers that gloo's
 # worker thread releases late (burstattn/sim/memory.py, tests/dist/test_sim_library.py): up to each input
-# and its contiguous copy of one layer's all-to-alls (forward and backward). FSDP's collectives run on gloo
-# too: a step may also hold the gathered parameters the model counts (``mem.gathered``) past their free
-# (seen once in a full-suite run: dp 2 x cp 2, 94.1 MiB measured against 80.6 predicted; 78-84 alone).
+# and its contiguous copy of one layer's all-to-alls (forward and backward): a term the model does not
+# price (it is no part of the program), so it may only lower the band's floor. FSDP's all-gathers run on gloo
+# too, and their late frees are no term of their own: the measured peak is the smallest of 3 steps
+# (probe_many), never the model's own ``gathered`` term added to the band.
 
 
 def late_buffers(cfg: TrainConfig, world: int) -> float:
@@ -63,8 +64,10 @@ def measured(pools):
     out = {}
     for world in SIZES:
         cases = [(i, j) for (w, i, j) in CASES if w == world]
-        runs = pools.get(world).run(probe_many, [_cfg(world, i, j) for i, j in cases])
-        out.update({(world, i, j): [r[k] for r in runs] for k, (i, j) in enumerate(cases)})
+        for at in range(0, len(cases), 4):  # a few configs per call: each call stays well inside the pool's timeout
+            part = cases[at:at + 4]
+            runs = pools.get(world).run(probe_many, [_cfg(world, i, j) for i, j in part])
+            out.update({(world, i, j): [r[k] for r in runs] for k, (i, j) in enumerate(part)})
     return out
 
 
@@ -80,7 +83,7 @@ def test_memory_model_within_ten_percent(measured, world, i, j):
     # CPU the offloaded copies live in the same memory as the rest until the backward ends (on a GPU
     # they leave it)
     predicted = mem.gathered + max(v + (mem.host if p != "optimizer" else 0.0) for p, v in mem.phase_totals.items())
-    late = late_buffers(cfg, world) + (mem.gathered if cfg.fsdp else 0.0)
+    late = late_buffers(cfg, world)
     assert 0.9 * (peak - late) <= predicted <= 1.1 * peak, (late / 2**20, mem.phase, mem.terms, predicted / 2**20, peak / 2**20)
     host = max(r["host_bytes"] for r in ranks)
     assert host == pytest.approx(mem.host, rel=0.01, abs=4096), (host, mem.host)

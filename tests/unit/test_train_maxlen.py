@@ -54,7 +54,7 @@ def _doc():
                                                       "remat-qkv": dict(median_s=1.9, samples=[1.9])}))
 
 
-def test_bytes_per_token_report_and_plot(tmp_path):
+def test_bytes_per_token_report(tmp_path):
     doc = _doc()
     bpt = doc["records"][1]["bytes_per_token"]
     assert bpt["at_longest"] == pytest.approx((100000 - 1000) / 8192)
@@ -62,7 +62,11 @@ def test_bytes_per_token_report_and_plot(tmp_path):
     md = maxlen_markdown(doc)
     assert "remat+blockwise / remat-qkv (the remat before the lean one) longest context: 8.00x" in md
     assert "1.050x the step time" in md and "| remat+blockwise | 16,384 |" in md
-    assert plot_maxlen(doc, tmp_path).exists()
+
+
+def test_maxlen_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    assert plot_maxlen(_doc(), tmp_path).stat().st_size > 1000
 
 
 def test_time_model_of_the_chunked_options_matches_the_committed_run():
