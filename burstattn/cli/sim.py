@@ -136,14 +136,20 @@ def run_sim(ns) -> int:
         return 2
     out = {"model": ns.model, "seq_len": ns.seq_len, "gpus": ns.gpus, "cluster": hw.name, "strategy": ns.strategy,
            "mode": ns.mode, "degrees": {"dp": dp, "cp": cp, "tp": tp}, **res.to_dict()}
+    no_plot = ""
     if ns.timeline:
         from ..sim.timeline import plot_timeline
 
-        plot_timeline(res.layer_events, ns.timeline,
-                      f"{ns.model}, one layer: {ns.strategy} cp={cp} tp={tp}, N={ns.seq_len}, {hw.name}")
-        out["timeline"] = ns.timeline
+        try:
+            plot_timeline(res.layer_events, ns.timeline,
+                          f"{ns.model}, one layer: {ns.strategy} cp={cp} tp={tp}, N={ns.seq_len}, {hw.name}")
+            out["timeline"] = ns.timeline
+        except ImportError:  # the base install has no matplotlib: the result still stands
+            no_plot = f"--timeline {ns.timeline} needs matplotlib: pip install 'burstattn[bench]' for the picture"
     if ns.json:
         print(json.dumps(out))
+        if no_plot:
+            print(f"burstattn sim: {no_plot}", file=sys.stderr)
         return 0
     print(f"{ns.model} {ns.mode}, N={ns.seq_len}, global batch {ns.batch}, {ns.gpus} x {hw.name}: {ns.strategy} "
           f"dp={dp} cp={cp} tp={tp}"
@@ -156,7 +162,9 @@ def run_sim(ns) -> int:
     if res.memory.phase:
         print(f"  peak in the {res.memory.phase}; largest term: {res.memory.binding()}"
               + (f"; host memory {size(res.memory.host)} of {size(hw.host_mem_bytes)}" if res.memory.host else ""))
-    if ns.timeline:
+    if no_plot:
+        print(f"  {no_plot}")
+    elif ns.timeline:
         print(f"  wrote {ns.timeline}")
     return 0
 
