@@ -190,7 +190,8 @@ def _calibrate(ns) -> int:
 
 def run_planner(ns) -> int:
     from ..models.config import preset as model_preset
-    from ..sim.planner import MemoryChoice, max_seq_len, plan
+    from ..sim.feasible import nothing_runs
+    from ..sim.planner import MemoryChoice, excluded, max_seq_len, plan
 
     try:
         _check_gpus(ns.gpus)
@@ -223,11 +224,15 @@ def run_planner(ns) -> int:
         if ns.seq_len is None:
             raise ValueError("--seq-len is required (or --max-seq-len)")
         rows = plan(model, ns.seq_len, ns.gpus, hw, ns.mode, ns.batch, model_name=ns.model, fixed=fixed)
+        out = excluded(model, ns.seq_len, ns.gpus, hw, ns.mode, ns.batch)
     except ValueError as e:
         print(f"burstattn plan: {e}", file=sys.stderr)
         return 2
     if ns.json:
-        print(json.dumps({"ranking": rows}))
+        print(json.dumps({"ranking": rows, "excluded": [x.to_dict() for x in out]}))
+        return 0
+    if not rows:
+        print(nothing_runs(ns.gpus, ns.seq_len, out))
         return 0
     print(f"{ns.model} {ns.mode}, N={ns.seq_len}, global batch {ns.batch} ({ns.batch * ns.seq_len:,} tokens per step), "
           f"{ns.gpus} x {hw.name}: {len(rows)} configurations, by time per token")

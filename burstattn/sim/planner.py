@@ -27,6 +27,7 @@ from typing import Optional
 from ..models.blockwise import MLP_TILE, auto_chunks
 from ..models.config import LlamaConfig
 from ..models.offload import OFFLOAD
+from .feasible import Exclusion, degree_choices, exclusions
 from .hardware import ClusterHW
 from .names import seconds, size
 from .step import SimConfig, SimResult, simulate
@@ -42,13 +43,15 @@ class Candidate:
         return {"dp": self.cfg.dp, "cp": self.cfg.cp, "tp": self.cfg.tp}
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def _runs(model: LlamaConfig, seq_len: int, batch: int, strategy: str, opts: dict, dp: int, cp: int,
           tp: int) -> bool:
     """Whether ``burstattn train`` can run this configuration (its own checks, no process group)."""
+    return _train_problem(model, seq_len, batch, strategy, opts, dp, cp, tp) is None
+
+
+def _train_problem(model: LlamaConfig, seq_len: int, batch: int, strategy: str, opts: dict, dp: int, cp: int,
+                   tp: int) -> Optional[str]:
+    """Why ``burstattn train`` refuses this configuration (its own message), or ``None``."""
     from ..train.checks import TRAIN_SCHEDULES, check_parallel
     from ..train.config import TrainConfig
 
@@ -57,40 +60,50 @@ def _runs(model: LlamaConfig, seq_len: int, batch: int, strategy: str, opts: dic
         check_parallel(TrainConfig(model="plan", seq_len=seq_len, batch=batch, strategy=strategy, dp=dp, cp=cp, tp=tp,
                                    layout=opts.get("layout"), ulysses_degree=opts.get("ulysses_degree", 0),
                                    schedule=schedule if schedule in TRAIN_SCHEDULES else "ring"), dp * cp * tp, model)
-    except ValueError:
-        return False
-    return True
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def _options(model: LlamaConfig, gpus: int, hw: ClusterHW, seq_len: int, mode: str, batch: int = 1):
-    """Every (strategy, options, cp, tp) that can run with ``dp = gpus / (cp tp)`` dividing ``batch``."""
-    for tp in _divisors(gpus):
-        if tp > hw.devices_per_node or model.n_heads % tp:
+    """Every (strategy, options, cp, tp) that can run with ``dp = gpus / (cp tp)`` dividing ``batch``
+    (the degrees :func:`.feasible.degree_problem` lets through)."""
+    for cp, tp, problem in degree_choices(model, gpus, hw.devices_per_node, seq_len, batch):
+        if problem is not None:
             continue
         heads = model.n_heads // tp
-        for cp in _divisors(gpus // tp):
-            if cp > 1 and seq_len % (2 * cp) or batch % (gpus // (cp * tp)):
-                continue
-            if cp == 1:
-                if tp > 1:
-                    yield "tp-v1", {}, cp, tp
-                    yield "tp-v3", {}, cp, tp
-                else:
-                    yield "burst", {}, cp, tp  # data parallel only: local attention
-                continue
-            yield "burst", {"schedule": "ring", "layout": "zigzag"}, cp, tp
-            yield "burst", {"schedule": "distflash", "layout": "contiguous"}, cp, tp
-            if cp > max(1, hw.devices_per_node // tp):
-                yield "burst", {"schedule": "double", "layout": "zigzag"}, cp, tp
-            yield "ring", {}, cp, tp
-            yield "allgather", {}, cp, tp
-            if heads % cp == 0:
-                yield "ulysses", {}, cp, tp
-            if cp * tp <= 64 and seq_len // cp <= 32768:
-                yield "rsa", {}, cp, tp  # keeps n x N scores: only ever a candidate at small sizes
-            u = math.gcd(cp, heads, max(1, hw.devices_per_node // tp))
-            if 1 < u < cp:
-                yield "usp", {"ulysses_degree": u}, cp, tp
+        if cp == 1:
+            if tp > 1:
+                yield "tp-v1", {}, cp, tp
+                yield "tp-v3", {}, cp, tp
+            else:
+                yield "burst", {}, cp, tp  # data parallel only: local attention
+            continue
+        yield "burst", {"schedule": "ring", "layout": "zigzag"}, cp, tp
+        yield "burst", {"schedule": "distflash", "layout": "contiguous"}, cp, tp
+        if cp > max(1, hw.devices_per_node // tp):
+            yield "burst", {"schedule": "double", "layout": "zigzag"}, cp, tp
+        yield "ring", {}, cp, tp
+        yield "allgather", {}, cp, tp
+        if heads % cp == 0:
+            yield "ulysses", {}, cp, tp
+        if cp * tp <= 64 and seq_len // cp <= 32768:
+            yield "rsa", {}, cp, tp  # keeps n x N scores: only ever a candidate at small sizes
+        u = math.gcd(cp, heads, max(1, hw.devices_per_node // tp))
+        if 1 < u < cp:
+            yield "usp", {"ulysses_degree": u}, cp, tp
+
+
+def excluded(model: LlamaConfig, seq_len: int, gpus: int, hw: ClusterHW, mode: str = "train",
+             batch: int = 1) -> list[Exclusion]:
+    """Per constraint, the configurations :func:`plan` leaves out (:func:`.feasible.exclusions`): the
+    degree choices that cannot split, and the strategies ``burstattn train`` refuses."""
+    refused = []
+    for strategy, opts, cp, tp in _options(model, gpus, hw, seq_len, mode, batch):
+        problem = _train_problem(model, seq_len, batch, strategy, opts, gpus // (cp * tp), cp, tp)
+        if problem:
+            refused.append((_label(strategy, opts), cp, tp, problem))
+    return exclusions(model, gpus, hw.devices_per_node, seq_len, batch, refused)
 
 
 def _label(strategy: str, opts: dict) -> str:
