@@ -177,8 +177,12 @@ def floor(cfg: MaxLenConfig, seq_len: int) -> dict:
     call = max(run_local(attention_call_peak, cfg.world_size, tcfg, threads_per_rank=cfg.threads),
                key=lambda r: r["peak_bytes"])
     saved = floor_bytes(cfg.model, call["local_tokens"]) / call["local_tokens"]
-    return dict(seq_len=seq_len, saved_per_token=saved, attention_call_per_token=call["peak_bytes"] / call["local_tokens"],
-                per_token=saved + call["peak_bytes"] / call["local_tokens"])
+    per_call = call["peak_bytes"] / call["local_tokens"]
+    # each contender against the floor of its own checkpointing (full saves less than remat): burst's call
+    own = {name: floor_bytes(cfg.model, 1, checkpointing=train_config(cfg, name, seq_len)[0].checkpointing) + per_call
+           for name in cfg.contenders if train_config(cfg, name, seq_len)[0].checkpointing in ("remat", "full")}
+    return dict(seq_len=seq_len, saved_per_token=saved, attention_call_per_token=per_call,
+                per_token=saved + per_call, per_contender=own)
 
 
 def run_maxlen(cfg: MaxLenConfig) -> dict:

@@ -59,3 +59,22 @@ def test_world1_llama_with_zigzag_takes_an_odd_length():
     default = Llama(m, AttnCall())  # the strategy's default layout (zigzag) too
     default.load_state_dict(zig.state_dict())
     torch.testing.assert_close(default(ids, torch.arange(33)), zig(ids, torch.arange(33)))
+
+
+def _hf_doc(steps: int, warmup: int) -> dict:
+    def row(contender, world, step_s):
+        return dict(contender=contender, seq_len=256, world_size=world, threads_per_rank=2 // world,
+                    tokens_per_step=256 * (2 if contender == "ddp" else 1), median_step_s=step_s,
+                    tokens_per_s=256 * (2 if contender == "ddp" else 1) / step_s, peak_mem_bytes=[2**20, 2**20])
+    return dict(config=dict(steps=steps, warmup=warmup), steps=[row("cp-burst", 2, 0.0785), row("single", 1, 1.02),
+                                                                row("ddp", 2, 0.0348)])
+
+
+def test_bench_hf_quick_prints_no_ratio_from_an_untimeable_point_and_says_why():
+    from burstattn.bench.hf_report import steps_table
+
+    quick = "\n".join(steps_table(_hf_doc(steps=1, warmup=0)))
+    assert "13.00x" not in quick and "x |" not in quick, quick
+    assert "too short to time" in quick and "no warm-up step" in quick and "1 timed step(s)" in quick, quick
+    timed = "\n".join(steps_table(_hf_doc(steps=3, warmup=1)))
+    assert "12.99x" in timed and "too short to time" not in timed, timed
