@@ -31,7 +31,7 @@ from ..models.blockwise import MLP_TILE, auto_chunks
 from ..models.config import LlamaConfig
 from ..models.offload import OFFLOAD
 from .chunks import frugal, search_chunks
-from .feasible import Exclusion, degree_choices, exclusions
+from .feasible import Exclusion, degree_problem, exclusions
 from .hardware import ClusterHW
 from .memory import growing
 from .names import seconds, size
@@ -46,6 +46,10 @@ class Candidate:
 
     def degrees(self) -> dict:
         return {"dp": self.cfg.dp, "cp": self.cfg.cp, "tp": self.cfg.tp}
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _runs(model: LlamaConfig, seq_len: int, batch: int, strategy: str, opts: dict, dp: int, cp: int,
@@ -71,32 +75,34 @@ def _train_problem(model: LlamaConfig, seq_len: int, batch: int, strategy: str, 
 
 
 def _options(model: LlamaConfig, gpus: int, hw: ClusterHW, seq_len: int, mode: str, batch: int = 1):
-    """Every (strategy, options, cp, tp) that can run with ``dp = gpus / (cp tp)`` dividing ``batch``
-    (the degrees :func:`.feasible.degree_problem` lets through)."""
-    for cp, tp, problem in degree_choices(model, gpus, hw.devices_per_node, seq_len, batch):
-        if problem is not None:
+    """Every (strategy, options, cp, tp) that can run with ``dp = gpus / (cp tp)`` dividing ``batch``."""
+    for tp in _divisors(gpus):
+        if tp > hw.devices_per_node or model.n_heads % tp:
             continue
         heads = model.n_heads // tp
-        if cp == 1:
-            if tp > 1:
-                yield "tp-v1", {}, cp, tp
-                yield "tp-v3", {}, cp, tp
-            else:
-                yield "burst", {}, cp, tp  # data parallel only: local attention
-            continue
-        yield "burst", {"schedule": "ring", "layout": "zigzag"}, cp, tp
-        yield "burst", {"schedule": "distflash", "layout": "contiguous"}, cp, tp
-        if cp > max(1, hw.devices_per_node // tp):
-            yield "burst", {"schedule": "double", "layout": "zigzag"}, cp, tp
-        yield "ring", {}, cp, tp
-        yield "allgather", {}, cp, tp
-        if heads % cp == 0:
-            yield "ulysses", {}, cp, tp
-        if cp * tp <= 64 and seq_len // cp <= 32768:
-            yield "rsa", {}, cp, tp  # keeps n x N scores: only ever a candidate at small sizes
-        u = math.gcd(cp, heads, max(1, hw.devices_per_node // tp))
-        if 1 < u < cp:
-            yield "usp", {"ulysses_degree": u}, cp, tp
+        for cp in _divisors(gpus // tp):
+            if degree_problem(model, gpus, hw.devices_per_node, seq_len, batch, cp, tp):  # (feasible.py: why)
+                continue
+            if cp == 1:
+                if tp > 1:
+                    yield "tp-v1", {}, cp, tp
+                    yield "tp-v3", {}, cp, tp
+                else:
+                    yield "burst", {}, cp, tp  # data parallel only: local attention
+                continue
+            yield "burst", {"schedule": "ring", "layout": "zigzag"}, cp, tp
+            yield "burst", {"schedule": "distflash", "layout": "contiguous"}, cp, tp
+            if cp > max(1, hw.devices_per_node // tp):
+                yield "burst", {"schedule": "double", "layout": "zigzag"}, cp, tp
+            yield "ring", {}, cp, tp
+            yield "allgather", {}, cp, tp
+            if heads % cp == 0:
+                yield "ulysses", {}, cp, tp
+            if cp * tp <= 64 and seq_len // cp <= 32768:
+                yield "rsa", {}, cp, tp  # keeps n x N scores: only ever a candidate at small sizes
+            u = math.gcd(cp, heads, max(1, hw.devices_per_node // tp))
+            if 1 < u < cp:
+                yield "usp", {"ulysses_degree": u}, cp, tp
 
 
 def excluded(model: LlamaConfig, seq_len: int, gpus: int, hw: ClusterHW, mode: str = "train",
