@@ -19,11 +19,8 @@ A dense reference at these lengths would need ``N x N`` scores; the row sample d
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import sys
-import tempfile
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -31,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import torch_dtype
-from .memory import measure_peak
+from .memory import measure_peak, native_stderr_filtered  # noqa: F401 (its old home)
 from .progress import ProgressFile, run_with_progress
 from .timing import default_threads_per_rank, time_repeats
 
@@ -148,27 +145,6 @@ def _check(cfg: DemoConfig, world: int, full, positions, held, sample_idx, grad_
     return {name: _err(g.cpu(), r) for name, g, r in zip(("out", "dq", "dk", "dv"), got, refs)}
 
 
-@contextlib.contextmanager
-def native_stderr_filtered(prefix: str):
-    """Hold back this process's native stderr (file descriptor 2, where C++ libraries write) inside
-    the block, then write it back without the lines starting with ``prefix``."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            held.seek(0)
-            kept = [line for line in held.read().decode(errors="replace").splitlines(keepends=True)
-                    if not line.startswith(prefix)]
-            if kept:
-                sys.stderr.write("".join(kept))
-
-
 def _demo_rank(rank: int, world: int, cfg: DemoConfig, progress_path: Optional[str]) -> RankReport:
     """One rank of the demo (runs in a spawned process inside the default group)."""
     import burstattn
@@ -216,8 +192,7 @@ def _demo_rank(rank: int, world: int, cfg: DemoConfig, progress_path: Optional[s
     progress.start("measuring peak memory of forward + backward")
     clear_grads()  # outside the measured call: frees of blocks allocated before it would go unseen
     dist.barrier()
-    with native_stderr_filtered("USDT:"):  # the CPU profiler's start/stop lines (printed from C++, every rank)
-        _, mem = measure_peak(forward_backward, device=device)
+    _, mem = measure_peak(forward_backward, device=device)  # (it silences the CPU profiler's USDT lines)
     progress.start(f"float64 reference of the {rows.numel()} sampled rows")
     err = _check(cfg, world, (q_full, k_full, v_full), positions, held, sample_idx, grad_rows, got)
     return RankReport(rank, str(device), backward_used, t_fwd.median, t_all.median, mem.peak_bytes,

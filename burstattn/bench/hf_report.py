@@ -12,9 +12,25 @@ def _mib(b) -> str:
     return "-" if b is None else f"{b / 2**20:.0f}"
 
 
+MIN_TIMED_STEPS = 3  # a median of fewer is one sample, or two
+
+
+def untimed(cfg: dict) -> str:
+    """Why the run's step times cannot be compared (``""``: they can): no warm-up step (the timed step
+    also pays the start-up: first calls, allocations, communicators) or fewer than
+    :data:`MIN_TIMED_STEPS` timed steps (``--quick`` has both)."""
+    why = []
+    if cfg.get("warmup", 1) < 1:
+        why.append("no warm-up step, so the timed step includes the start-up (first calls, allocations)")
+    if cfg.get("steps", MIN_TIMED_STEPS) < MIN_TIMED_STEPS:
+        why.append(f"{cfg.get('steps')} timed step(s), fewer than the {MIN_TIMED_STEPS} a median needs")
+    return "; ".join(why)
+
+
 def steps_table(doc: dict) -> list[str]:
     rows = []
-    single = {r["seq_len"]: r for r in doc["steps"] if r["contender"] == "single" and "error" not in r}
+    why = untimed(doc["config"])
+    single = {} if why else {r["seq_len"]: r for r in doc["steps"] if r["contender"] == "single" and "error" not in r}
     for r in doc["steps"]:
         where = f"{r['world_size']} x {r['threads_per_rank']}"
         if "error" in r:
@@ -24,8 +40,10 @@ def steps_table(doc: dict) -> list[str]:
         ratio = f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else "-"
         rows.append([str(r["seq_len"]), r["contender"], where, str(r["tokens_per_step"]), f"{r['median_step_s']:.3f}",
                      f"{r['tokens_per_s']:.0f}", _mib(max(r["peak_mem_bytes"])), ratio])
-    return md_table(["N (tokens per row)", "contender", "ranks x threads", "tokens / step", "median step (s)",
-                     "tokens/s", "peak MiB / rank (max)", "tokens/s vs single"], rows)
+    table = md_table(["N (tokens per row)", "contender", "ranks x threads", "tokens / step", "median step (s)",
+                      "tokens/s", "peak MiB / rank (max)", "tokens/s vs single"], rows)
+    return table + ([f"", f"No ratios against the single process: these points are too short to time ({why}); run "
+                          f"without --quick, or with --warmup 1 --steps {MIN_TIMED_STEPS} or more."] if why else [])
 
 
 def maxlen_table(doc: dict) -> list[str]:

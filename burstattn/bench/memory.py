@@ -16,6 +16,10 @@ peak 100 MB, end 50 MB).
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
@@ -52,11 +56,38 @@ def peak_from_deltas(deltas: list[tuple[int, int]]) -> tuple[int, int]:
     return peak, running
 
 
+@contextlib.contextmanager
+def native_stderr_filtered(prefix: str):
+    """Hold back this process's native stderr (file descriptor 2, where C++ libraries write) inside
+    the block, then write it back without the lines starting with ``prefix``."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held.read().decode(errors="replace").splitlines(keepends=True)
+                    if not line.startswith(prefix)]
+            if kept:
+                sys.stderr.write("".join(kept))
+
+
 def _measure_cpu(fn: Callable[..., T], args: tuple, kwargs: dict) -> tuple[T, MemoryPeak]:
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
-        result = fn(*args, **kwargs)
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False)
+    with native_stderr_filtered("USDT:"):  # kineto's profiler_start line (C++, fd 2; every rank, every call)
+        prof.start()
+    try:
+        result = fn(*args, **kwargs)  # its own stderr passes as it comes
+    finally:
+        with native_stderr_filtered("USDT:"):  # ... and its profiler_stop line
+            prof.stop()
     deltas = []
     for ev in prof.profiler.kineto_results.events():  # raw events: includes allocations nested inside ops
         if ev.name() == "[memory]" and ev.device_type() == torch.autograd.DeviceType.CPU:

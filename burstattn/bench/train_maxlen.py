@@ -131,11 +131,23 @@ def per_token(rec: dict) -> dict:
     return out
 
 
+def timed_contenders(cfg: MaxLenConfig) -> list[str]:
+    """The contenders the side-by-side timing runs: those asked for (``cfg.contenders``) that
+    :data:`TIMED` allows, in its order (``none+blockwise``, not a contender of the search, only with
+    ``none`` and a blockwise contender asked)."""
+    asked = set(cfg.contenders)
+    with_twin = "none" in asked and any("blockwise" in n for n in asked)
+    return [n for n in TIMED if n in asked or (n == "none+blockwise" and with_twin)]
+
+
 def timing(cfg: MaxLenConfig, seq_len: int) -> dict:
-    """Median step seconds of :data:`TIMED` at ``seq_len``, side by side in one local group."""
+    """Median step seconds of :func:`timed_contenders` at ``seq_len``, side by side in one local group
+    (``{}`` when none is asked for)."""
     from ..testing.launch import run_local
 
-    pts = [(name,) + train_config(cfg, name, seq_len) for name in TIMED]
+    pts = [(name,) + train_config(cfg, name, seq_len) for name in timed_contenders(cfg)]
+    if not pts:
+        return {}
     samples = run_local(_time_rank, cfg.world_size, pts, cfg.repeats, threads_per_rank=cfg.threads,
                         timeout_s=4 * 3600.0)[0]
     return {name: dict(samples=s, median_s=statistics.median(s)) for name, s in samples.items()}
@@ -165,8 +177,12 @@ def floor(cfg: MaxLenConfig, seq_len: int) -> dict:
     call = max(run_local(attention_call_peak, cfg.world_size, tcfg, threads_per_rank=cfg.threads),
                key=lambda r: r["peak_bytes"])
     saved = floor_bytes(cfg.model, call["local_tokens"]) / call["local_tokens"]
-    return dict(seq_len=seq_len, saved_per_token=saved, attention_call_per_token=call["peak_bytes"] / call["local_tokens"],
-                per_token=saved + call["peak_bytes"] / call["local_tokens"])
+    per_call = call["peak_bytes"] / call["local_tokens"]
+    # each contender against the floor of its own checkpointing (full saves less than remat): burst's call
+    own = {name: floor_bytes(cfg.model, 1, checkpointing=train_config(cfg, name, seq_len)[0].checkpointing) + per_call
+           for name in cfg.contenders if train_config(cfg, name, seq_len)[0].checkpointing in ("remat", "full")}
+    return dict(seq_len=seq_len, saved_per_token=saved, attention_call_per_token=per_call,
+                per_token=saved + per_call, per_contender=own)
 
 
 def run_maxlen(cfg: MaxLenConfig) -> dict:
@@ -188,7 +204,8 @@ def run_maxlen(cfg: MaxLenConfig) -> dict:
     best = max((r for r in records if r["contender"] == "remat+blockwise" and r["longest"]), default=None,
                key=lambda r: r["longest"])
     doc = dict(config=asdict(cfg), machine=machine_info(), code=code_version(), records=records,
-               timing=dict(seq_len=time_len, contenders=timing(cfg, time_len)) if time_len else None,
+               timing=dict(seq_len=time_len, contenders=timing(cfg, time_len)) if time_len and timed_contenders(cfg)
+               else None,
                floor=floor(cfg, best["longest"]) if best else None)
     doc["wall_s"], doc["other_load"] = time.perf_counter() - t0, other_load(before, cpu_snapshot())
     out = Path(cfg.out)

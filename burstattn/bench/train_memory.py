@@ -109,13 +109,18 @@ def attention_call_peak(rank: int, world: int, cfg, seed: int = 0) -> dict:
     return dict(peak_bytes=peak.peak_bytes, local_tokens=n * b)
 
 
-def floor_bytes(model_name: str, local_tokens: int, element_size: int = 4, tp: int = 1) -> float:
-    """The saved tensors of the lean remat: ``layers x (layer input + attention output + LSE)``."""
+def floor_bytes(model_name: str, local_tokens: int, element_size: int = 4, tp: int = 1,
+                checkpointing: str = "remat") -> float:
+    """The saved tensors of a checkpointing mode: ``remat`` (the lean one) ``layers x (layer input +
+    attention output + LSE)``; ``full`` the layer inputs alone (it holds less than remat's floor).
+    Raises ``ValueError`` for another mode (``none`` keeps every intermediate: no floor of its own)."""
     from ..models import preset
 
     m = preset(model_name)
-    per_token = m.n_layers * (m.dim * element_size + m.n_heads // tp * (m.head_dim * element_size + 4))
-    return float(per_token * local_tokens)
+    if checkpointing not in ("remat", "full"):
+        raise ValueError(f"floor_bytes: checkpointing must be 'remat' or 'full', got {checkpointing!r}")
+    attention = m.n_heads // tp * (m.head_dim * element_size + 4) if checkpointing == "remat" else 0
+    return float(m.n_layers * (m.dim * element_size + attention) * local_tokens)
 
 
 def sim_config(cfg, world: int, hw=None):

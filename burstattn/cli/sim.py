@@ -20,6 +20,9 @@ def _common(p: argparse.ArgumentParser, with_strategy: bool) -> None:
                    help="the global batch: sequences per step over all data-parallel replicas, as for "
                         "`burstattn train --batch` (it must divide by --dp; default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"),
+                   help="weights and activations: float32 (what a CPU trains in: float32 Adam, no master copy, the "
+                        "cluster's float32 rate) or 16-bit with float32 master weights (default: %(default)s)")
     for flag, text in (("--inter-gbps", "inter-node Gbit/s"), ("--intra-gbps", "intra-node Gbit/s"),
                        ("--gpu-tflops", "peak TFLOP/s per device"), ("--gpu-mem-gib", "memory per device, GiB")):
         p.add_argument(flag, type=float, default=None, help=f"override the cluster's {text}")
@@ -116,6 +119,7 @@ def _check_gpus(gpus) -> None:
 
 
 def run_sim(ns) -> int:
+    from ..config import torch_dtype
     from ..models.config import preset as model_preset
     from ..sim.step import SimConfig, simulate
 
@@ -129,23 +133,30 @@ def run_sim(ns) -> int:
         cfg = SimConfig(model_preset(ns.model), ns.seq_len, hw, ns.strategy, ns.mode, cp=cp, tp=tp, dp=dp,
                         batch=ns.batch, layout=ns.layout, schedule=ns.schedule, checkpointing=ns.checkpointing,
                         fsdp=ns.fsdp, causal=not ns.non_causal, ulysses_degree=ns.ulysses_degree,
-                        window=ns.window, mlp_chunk=ns.mlp_chunk, loss_chunk=ns.loss_chunk, offload=ns.offload)
+                        window=ns.window, mlp_chunk=ns.mlp_chunk, loss_chunk=ns.loss_chunk, offload=ns.offload,
+                        dtype=torch_dtype(ns.dtype))
         res = simulate(cfg)
     except ValueError as e:
         print(f"burstattn sim: {e}", file=sys.stderr)
         return 2
     out = {"model": ns.model, "seq_len": ns.seq_len, "gpus": ns.gpus, "cluster": hw.name, "strategy": ns.strategy,
            "mode": ns.mode, "degrees": {"dp": dp, "cp": cp, "tp": tp}, **res.to_dict()}
+    no_plot = ""
     if ns.timeline:
         from ..sim.timeline import plot_timeline
 
-        plot_timeline(res.layer_events, ns.timeline,
-                      f"{ns.model}, one layer: {ns.strategy} cp={cp} tp={tp}, N={ns.seq_len}, {hw.name}")
-        out["timeline"] = ns.timeline
+        try:
+            plot_timeline(res.layer_events, ns.timeline,
+                          f"{ns.model}, one layer: {ns.strategy} cp={cp} tp={tp}, N={ns.seq_len}, {hw.name}")
+            out["timeline"] = ns.timeline
+        except ImportError:  # the base install has no matplotlib: the result still stands
+            no_plot = f"--timeline {ns.timeline} needs matplotlib: pip install 'burstattn[bench]' for the picture"
     if ns.json:
         print(json.dumps(out))
+        if no_plot:
+            print(f"burstattn sim: {no_plot}", file=sys.stderr)
         return 0
-    print(f"{ns.model} {ns.mode}, N={ns.seq_len}, global batch {ns.batch}, {ns.gpus} x {hw.name}: {ns.strategy} "
+    print(f"{ns.model} {ns.mode} {ns.dtype}, N={ns.seq_len}, global batch {ns.batch}, {ns.gpus} x {hw.name}: {ns.strategy} "
           f"dp={dp} cp={cp} tp={tp}"
           + (f", checkpointing {ns.checkpointing}{', FSDP' if ns.fsdp else ''}, mlp chunk {ns.mlp_chunk}, loss chunk "
              f"{ns.loss_chunk}, offload {ns.offload}" if ns.mode == "train" else ""))
@@ -156,7 +167,9 @@ def run_sim(ns) -> int:
     if res.memory.phase:
         print(f"  peak in the {res.memory.phase}; largest term: {res.memory.binding()}"
               + (f"; host memory {size(res.memory.host)} of {size(hw.host_mem_bytes)}" if res.memory.host else ""))
-    if ns.timeline:
+    if no_plot:
+        print(f"  {no_plot}")
+    elif ns.timeline:
         print(f"  wrote {ns.timeline}")
     return 0
 
@@ -181,13 +194,15 @@ def _calibrate(ns) -> int:
 
 
 def run_planner(ns) -> int:
+    from ..config import torch_dtype
     from ..models.config import preset as model_preset
-    from ..sim.planner import MemoryChoice, max_seq_len, plan
+    from ..sim.feasible import nothing_runs
+    from ..sim.planner import MemoryChoice, excluded, max_seq_len, plan
 
     try:
         _check_gpus(ns.gpus)
         hw, model = _hw(ns), model_preset(ns.model)
-        fixed = MemoryChoice(ns.mlp_chunk, ns.loss_chunk, ns.offload)
+        fixed = MemoryChoice(ns.mlp_chunk, ns.loss_chunk, ns.offload, torch_dtype(ns.dtype))
         for flag in ("mlp_chunk", "loss_chunk"):
             if getattr(ns, flag) is not None and getattr(ns, flag) < 0:
                 raise ValueError(f"--{flag.replace('_', '-')} must be a non-negative int (0: whole), got {getattr(ns, flag)}")
@@ -215,11 +230,15 @@ def run_planner(ns) -> int:
         if ns.seq_len is None:
             raise ValueError("--seq-len is required (or --max-seq-len)")
         rows = plan(model, ns.seq_len, ns.gpus, hw, ns.mode, ns.batch, model_name=ns.model, fixed=fixed)
+        out = excluded(model, ns.seq_len, ns.gpus, hw, ns.mode, ns.batch)
     except ValueError as e:
         print(f"burstattn plan: {e}", file=sys.stderr)
         return 2
     if ns.json:
-        print(json.dumps({"ranking": rows}))
+        print(json.dumps({"ranking": rows, "excluded": [x.to_dict() for x in out]}))
+        return 0
+    if not rows:
+        print(nothing_runs(ns.gpus, ns.seq_len, out))
         return 0
     print(f"{ns.model} {ns.mode}, N={ns.seq_len}, global batch {ns.batch} ({ns.batch * ns.seq_len:,} tokens per step), "
           f"{ns.gpus} x {hw.name}: {len(rows)} configurations, by time per token")

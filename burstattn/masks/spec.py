@@ -42,6 +42,12 @@ IntSeq = Union[Sequence[int], torch.Tensor]
 
 
 def _as_long(x: IntSeq, name: str) -> torch.Tensor:
+    if isinstance(x, torch.Tensor) and torch.compiler.is_compiling():
+        # reading the boundaries' values is data-dependent: dynamo would stop with "Could not guard on
+        # data-dependent expression" (under fullgraph=True) and name none of this
+        raise ValueError(f"{name} inside torch.compile: the mask is built from the tensor's values, which a compiled "
+                         f"graph cannot read; build it outside the compiled function, mask = burstattn.AttnMask("
+                         f"{name}=...), and pass mask=mask")
     t = x if isinstance(x, torch.Tensor) else torch.as_tensor(list(x))
     if t.dim() != 1 or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise ValueError(f"{name} must be a 1-D sequence of integers, got "
@@ -97,12 +103,18 @@ class AttnMask:
     mask_mod: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None
     block_size: int = 256
     cu_seqlens_k: Optional[IntSeq] = None
+    cu_seqlens_q: Optional[IntSeq] = None
+    """flash-attn's name for ``cu_seqlens`` (give one of the two), as ``burst_attn_func`` takes it."""
     bounds: Optional[torch.Tensor] = field(init=False, repr=False)
     kv_bounds: Optional[torch.Tensor] = field(init=False, repr=False)  # the keys' documents (None: bounds)
     cache: dict = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "window", normalize_window(self.window))
+        if self.cu_seqlens_q is not None:
+            if self.cu_seqlens is not None:
+                raise ValueError("pass cu_seqlens or cu_seqlens_q (the same thing), not both")
+            object.__setattr__(self, "cu_seqlens", self.cu_seqlens_q)
         object.__setattr__(self, "bounds", _doc_bounds(self.cu_seqlens, self.document_ids))
         kv = None
         if self.cu_seqlens_k is not None:

@@ -170,6 +170,11 @@ def measure(ranks: int = 2, seconds: float = 1.0, rounds: int = 3, repeats: int 
             except queue_mod.Empty:
                 raise RuntimeError("sim calibrate: no progress from the measuring processes in 600 s") from None
             if kind == "done":
+                if progress is not None:
+                    progress("blockwise chunk cost (one process, tiny model, whole vs 16-token chunks)")
+                from .chunk_cost import measure_chunk_cost
+
+                value[0]["chunk_overhead_s"] = measure_chunk_cost(repeats=max(3, rounds))["chunk_overhead_s"]
                 return value
             if progress is not None:
                 progress(value)
@@ -200,6 +205,7 @@ def calibrate(seconds: float = 1.0, ranks: int = 2, rounds: int = 3,
         rates["mem_bw"], float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / ranks,
         intra_bw=link["bandwidth"], intra_lat=link["latency_s"], inter_bw=link["bandwidth"],
         inter_lat=link["latency_s"], kernel_overhead_s=20e-6, plain_attn_rates=(rates["plain_fwd"], rates["plain_bwd"]),
+        host_is_device=True, chunk_overhead_s=rates.get("chunk_overhead_s"),
         sources={"all": f"measured by `burstattn sim calibrate` on this machine ({os.cpu_count()} cores, {ranks} "
                         f"ranks of 1 thread computing at once, kernel {rates['backend']}, gloo point-to-point)"})
     return Calibration(hw, rates, link)

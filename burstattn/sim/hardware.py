@@ -61,19 +61,41 @@ class ClusterHW:
     activations move over."""
     host_mem_bytes: float = 128e9
     """Host memory one device may fill with offloaded activations (the node's memory / its devices)."""
+    fp32_flops: Optional[float] = None
+    """Dense float32 FLOP/s of one device (``--dtype float32``; ``None``: ``peak_flops``, as for a
+    spec from ``sim calibrate``, which measures float32)."""
+    host_is_device: bool = False
+    """The device memory IS the host memory (a CPU, as ``sim calibrate`` measures): offloading
+    activations frees nothing, so the planner does not offer it and the memory model counts offloaded
+    tensors where they were."""
+    chunk_overhead_s: Optional[float] = None
+    """Fixed cost of one blockwise chunk (MLP or loss), forward and backward, beyond its FLOPs and
+    weight reads: its kernel launches and dispatch (``None``: :data:`CHUNK_KERNELS` x
+    ``kernel_overhead_s``); measured by ``sim calibrate`` (docs/simulation.md)."""
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in ("name", "sources", "emulated_attn_flops", "intra_shared", "inter_shared",
-                          "plain_attn_rates"):
+                          "plain_attn_rates", "fp32_flops", "host_is_device", "chunk_overhead_s"):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
                     value == 0 and f.name not in ("intra_lat", "inter_lat", "kernel_overhead_s")):
                 raise ValueError(f"ClusterHW.{f.name} must be a positive number, got {value!r}")
         if not isinstance(self.devices_per_node, int) or self.devices_per_node < 1:
             raise ValueError(f"ClusterHW.devices_per_node must be a positive int, got {self.devices_per_node!r}")
+
+    @property
+    def chunk_cost_s(self) -> float:
+        """Fixed seconds of one blockwise chunk, forward and backward (:attr:`chunk_overhead_s`)."""
+        return self.chunk_overhead_s if self.chunk_overhead_s is not None else CHUNK_KERNELS * self.kernel_overhead_s
+
+    def for_dtype(self, float32: bool) -> "ClusterHW":
+        """The spec that prices a float32 run (``peak_flops`` = :attr:`fp32_flops` where given), else itself."""
+        if not float32 or self.fp32_flops is None:
+            return self
+        return replace(self, peak_flops=self.fp32_flops)
 
     def attn_rate(self, backward: bool) -> float:
         """Achieved attention FLOP/s (forward or backward)."""
@@ -108,6 +130,12 @@ class ClusterHW:
         return d
 
 
+CHUNK_KERNELS = 30
+"""Kernels one blockwise chunk launches, forward + backward + the recomputed forward (counted on
+``burstattn.models.blockwise``: an MLP chunk's norm, three matmuls, SiLU and product forward (about
+8), twice that backward, the forward again; a loss chunk's norm, head, log-softmax, gather about as
+many): the presets' per-chunk cost is this times ``kernel_overhead_s`` (derived, not measured)."""
+_FP32 = "datasheet dense FP32 (no tensor cores; PyTorch's default float32 matmul precision)"
 _A100_FA2 = "FlashAttention-2 paper, A100 80GB SXM4, head_dim 128 at 16K"
 _PCIE4 = ("PCIe 4.0 x16 per GPU: 31.5 GB/s raw per direction; 22 GB/s achieved (the 22-26 GB/s commonly measured "
           "for pinned host copies; not measured here)")
@@ -117,8 +145,8 @@ _PRESETS = (
     ClusterHW(
         "a100-pcie-roce", 8, 312e12, 0.72, 0.71, 0.63, 0.88, 1.935e12, 80e9,
         intra_bw=12e9, intra_lat=10e-6, inter_bw=25e9, inter_lat=5e-6, inter_shared=True,
-        emulated_attn_flops=300e12, host_bw=22e9, host_mem_bytes=1e12 / 8,
-        sources={
+        emulated_attn_flops=300e12, host_bw=22e9, host_mem_bytes=1e12 / 8, fp32_flops=19.5e12,
+        sources={"fp32_flops": f"A100 {_FP32}: 19.5 TFLOP/s",
             "host_bw": _PCIE4, "host_mem_bytes": "assumption: 1 TB of host memory per 8-GPU node (as a DGX A100)",
             "devices_per_node": "BurstAttention's testbed: 8 x A100 80GB PCIe per node",
             "peak_flops": "NVIDIA A100 datasheet: 312 TFLOP/s dense bf16",
@@ -136,8 +164,8 @@ _PRESETS = (
     ClusterHW(
         "a100-nvlink-ib", 8, 312e12, 0.72, 0.71, 0.63, 0.88, 2.039e12, 80e9,
         intra_bw=240e9, intra_lat=3e-6, inter_bw=12.5e9 * 0.9, inter_lat=5e-6, inter_shared=True,
-        host_bw=22e9, host_mem_bytes=1e12 / 8,
-        sources={
+        host_bw=22e9, host_mem_bytes=1e12 / 8, fp32_flops=19.5e12,
+        sources={"fp32_flops": f"A100 {_FP32}: 19.5 TFLOP/s",
             "host_bw": _PCIE4, "host_mem_bytes": "NVIDIA DGX A100 datasheet: 1 TB system memory (2 TB on the 640GB "
                                                  "model) for 8 GPUs",
             "devices_per_node": "DGX A100 (DistFlashAttn's setup)",
@@ -152,8 +180,8 @@ _PRESETS = (
     ClusterHW(
         "h100-nvlink-ib", 8, 989e12, 0.60, 0.55, 0.45, 0.88, 3.35e12, 80e9,
         intra_bw=450e9, intra_lat=2e-6, inter_bw=50e9, inter_lat=5e-6, emulated_attn_flops=700e12,
-        host_bw=50e9, host_mem_bytes=2e12 / 8,
-        sources={
+        host_bw=50e9, host_mem_bytes=2e12 / 8, fp32_flops=67e12,
+        sources={"fp32_flops": f"H100 SXM {_FP32}: 67 TFLOP/s",
             "host_bw": _PCIE5, "host_mem_bytes": "NVIDIA DGX H100 datasheet: 2 TB system memory for 8 GPUs",
             "devices_per_node": "DGX H100 / Meta's CP-inference hosts: 8 x H100",
             "peak_flops": "H100 SXM datasheet: 989 TFLOP/s dense bf16",
@@ -168,7 +196,8 @@ _PRESETS = (
     ClusterHW(
         "h200-nvlink-ib", 8, 989e12, 0.60, 0.55, 0.45, 0.88, 4.8e12, 141e9,
         intra_bw=450e9, intra_lat=2e-6, inter_bw=50e9, inter_lat=5e-6, host_bw=50e9, host_mem_bytes=2e12 / 8,
-        sources={
+        fp32_flops=67e12,
+        sources={"fp32_flops": f"H200 {_FP32}: 67 TFLOP/s (as H100 SXM)",
             "host_bw": _PCIE5, "host_mem_bytes": "assumption: 2 TB per 8-GPU node (as DGX H100; NVIDIA DGX H200: 2 TB)",
             "devices_per_node": "HGX H200: 8 GPUs", "peak_flops": "H200: same compute as H100 SXM, 989 TFLOP/s",
             "matmul_eff": "as h100-nvlink-ib (assumption)", "attn_fwd_eff": "as h100-nvlink-ib (FA3 / Meta)",
@@ -180,7 +209,8 @@ _PRESETS = (
     ClusterHW(
         "tpuv4", 4, 275e12, 0.60, 0.50, 0.45, 0.88, 1.2e12, 32 * 2**30,
         intra_bw=268e9, intra_lat=5e-6, inter_bw=268e9, inter_lat=5e-6, host_bw=16e9, host_mem_bytes=64e9,
-        sources={
+        fp32_flops=275e12 / 6,
+        sources={"fp32_flops": "assumption: float32 matmuls as 6 bf16 passes (XLA's 'highest' precision): 275 / 6",
             "host_bw": "assumption: PCIe 3.0 x16 per chip (16 GB/s); burstattn's offload is a CUDA path",
             "host_mem_bytes": "assumption: 256 GB of host memory per 4-chip TPUv4 host",
             "devices_per_node": "4 chips per TPUv4 host; the ICI torus spans hosts, so both levels are ICI",
@@ -223,6 +253,8 @@ def load(path_or_name: str) -> ClusterHW:
                          "file from `burstattn sim calibrate`)")
     data = json.loads(path.read_text())
     hw = data.get("hw", data)
+    if "cluster" in data:  # written by `sim calibrate`: this machine's CPU, its memory the host's
+        hw = {"host_is_device": True, **hw}
     if hw.get("plain_attn_rates") is not None:
         hw = {**hw, "plain_attn_rates": tuple(hw["plain_attn_rates"])}
     try:

@@ -54,16 +54,22 @@ class Memory:
     def fits(self) -> bool:
         return self.peak <= self.capacity and self.host <= self.host_capacity
 
-    def binding(self) -> str:
-        """The largest part of the peak (``"host memory"`` when the host copies do not fit)."""
-        if self.host > self.host_capacity:
-            return "host memory (offloaded activations)"
+    def parts(self) -> dict:
+        """The peak by part: weights, optimizer state, KV cache, gradients, attention call and the
+        peak phase's activation terms (they sum to :attr:`peak`)."""
         parts = {"weights": self.params, "optimizer state": self.optimizer, "KV cache": self.kv_cache,
                  "gradients": self.grads if self.peak_grads is None else self.peak_grads,
                  "attention call": self.attention}
         for k, v in (self.terms or {"activations": self.activations}).items():
             if k not in ("gradients", "attention call"):
                 parts[k] = parts.get(k, 0.0) + v
+        return parts
+
+    def binding(self) -> str:
+        """The largest part of the peak (``"host memory"`` when the host copies do not fit)."""
+        if self.host > self.host_capacity:
+            return "host memory (offloaded activations)"
+        parts = self.parts()
         return max(parts, key=parts.get)
 
     def to_dict(self) -> dict:
@@ -72,6 +78,19 @@ class Memory:
         if self.phase:
             out["phase"], out["binding"] = self.phase, self.binding()
         return out
+
+
+def growing(fits: Memory, over: Memory) -> str:
+    """What stops a longer sequence: the part of the peak that grew most from ``fits`` (the longest
+    that fits) to ``over`` (one step longer, over the capacity). A part that does not grow with the
+    sequence (weights, optimizer state) cannot be it unless nothing grows. ``"host memory"`` when
+    the host copies stop it."""
+    if over.host > over.host_capacity >= fits.host:
+        return "host memory (offloaded activations)"
+    a, b = fits.parts(), over.parts()
+    grew = {k: v - a.get(k, 0.0) for k, v in b.items()}
+    top = max(grew, key=grew.get)
+    return top if grew[top] > 0 else over.binding()
 
 
 # Peak of one attention fwd+bwd beyond its inputs (q, k, v, dO), per strategy: ``(c_q, c_kv, c_gqa)`` in
@@ -170,14 +189,16 @@ def gathered_bytes(model: LlamaConfig, *, tp: int, e: int) -> float:
 
 def state_bytes(model: LlamaConfig, *, tp: int, shards: int, fsdp: bool, train: bool, e: int) -> tuple[float, float, float]:
     """``(params, grads, optimizer)`` bytes on one device (``shards`` = dp * cp ranks; with FSDP the
-    parameters' shard plus :func:`gathered_bytes`)."""
+    parameters' shard plus :func:`gathered_bytes`). Adam's two float32 moments, and float32 master
+    weights when the weights are 16-bit (``e < 4``): 12 bytes per parameter, 8 in float32."""
     n = model.num_params() / tp
     if not train:
         return n * e, 0.0, 0.0
+    opt = n * (8 + (4 if e < 4 else 0))
     if not fsdp:
-        return n * e, n * e, n * 12
+        return n * e, n * e, opt
     layer = n / model.n_layers
-    return n * e / shards + gathered_bytes(model, tp=tp, e=e), n * e / shards + 2 * layer * e, n * 12 / shards
+    return n * e / shards + gathered_bytes(model, tp=tp, e=e), n * e / shards + 2 * layer * e, opt / shards
 
 
 def kv_cache_bytes(model: LlamaConfig, *, batch: int, tokens: int, tp: int, e: int) -> float:

@@ -20,14 +20,20 @@ by every checkpointing / FSDP / dp variant; the memory model alone is used while
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
+
 from ..models.blockwise import MLP_TILE, auto_chunks
 from ..models.config import LlamaConfig
 from ..models.offload import OFFLOAD
+from .chunks import frugal, search_chunks
+from .feasible import Exclusion, degree_problem, exclusions
 from .hardware import ClusterHW
+from .memory import growing
 from .names import seconds, size
 from .step import SimConfig, SimResult, simulate
 
@@ -49,6 +55,12 @@ def _divisors(n: int) -> list[int]:
 def _runs(model: LlamaConfig, seq_len: int, batch: int, strategy: str, opts: dict, dp: int, cp: int,
           tp: int) -> bool:
     """Whether ``burstattn train`` can run this configuration (its own checks, no process group)."""
+    return _train_problem(model, seq_len, batch, strategy, opts, dp, cp, tp) is None
+
+
+def _train_problem(model: LlamaConfig, seq_len: int, batch: int, strategy: str, opts: dict, dp: int, cp: int,
+                   tp: int) -> Optional[str]:
+    """Why ``burstattn train`` refuses this configuration (its own message), or ``None``."""
     from ..train.checks import TRAIN_SCHEDULES, check_parallel
     from ..train.config import TrainConfig
 
@@ -57,9 +69,9 @@ def _runs(model: LlamaConfig, seq_len: int, batch: int, strategy: str, opts: dic
         check_parallel(TrainConfig(model="plan", seq_len=seq_len, batch=batch, strategy=strategy, dp=dp, cp=cp, tp=tp,
                                    layout=opts.get("layout"), ulysses_degree=opts.get("ulysses_degree", 0),
                                    schedule=schedule if schedule in TRAIN_SCHEDULES else "ring"), dp * cp * tp, model)
-    except ValueError:
-        return False
-    return True
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def _options(model: LlamaConfig, gpus: int, hw: ClusterHW, seq_len: int, mode: str, batch: int = 1):
@@ -69,7 +81,7 @@ def _options(model: LlamaConfig, gpus: int, hw: ClusterHW, seq_len: int, mode: s
             continue
         heads = model.n_heads // tp
         for cp in _divisors(gpus // tp):
-            if cp > 1 and seq_len % (2 * cp) or batch % (gpus // (cp * tp)):
+            if degree_problem(model, gpus, hw.devices_per_node, seq_len, batch, cp, tp):  # (feasible.py: why)
                 continue
             if cp == 1:
                 if tp > 1:
@@ -93,6 +105,18 @@ def _options(model: LlamaConfig, gpus: int, hw: ClusterHW, seq_len: int, mode: s
                 yield "usp", {"ulysses_degree": u}, cp, tp
 
 
+def excluded(model: LlamaConfig, seq_len: int, gpus: int, hw: ClusterHW, mode: str = "train",
+             batch: int = 1) -> list[Exclusion]:
+    """Per constraint, the configurations :func:`plan` leaves out (:func:`.feasible.exclusions`): the
+    degree choices that cannot split, and the strategies ``burstattn train`` refuses."""
+    refused = []
+    for strategy, opts, cp, tp in _options(model, gpus, hw, seq_len, mode, batch):
+        problem = _train_problem(model, seq_len, batch, strategy, opts, gpus // (cp * tp), cp, tp)
+        if problem:
+            refused.append((_label(strategy, opts), cp, tp, problem))
+    return exclusions(model, gpus, hw.devices_per_node, seq_len, batch, refused)
+
+
 def _label(strategy: str, opts: dict) -> str:
     if strategy == "burst" and opts.get("schedule", "ring") != "ring":
         return f"burst({opts['schedule']})"
@@ -108,6 +132,9 @@ class MemoryChoice:
     mlp_chunk: Optional[int] = None
     loss_chunk: Optional[int] = None
     offload: Optional[str] = None
+    dtype: torch.dtype = torch.bfloat16
+    """The training / inference dtype (not searched): float32 keeps float32 weights and two moments,
+    bfloat16 / float16 16-bit weights with float32 master weights (:func:`.memory.state_bytes`)."""
 
 
 def chunk_pair(model: LlamaConfig, seq_len: int, cp: int, tp: int, strategy: str, blockwise: bool,
@@ -122,26 +149,40 @@ def chunk_pair(model: LlamaConfig, seq_len: int, cp: int, tp: int, strategy: str
             auto[1] if fixed.loss_chunk is None else fixed.loss_chunk)
 
 
-def memory_choices(mode: str, fixed: MemoryChoice) -> list[dict]:
+def memory_choices(mode: str, fixed: MemoryChoice, hw: Optional[ClusterHW] = None) -> list[dict]:
     """The checkpointing / FSDP / blockwise / offload combinations the planner tries (training):
-    offload only where a checkpoint keeps little (``full``, ``remat``)."""
+    offload only where a checkpoint keeps little (``full``, ``remat``), and never where the host
+    memory is the device's (``hw.host_is_device``: a CPU, where it frees nothing)."""
     if mode != "train":
         return [dict(checkpointing="none", fsdp=False, blockwise=False, offload="none")]
     blockwise = (False, True) if fixed.mlp_chunk is None or fixed.loss_chunk is None else (True,)
+    same_memory = hw is not None and hw.host_is_device
     out = []
     for ck in ("none", "full", "remat"):
-        offloads = (fixed.offload,) if fixed.offload is not None else (("none",) if ck == "none" else OFFLOAD)
+        offloads = (fixed.offload,) if fixed.offload is not None else (
+            ("none",) if ck == "none" or same_memory else OFFLOAD)
         out += [dict(checkpointing=ck, fsdp=f, blockwise=b, offload=o)
                 for f in (False, True) for b in blockwise for o in offloads]
     return out
 
 
 def _sim_config(model, seq_len, hw, strategy, opts, cp, tp, gpus, mode, batch, choice: dict,
-                fixed: MemoryChoice) -> SimConfig:
+                fixed: MemoryChoice, chunks: str = "search") -> SimConfig:
+    """The candidate's config; blockwise chunks not fixed are searched (``chunks="search"``: the fewest
+    that fit, :func:`.chunks.search_chunks`) or the most frugal (``"frugal"``: bisecting a length)."""
     mlp, loss = chunk_pair(model, seq_len, cp, tp, strategy, choice["blockwise"], fixed)
-    return SimConfig(model, seq_len, hw, strategy, mode, cp=cp, tp=tp, dp=gpus // (cp * tp), batch=batch,
-                     checkpointing=choice["checkpointing"], fsdp=choice["fsdp"], mlp_chunk=mlp, loss_chunk=loss,
-                     offload=choice["offload"], **opts)
+    cfg = SimConfig(model, seq_len, hw, strategy, mode, cp=cp, tp=tp, dp=gpus // (cp * tp), batch=batch,
+                    checkpointing=choice["checkpointing"], fsdp=choice["fsdp"], mlp_chunk=mlp, loss_chunk=loss,
+                    offload=choice["offload"], dtype=fixed.dtype, **opts)
+    if not choice["blockwise"] or (fixed.mlp_chunk is not None and fixed.loss_chunk is not None):
+        return cfg
+    rows = max(1, seq_len // cp // (tp if tp > 1 and strategy != "tp-v1" else 1))
+    with_chunks = lambda m, x: dataclasses.replace(cfg, mlp_chunk=m, loss_chunk=x)  # noqa: E731
+    pair = None
+    if chunks == "search":
+        pair = search_chunks(lambda m, x: simulate(with_chunks(m, x), memory_only=True).fits, rows, fixed.mlp_chunk,
+                             fixed.loss_chunk)
+    return with_chunks(*(pair or frugal(rows, fixed.mlp_chunk, fixed.loss_chunk)))
 
 
 def candidates(model: LlamaConfig, seq_len: int, gpus: int, hw: ClusterHW, mode: str = "train",
@@ -150,7 +191,7 @@ def candidates(model: LlamaConfig, seq_len: int, gpus: int, hw: ClusterHW, mode:
     if gpus < 1:
         raise ValueError(f"--gpus must be a positive int, got {gpus!r}")
     out = []
-    choices = memory_choices(mode, fixed)
+    choices = memory_choices(mode, fixed, hw)
     for strategy, opts, cp, tp in _options(model, gpus, hw, seq_len, mode, batch):
         if not _runs(model, seq_len, batch, strategy, opts, gpus // (cp * tp), cp, tp):
             continue
@@ -228,7 +269,8 @@ def configuration(cfg: SimConfig, model_name: Optional[str] = None) -> dict:
     flags = [f"--model {model_name}", f"--seq-len {cfg.seq_len}", f"--batch {cfg.batch}", f"--strategy {cfg.strategy}",
              f"--world-size {cfg.gpus}", f"--dp {cfg.dp}", f"--cp {cfg.cp}", f"--tp {cfg.tp}",
              f"--checkpointing {cfg.checkpointing}", f"--mlp-chunk {cfg.mlp_chunk}", f"--loss-chunk {cfg.loss_chunk}",
-             f"--offload {cfg.offload}", "--dtype bfloat16"] + (["--fsdp"] if cfg.fsdp else [])
+             f"--offload {cfg.offload}", f"--dtype {str(cfg.dtype).replace('torch.', '')}"] + \
+        (["--fsdp"] if cfg.fsdp else [])
     if cfg.layout:
         flags.append(f"--layout {cfg.layout}")
     if cfg.strategy == "burst" and cfg.schedule == "distflash":
@@ -253,9 +295,9 @@ def max_seq_len(model: LlamaConfig, gpus: int, hw: ClusterHW, mode: str = "train
     best: dict[str, dict] = {}
     seen = set()
     if mode == "train":
-        choices = [c for c in memory_choices(mode, fixed) if c["fsdp"] and c["checkpointing"] != "none"]
+        choices = [c for c in memory_choices(mode, fixed, hw) if c["fsdp"] and c["checkpointing"] != "none"]
     else:
-        choices = memory_choices(mode, fixed)
+        choices = memory_choices(mode, fixed, hw)
     probe = 2 * granularity * gpus
     for strategy, opts, cp, tp in _options(model, gpus, hw, probe, mode, batch):
         label = _label(strategy, opts)
@@ -265,8 +307,8 @@ def max_seq_len(model: LlamaConfig, gpus: int, hw: ClusterHW, mode: str = "train
         seen.add((label, cp, tp))
         step = granularity * (2 * cp // _gcd(2 * cp, granularity) if cp > 1 else 1)
         for choice in choices:
-            def sim(n: int):
-                cfg = _sim_config(model, n, hw, strategy, opts, cp, tp, gpus, mode, batch, choice, fixed)
+            def sim(n: int, chunks: str = "frugal"):
+                cfg = _sim_config(model, n, hw, strategy, opts, cp, tp, gpus, mode, batch, choice, fixed, chunks)
                 return cfg, simulate(cfg, memory_only=True)
 
             def fits(n: int) -> bool:
@@ -282,12 +324,13 @@ def max_seq_len(model: LlamaConfig, gpus: int, hw: ClusterHW, mode: str = "train
                     break
                 lo, hi = (mid, hi) if fits(mid) else (lo, mid)
             if lo > best.get(label, {}).get("tokens", -1):
-                cfg, res = sim(max(lo, step))
-                over = sim(lo + step)[1].memory  # what stops it one step further
+                cfg, res = sim(max(lo, step), "search")  # the fewest chunks that fit at the longest
+                over = sim(lo + step)[1].memory  # what stops it one step further: the term that grew
+                binding = growing(sim(lo)[1].memory, over) if lo else over.binding()
                 best[label] = {"tokens": lo, "degrees": {"dp": gpus // (cp * tp), "cp": cp, "tp": tp},
                                "options": {"checkpointing": cfg.checkpointing, "fsdp": cfg.fsdp, "mlp_chunk": cfg.mlp_chunk,
                                            "loss_chunk": cfg.loss_chunk, "offload": cfg.offload},
-                               "binding": over.binding(), "peak_memory_bytes": int(res.memory.peak),
+                               "binding": binding, "peak_memory_bytes": int(res.memory.peak),
                                "host_memory_bytes": int(res.memory.host)}
     return best
 

@@ -40,6 +40,7 @@ from . import memory as mem
 from .activations import ATTENTION, GRADIENTS, ActivationShape, training_activations
 from . import net, plans
 from .attention import AttnShape, Pass, attention_timeline
+from .chunks import count as chunk_count
 from .hardware import ClusterHW
 
 from .names import CHECKPOINTING, MODES, STRATEGIES
@@ -181,7 +182,7 @@ def simulate(cfg: SimConfig, memory_only: bool = False) -> SimResult:
     check(cfg)
     if memory_only:
         return SimResult(0.0, 0.0, 0.0, 0.0, memory_model(cfg), tokens_per_step=cfg.tokens_per_step)
-    m, hw = cfg.model, cfg.hw
+    m, hw = cfg.model, cfg.hw.for_dtype(cfg.dtype == torch.float32)
     e = torch.empty((), dtype=cfg.dtype).element_size()
     tp, cp = cfg.tp, cfg.cp
     h, f, kvd = m.dim, m.ffn_dim, m.n_kv_heads * m.head_dim
@@ -192,7 +193,7 @@ def simulate(cfg: SimConfig, memory_only: bool = False) -> SimResult:
     kv_heads = max(1, m.n_kv_heads // tp)
     layer_w = (h * (h + 2 * kvd) + h * h + 3 * h * f) / tp  # weights of one layer on this device
     if cfg.mode == "decode":
-        return _decode(cfg, e, layer_w, kv_heads)
+        return _decode(dataclasses.replace(cfg, hw=hw), e, layer_w, kv_heads)
     if cfg.strategy == "usp" and cfg.ulysses_degree is None:
         import math
         cfg = dataclasses.replace(cfg, ulysses_degree=math.gcd(cp, m.n_heads // tp, max(1, hw.devices_per_node // tp)))
@@ -235,7 +236,8 @@ def simulate(cfg: SimConfig, memory_only: bool = False) -> SimResult:
     head_f = 2 * tokens * h * m.vocab_size / tp / hw.matmul_rate
     head = head_f * (4 if cfg.loss_chunk else 3) if train else (2 * b * h * m.vocab_size / tp / hw.matmul_rate)
     optimizer = (16 * 2 * m.num_params() / tp / (shard_pl.size if cfg.fsdp else 1) / hw.mem_bw) if train else 0.0
-    compute = m.n_layers * comp + head + optimizer
+    chunks_s = chunk_overhead(cfg, hw, e) if train else 0.0
+    compute = m.n_layers * comp + head + optimizer + chunks_s
     memory = memory_model(cfg, bmode)
     offload_s = offload_exposed(memory.host, hw.host_bw, forward_s=m.n_layers * (mm_f + elem_f + fwd.compute),
                                 backward_s=compute - m.n_layers * (mm_f + elem_f + fwd.compute)) if train else 0.0
@@ -243,9 +245,23 @@ def simulate(cfg: SimConfig, memory_only: bool = False) -> SimResult:
     idle_s = m.n_layers * idle
     breakdown = {**{f"layer_fwd_{k}_s": v for k, v in layer.items()}, "layer_bwd_attention_s": bwd.compute,
                  "layer_bwd_attn_comm_s": bwd.exposed_comm, "dp_comm_s": dp_comm, "head_s": head,
-                 "optimizer_s": optimizer, "offload_exposed_s": offload_s}
+                 "optimizer_s": optimizer, "offload_exposed_s": offload_s, "chunk_overhead_s": chunks_s}
     return SimResult(compute + exposed + idle_s, compute, exposed, idle_s, memory, breakdown,
                      (fwd, bwd if train else None), cfg.tokens_per_step)
+
+
+def chunk_overhead(cfg: SimConfig, hw: ClusterHW, e: int) -> float:
+    """Seconds the blockwise chunks add over the whole MLP and loss: per chunk beyond the first, its
+    fixed cost (:attr:`ClusterHW.chunk_cost_s`: launches, dispatch) and its weights read again from
+    memory in the forward, the recomputed forward and the backward (the MLP's ``3 h f / tp``, the
+    head's ``vocab h / tp``). A million one-token chunks cost a million times that, not nothing."""
+    m, tp = cfg.model, cfg.tp
+    rows = cfg.seq_len // cfg.cp // (tp if tp > 1 and cfg.strategy != "tp-v1" else 1)
+    extra = lambda chunk: max(0, chunk_count(rows, chunk) - 1)  # noqa: E731
+    mlp_w, head_w = 3 * m.dim * m.ffn_dim / tp * e, m.vocab_size * m.dim / tp * e
+    per_mlp = hw.chunk_cost_s + 3 * mlp_w / hw.mem_bw
+    per_loss = hw.chunk_cost_s + 3 * head_w / hw.mem_bw
+    return m.n_layers * extra(cfg.mlp_chunk) * per_mlp + extra(cfg.loss_chunk) * per_loss
 
 
 def offload_exposed(host_bytes: float, host_bw: float, *, forward_s: float, backward_s: float) -> float:
@@ -291,7 +307,8 @@ def memory_model(cfg: SimConfig, bwd_mode: Optional[str] = None) -> mem.Memory:
                                  e=e, seq_len=cfg.seq_len, ulysses=cfg.ulysses_degree or 1)
     acts = training_activations(m, shape, checkpointing=cfg.checkpointing, eager_units=eager,
                                 through_op=cfg.strategy in THROUGH_OP, mlp_chunk=cfg.mlp_chunk,
-                                loss_chunk=cfg.loss_chunk, offload=cfg.offload, attention_fwd=attn_fwd,
+                                loss_chunk=cfg.loss_chunk, attention_fwd=attn_fwd,
+                                offload="none" if hw.host_is_device else cfg.offload,  # host = device: nothing moves
                                 attention_bwd=attn_bwd, grads=grads,
                                 param_fp32=4 * m.num_params() / tp / (cfg.dp * cp if cfg.fsdp else 1))
     t = acts.terms

@@ -122,6 +122,11 @@ def check_config(cfg: TrainConfig, world_size: int, device_type: str = "cpu") ->
     elif cfg.seq_len < PasskeyData.MIN_LEN:
         raise ValueError(f"the synthetic passkey task needs --seq-len >= {PasskeyData.MIN_LEN}, got {cfg.seq_len} "
                          "(or train on a --data file)")
+    elif PasskeyData.largest_id() >= model.vocab_size:
+        largest = PasskeyData.largest_id()
+        raise ValueError(f"the synthetic passkey task writes byte token ids up to {largest} ({chr(largest)!r}) but "
+                         f"model {cfg.model!r} has vocab_size {model.vocab_size}: pass --vocab-size {largest + 1} "
+                         "(or more; 256 holds every byte), or train on a --data file")
     if cfg.resume and not Path(cfg.ckpt_dir).is_dir():
         raise ValueError(f"--resume: --ckpt-dir {cfg.ckpt_dir!r} does not exist (mistyped?); drop --resume to "
                          "start a fresh run there")

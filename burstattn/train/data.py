@@ -54,6 +54,14 @@ class PasskeyData:
     """
 
     MIN_LEN = 96
+    NEEDLE, QUESTION = " The pass key is #{key}. ", " What is the pass key? The pass key is #{key}"
+
+    @classmethod
+    def largest_id(cls) -> int:
+        """The largest token id a row can hold (byte-level: ``ord('z')`` = 122, from the filler's
+        letters): a model needs ``vocab_size > largest_id()``."""
+        digits = "0123456789"
+        return max(encode(LETTERS + ". " + cls.NEEDLE.format(key=digits) + cls.QUESTION.format(key=digits)).tolist())
 
     def __init__(self, seed: int, batch: int, seq_len: int) -> None:
         if seq_len < self.MIN_LEN:
@@ -64,8 +72,8 @@ class PasskeyData:
         """One sequence ``[N]`` and its answer mask ``[N]`` (True at the labels that are key digits)."""
         gen = _generator(self.seed, step, row)
         key = "".join(str(int(d)) for d in torch.randint(0, 10, (KEY_DIGITS,), generator=gen))
-        needle = encode(f" The pass key is #{key}. ")  # '#' and digits appear nowhere else
-        question = encode(f" What is the pass key? The pass key is #{key}")
+        needle = encode(self.NEEDLE.format(key=key))  # '#' and digits appear nowhere else
+        question = encode(self.QUESTION.format(key=key))
         room = self.seq_len - len(question) - len(needle)
         # phrases of 8 to N/3 letters: copies from near and far, like the key's (RoPE must not learn
         # copying at one distance only)
@@ -124,8 +132,11 @@ def _token_file(path: str, fmt: str) -> tuple[Path, str]:
     """The file and its format (``auto`` resolved); ``ValueError`` naming ``--data`` / ``--data-format``
     for a missing file, an unknown format or a length that is not a whole number of ids."""
     p = Path(path)
+    expects = "--data expects one token file: uint16 / uint32 ids (nanoGPT's .bin) or UTF-8 text"
+    if p.is_dir():
+        raise ValueError(f"--data: {path!r} is a directory; {expects}")
     if not p.is_file():
-        raise ValueError(f"--data: no such file {path!r}")
+        raise ValueError(f"--data: no such file {path!r} ({expects})")
     fmt = FileData.guess_format(p) if fmt == "auto" else fmt
     if fmt not in WIDTHS:
         raise ValueError(f"--data-format must be auto, uint16, uint32 or text, got {fmt!r}")

@@ -76,3 +76,25 @@ def test_a_failure_every_rank_shares_is_printed_once(capsys):
     err = capsys.readouterr().err.splitlines()
     assert err == ["burstattn train: failed: train on 2 ranks: lost a rank", "  TrainingError: rank 0: a peer died",
                    "  exited with code -9"]
+
+
+def test_synthetic_task_past_the_vocabulary_names_vocab_size(capsys, no_spawn):
+    # issue 26 item 8: was an IndexError inside the embedding on every rank
+    assert main(["train", "--world-size", "2", "--vocab-size", "100", "--seq-len", "128", "--steps", "2",
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "passkey task writes byte token ids up to 122 ('z')" in err and "--vocab-size 123" in err, err
+
+
+def test_largest_passkey_id_is_what_the_rows_hold():
+    from burstattn.train.data import PasskeyData
+
+    rows = PasskeyData(0, 8, 512).batch(0).tokens
+    assert int(rows.max()) <= PasskeyData.largest_id() == ord("z")
+
+
+def test_data_directory_says_what_data_expects(capsys, no_spawn, tmp_path):
+    assert main(["train", "--data", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "is a directory; --data expects one token file" in err and "no such file" not in err, err

@@ -89,3 +89,45 @@ def test_time_model_of_the_chunked_options_matches_the_committed_run():
     for r in chunked:
         assert r["predicted_s"] == pytest.approx(r["measured_s"], rel=0.25), r
         assert r["cost_predicted"] == pytest.approx(r["cost_measured"], rel=0.25), r
+
+
+def test_a_peak_that_does_not_grow_is_not_compared_with_the_floor():
+    """Issue 26: at 64 MiB the step's peak was the same at 2,048 and 4,096 tokens (fixed terms set it), and
+    the report said "x floor 0.77", below the floor."""
+    def probe(n, peak_mib, fits=True):
+        return dict(seq_len=n, fits=fits, peak_bytes=[int(peak_mib * 2**20)] * 2, maxrss_bytes=[600 * 2**20] * 2,
+                    seconds=40.0, param_bytes=30_000_000, local_tokens=n // 2, host_bytes=[0, 0], chunks=[512, 256])
+    rec = dict(contender="remat+blockwise", longest=4096, note=None,
+               probes=[probe(2048, 58.0), probe(4096, 58.1), probe(8192, 99.3, False)])
+    rec["bytes_per_token"] = per_token(rec)
+    doc = dict(config=MaxLenConfig(budget_mb=64, contenders=("remat+blockwise",)).__dict__, records=[rec],
+               floor=dict(seq_len=4096, saved_per_token=8256.0, attention_call_per_token=11056.0, per_token=19312.0))
+    md = maxlen_markdown(doc)
+    assert "| 0.77 |" not in md and "x floor left out for remat+blockwise" in md, md
+
+
+def test_each_contender_is_compared_with_its_own_checkpointings_floor():
+    from burstattn.bench.train_memory import floor_bytes
+
+    assert floor_bytes("small-l3", 10, checkpointing="full") < floor_bytes("small-l3", 10)
+    doc = _doc()
+    doc["records"][0]["contender"] = "full"  # 85,069 B/token at its longest... against full's own floor of 5.0
+    doc["floor"]["per_contender"] = {"full": 5.0, "remat+blockwise": 11.0}
+    md = maxlen_markdown(doc)
+    full = doc["records"][0]["bytes_per_token"]["at_longest"]
+    assert f"| {full / 5.0:.2f} |" in md and f"| {full / 11.0:.2f} |" not in md, md
+
+
+def test_only_the_contenders_asked_for_are_timed(monkeypatch):
+    import burstattn.testing.launch as launch
+    from burstattn.bench.train_maxlen import timed_contenders, timing
+
+    cfg = MaxLenConfig(contenders=("remat+blockwise", "full"))
+    assert timed_contenders(cfg) == ["remat+blockwise"]
+    assert timed_contenders(MaxLenConfig(contenders=("full",))) == []
+    assert timed_contenders(MaxLenConfig(contenders=("none", "remat+blockwise"))) == [
+        "none", "none+blockwise", "remat+blockwise"]
+    seen = []
+    monkeypatch.setattr(launch, "run_local", lambda fn, world, pts, *a, **k: seen.extend(p[0] for p in pts) or [
+        {p[0]: [1.0] for p in pts}])
+    assert set(timing(cfg, 2048)) == {"remat+blockwise"} and seen == ["remat+blockwise"]
