@@ -140,6 +140,25 @@ def state_passing(fn: str, tensors: dict, local: Callable, *, dv: int, a_shape: 
     return out, final
 
 
+def _fields(kind: str, q, v, chunk_size, scale, layout, cu_seqlens, problem, **extra) -> dict:
+    """What must agree across ranks (shapes, options, layout and packing checksums)."""
+    ok = problem is None
+    return dict(kind=crc(kind), batch=q.shape[0], local_seq=q.shape[1] if q.dim() > 1 else 0,
+                q_heads=q.shape[-2] if q.dim() > 2 else 0, v_heads=v.shape[-2] if v.dim() > 2 else 0,
+                head_dim=q.shape[-1], v_head_dim=v.shape[-1],
+                chunk_size=chunk_size if isinstance(chunk_size, int) else -1, dtype=crc(str(q.dtype)),
+                scale=crc(repr(scale)), layout=_layout_key(layout_or_default(layout)) if ok else 0,
+                cu_seqlens=_cu_key(cu_seqlens) if ok else 0, **extra)
+
+
+def _grouped(q, k, v, **rest) -> dict:
+    """The inputs in the compute dtype, q and k repeated to v's heads (grouped heads)."""
+    dtype = compute_dtype(q.dtype)
+    rep = v.shape[2] // k.shape[2]
+    q, k = (x.repeat_interleave(rep, dim=2) if rep > 1 else x for x in (q, k))
+    return {name: t.to(dtype) for name, t in dict(q=q, k=k, v=v, **rest).items()}
+
+
 def _delta_local(chunk_size: int, scale, use_qk_l2norm: bool):
     def local(q, k, v, g, beta):
         b, L, H, dk = k.shape
@@ -178,18 +197,9 @@ def sp_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
     problem = _common_problem(q, chunk_size, layout_or_default(layout), cu_seqlens, ctx.world_size)
     if problem is None:
         problem = _delta_problem(q, k, v, g, beta)
-    fields = dict(kind=crc("delta"), batch=q.shape[0], local_seq=q.shape[1] if q.dim() > 1 else 0,
-                  q_heads=q.shape[-2] if q.dim() > 2 else 0, v_heads=v.shape[-2] if v.dim() > 2 else 0,
-                  head_dim=q.shape[-1], v_head_dim=v.shape[-1], channel_decay=g.dim() == 4, chunk_size=chunk_size
-                  if isinstance(chunk_size, int) else -1, dtype=crc(str(q.dtype)), scale=crc(repr(scale)),
-                  l2norm=int(use_qk_l2norm), layout=_layout_key(layout_or_default(layout)) if problem is None else 0,
-                  cu_seqlens=_cu_key(cu_seqlens) if problem is None else 0)
-    dtype = compute_dtype(q.dtype)
-    tensors = {}
-    if problem is None:
-        rep = v.shape[2] // k.shape[2]
-        q, k = (x.repeat_interleave(rep, dim=2) if rep > 1 else x for x in (q, k))
-        tensors = dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), g=g.to(dtype), beta=beta.to(dtype))
+    fields = _fields("delta", q, v, chunk_size, scale, layout, cu_seqlens, problem, channel_decay=g.dim() == 4,
+                     l2norm=int(use_qk_l2norm))
+    tensors = {} if problem else _grouped(q, k, v, g=g, beta=beta)
     out, final = state_passing("sp_gated_delta_rule", tensors, _delta_local(chunk_size, scale, use_qk_l2norm),
                                dv=v.shape[-1], a_shape=(k.shape[-1], k.shape[-1]), group=group, layout=layout,
                                cu_seqlens=cu_seqlens, output_final_state=output_final_state, fields=fields,
@@ -240,18 +250,8 @@ def sp_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
         problem = _delta_problem(q, k, v, g, g if g.dim() == 3 else g[..., 0])
         if problem is None and g.dim() != 3:
             problem = f"g must be [batch, local_seq, heads] (a scalar decay), got {tuple(g.shape)}"
-    fields = dict(kind=crc("linear"), batch=q.shape[0], local_seq=q.shape[1] if q.dim() > 1 else 0,
-                  q_heads=q.shape[-2] if q.dim() > 2 else 0, v_heads=v.shape[-2] if v.dim() > 2 else 0,
-                  head_dim=q.shape[-1], v_head_dim=v.shape[-1], chunk_size=chunk_size
-                  if isinstance(chunk_size, int) else -1, dtype=crc(str(q.dtype)), scale=crc(repr(scale)),
-                  layout=_layout_key(layout_or_default(layout)) if problem is None else 0,
-                  cu_seqlens=_cu_key(cu_seqlens) if problem is None else 0)
-    dtype = compute_dtype(q.dtype)
-    tensors = {}
-    if problem is None:
-        rep = v.shape[2] // k.shape[2]
-        q, k = (x.repeat_interleave(rep, dim=2) if rep > 1 else x for x in (q, k))
-        tensors = dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), g=g.to(dtype))
+    fields = _fields("linear", q, v, chunk_size, scale, layout, cu_seqlens, problem)
+    tensors = {} if problem else _grouped(q, k, v, g=g)
     out, final = state_passing("sp_linear_attention", tensors, _linear_local(chunk_size, scale), dv=v.shape[-1],
                                a_shape=(), group=group, layout=layout, cu_seqlens=cu_seqlens,
                                output_final_state=output_final_state, fields=fields, problem=problem,
