@@ -2,12 +2,13 @@
 the blockwise MLP and loss, checkpointing and offload)."""
 from .blockwise import IGNORE, auto_chunks, blockwise_cross_entropy, chunk_bounds
 from .checkpointing import CHECKPOINTING, LayerRun
-from .config import PRESETS, LlamaConfig, preset
+from .config import PRESETS, HybridConfig, LlamaConfig, preset
+from .hybrid import GatedDeltaNet, HybridLlama, model_class
 from .llama import Attention, AttnCall, FeedForward, Llama, LossOutput, TransformerBlock
 from .norms import RMSNorm
 from .offload import OFFLOAD, HostOffload
 from .rope import apply_rotary
 
-__all__ = ["LlamaConfig", "PRESETS", "preset", "Llama", "AttnCall", "Attention", "FeedForward",
+__all__ = ["LlamaConfig", "HybridConfig", "HybridLlama", "GatedDeltaNet", "model_class", "PRESETS", "preset", "Llama", "AttnCall", "Attention", "FeedForward",
            "TransformerBlock", "RMSNorm", "apply_rotary", "LossOutput", "LayerRun", "CHECKPOINTING", "OFFLOAD",
            "HostOffload", "IGNORE", "auto_chunks", "blockwise_cross_entropy", "chunk_bounds"]

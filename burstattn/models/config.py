@@ -102,6 +102,46 @@ class LlamaConfig:
         return replace(self, **overrides)
 
 
+@dataclass(frozen=True)
+class HybridConfig(LlamaConfig):
+    """A hybrid decoder (Qwen3-Next's pattern): Gated DeltaNet layers, every ``full_attention_interval``-th
+    layer a full-attention one (:class:`burstattn.models.hybrid.HybridLlama`)."""
+
+    full_attention_interval: int = 4
+    """Layer ``i`` is full attention when ``(i + 1) % full_attention_interval == 0``, else Gated DeltaNet."""
+    linear_num_key_heads: int = 2
+    """Gated DeltaNet query/key heads."""
+    linear_num_value_heads: int = 4
+    """Gated DeltaNet value heads (a multiple of the key heads)."""
+    linear_key_head_dim: int = 16
+    """Gated DeltaNet query/key head size."""
+    linear_value_head_dim: int = 16
+    """Gated DeltaNet value head size."""
+    linear_conv_kernel_dim: int = 4
+    """Taps of the causal short convolution over q, k, v."""
+    linear_chunk: int = 64
+    """Tokens per chunk of the chunked delta rule (changes rounding, not the result)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise ValueError(f"HybridConfig: linear_num_value_heads ({self.linear_num_value_heads}) must be a "
+                             f"multiple of linear_num_key_heads ({self.linear_num_key_heads})")
+
+    def is_attention(self, layer: int) -> bool:
+        """Whether layer ``layer`` is a full-attention layer."""
+        return (layer + 1) % self.full_attention_interval == 0
+
+    def num_params(self) -> int:
+        d, hk, hv = self.dim, self.linear_num_key_heads * self.linear_key_head_dim, \
+            self.linear_num_value_heads * self.linear_value_head_dim
+        gdn = 2 * d * hk + 3 * d * hv + 2 * d * self.linear_num_value_heads + (2 * hk + hv) * \
+            self.linear_conv_kernel_dim + 2 * self.linear_num_value_heads + self.linear_value_head_dim
+        attn = d * self.n_heads * self.head_dim * 2 + d * self.n_kv_heads * self.head_dim * 2
+        n_attn = sum(self.is_attention(i) for i in range(self.n_layers))
+        return super().num_params() - (self.n_layers - n_attn) * (attn - gdn)
+
+
 PRESETS: Mapping[str, LlamaConfig] = MappingProxyType({
     # tests: a few thousand parameters, GQA 4/2, exercises every code path quickly
     "tiny": LlamaConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128),
@@ -125,6 +165,11 @@ PRESETS: Mapping[str, LlamaConfig] = MappingProxyType({
     # Llama 3.1 405B (params.json): GQA 128/8
     "llama3-405b": LlamaConfig(vocab_size=128256, dim=16384, n_layers=126, n_heads=128, n_kv_heads=8,
                                ffn_dim=53248, rope_theta=500000.0),
+    # hybrids, 3 Gated DeltaNet layers to 1 attention layer (Qwen3-Next's pattern); "-tiny" for tests
+    "hybrid-tiny": HybridConfig(vocab_size=256, dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=128),
+    "hybrid-small": HybridConfig(vocab_size=256, dim=256, n_layers=4, n_heads=4, n_kv_heads=4, ffn_dim=688,
+                                 linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64,
+                                 linear_value_head_dim=64),
 })
 
 

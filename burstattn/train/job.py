@@ -15,7 +15,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from ..config import torch_dtype
-from ..models import AttnCall, Llama, auto_chunks
+from ..models import AttnCall, auto_chunks
+from ..models.hybrid import model_class
 from ..models.offload import offload_problem, offloaded_bytes
 from ..parallel import (IGNORE, ParallelDims, apply_fsdp, apply_tp, build_mesh, cp_attention, flat_mesh,
                         mixed_precision, shard_positions, shift_labels, build_usp_mesh)
@@ -137,7 +138,7 @@ def build_job(cfg: TrainConfig) -> Job:
     positions = shard_positions(cfg.seq_len, strategy=attn_strategy, layout=layout, cp_rank=c, cp_size=dims.cp,
                                 ulysses_degree=ulysses)
     torch.manual_seed(cfg.seed)
-    model = Llama(mcfg, attn=attn, checkpointing=cfg.checkpointing, offload=cfg.offload).to(device)
+    model = model_class(mcfg)(mcfg, attn=attn, checkpointing=cfg.checkpointing, offload=cfg.offload).to(device)
     if dims.tp > 1:
         apply_tp(model, mesh["tp"], variant)
     dtype = torch_dtype(cfg.dtype)

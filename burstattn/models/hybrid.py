@@ -1,0 +1,145 @@
+"""A hybrid decoder: Gated DeltaNet layers among full-attention layers (Qwen3-Next's pattern, ``hybrid-*``
+presets), trained over context-parallel ranks exactly.
+
+The Gated DeltaNet mixer follows transformers' ``Qwen3NextGatedDeltaNet`` (separate projections instead
+of the fused ``in_proj_qkvz``/``in_proj_ba``): ``q, k, v`` projections -> causal short convolution
+(silu) -> the gated delta rule with l2-normalised q/k, ``beta = sigmoid(b)``, ``g = -exp(A_log) *
+softplus(a + dt_bias)`` -> gated RMSNorm (``* silu(z)``) -> ``wo``. The convolution and the
+recurrence run sequence-parallel (:mod:`burstattn.recurrent`) over the attention's group and layout,
+so a block of this kind slots into :class:`~burstattn.models.Llama`'s loop, FSDP units, ``remat``
+and the blockwise MLP and loss unchanged. Tensor parallelism is refused (its plans split attention
+projections).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..groups import group_context
+from ..partition import Partition
+from ..recurrent import sp_causal_conv1d, sp_gated_delta_rule
+from ..strategies import STRATEGIES
+from ..strategies.usp import usp_positions
+from .blockwise import blockwise_rows
+from .checkpointing import LayerRun, checkpointed
+from .config import HybridConfig, LlamaConfig
+from .llama import AttnFn, Llama, TransformerBlock
+
+
+def mixer_context(attn: Optional[AttnFn], seq_len: int) -> tuple:
+    """``(group, layout)`` the recurrent layers must use to match the attention ``attn`` (an
+    :class:`~burstattn.models.AttnCall`; any other callable: one process). ``usp``: its grid
+    layout as a Partition. Raises ``ValueError`` for the tensor-parallel strategies."""
+    strategy = getattr(attn, "strategy", None)
+    if strategy is None:
+        return None, "contiguous"
+    if strategy.startswith("tp"):
+        raise ValueError(f"hybrid models: strategy {strategy!r} is not supported for Gated DeltaNet layers "
+                         "(tensor parallelism splits attention projections); use a context-parallel strategy")
+    layout = attn.layout or STRATEGIES[strategy].default_layout
+    if strategy == "usp":
+        mesh = attn.options["mesh"]
+        ring, uly = mesh.size(0), mesh.size(1)
+        layout = Partition(tuple(usp_positions(seq_len, ring_rank=c // uly, ring_degree=ring, ulysses_rank=c % uly,
+                                               ulysses_degree=uly, layout=layout) for c in range(ring * uly)),
+                           name="usp")
+    return attn.group, layout
+
+
+class GatedDeltaNet(nn.Module):
+    """Qwen3-Next's linear-attention mixer: ``x [B, n, dim]`` -> ``[B, n, Hv, dv]`` (before ``wo``)."""
+
+    def __init__(self, config: HybridConfig) -> None:
+        super().__init__()
+        c = config
+        self.config = c
+        hk, hv = c.linear_num_key_heads * c.linear_key_head_dim, c.linear_num_value_heads * c.linear_value_head_dim
+        self.wq = nn.Linear(c.dim, hk, bias=False)
+        self.wk = nn.Linear(c.dim, hk, bias=False)
+        self.wv = nn.Linear(c.dim, hv, bias=False)
+        self.wz = nn.Linear(c.dim, hv, bias=False)
+        self.wb = nn.Linear(c.dim, c.linear_num_value_heads, bias=False)
+        self.wa = nn.Linear(c.dim, c.linear_num_value_heads, bias=False)
+        self.conv_weight = nn.Parameter(torch.empty(2 * hk + hv, c.linear_conv_kernel_dim))
+        self.A_log = nn.Parameter(torch.empty(c.linear_num_value_heads))
+        self.dt_bias = nn.Parameter(torch.ones(c.linear_num_value_heads))
+        self.norm_weight = nn.Parameter(torch.ones(c.linear_value_head_dim))
+        self.wo = nn.Linear(hv, c.dim, bias=False)
+        self.reset_recurrent()
+
+    def reset_recurrent(self, generator: Optional[torch.Generator] = None) -> None:
+        """Initialise the non-linear-layer parameters as transformers does (conv: Conv1d's uniform,
+        ``A`` uniform in (0, 16), ``dt_bias`` and the norm ones)."""
+        with torch.no_grad():
+            bound = 1.0 / math.sqrt(self.conv_weight.shape[1])
+            self.conv_weight.uniform_(-bound, bound, generator=generator)
+            self.A_log.copy_(torch.empty_like(self.A_log).uniform_(1e-3, 16, generator=generator).log())
+            self.dt_bias.fill_(1.0)
+            self.norm_weight.fill_(1.0)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: Optional[AttnFn]) -> torch.Tensor:
+        c = self.config
+        b, n, _ = x.shape
+        group, layout = mixer_context(attn, n * _group_size(getattr(attn, "group", None)))
+        hk = c.linear_num_key_heads * c.linear_key_head_dim
+        qkv = torch.cat([self.wq(x), self.wk(x), self.wv(x)], dim=-1)  # [B, n, 2 hk + hv]
+        qkv = sp_causal_conv1d(qkv, self.conv_weight, activation="silu", group=group, layout=layout)
+        q, k, v = qkv.split([hk, hk, qkv.shape[-1] - 2 * hk], dim=-1)
+        q = q.reshape(b, n, c.linear_num_key_heads, c.linear_key_head_dim)
+        k = k.reshape(b, n, c.linear_num_key_heads, c.linear_key_head_dim)
+        v = v.reshape(b, n, c.linear_num_value_heads, c.linear_value_head_dim)
+        wide = torch.promote_types(x.dtype, torch.float32)  # the gates and norm in float32 at least
+        beta = torch.sigmoid(self.wb(x))  # [B, n, Hv]
+        g = -self.A_log.to(wide).exp() * F.softplus(self.wa(x).to(wide) + self.dt_bias.to(wide))
+        o, _ = sp_gated_delta_rule(q, k, v, g, beta, group=group, layout=layout, chunk_size=c.linear_chunk,
+                                   use_qk_l2norm=True)
+        o = o.to(wide)
+        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + c.norm_eps) * self.norm_weight.to(wide)
+        z = self.wz(x).view(b, n, c.linear_num_value_heads, c.linear_value_head_dim)
+        return (o * F.silu(z.to(wide))).to(x.dtype)
+
+
+def _group_size(group) -> int:
+    return group_context(group).world_size
+
+
+class GatedDeltaNetBlock(TransformerBlock):
+    """A pre-norm block whose mixer (still named ``attention``) is :class:`GatedDeltaNet`."""
+
+    def __init__(self, config: HybridConfig) -> None:
+        super().__init__(config)
+        self.attention = GatedDeltaNet(config)
+
+    def layer(self, x: torch.Tensor, positions: torch.Tensor, attn: AttnFn, run: LayerRun) -> torch.Tensor:
+        if run.checkpointing == "remat":  # the mixer recomputed in the backward (its collectives too)
+            out = checkpointed(self.attend, x, positions, attn)
+        else:
+            out = self.attend(x, positions, attn)
+        return blockwise_rows(self.finish, x, out, chunk=run.mlp_chunk, recompute=run.mlp_recomputed, shards=1)
+
+
+class HybridLlama(Llama):
+    """:class:`~burstattn.models.Llama` with :class:`GatedDeltaNetBlock` where ``config.is_attention(i)``
+    is false. Same arguments, forward and outputs."""
+
+    def __init__(self, config: HybridConfig, **kw) -> None:
+        super().__init__(config, **kw)
+        for i in range(config.n_layers):
+            if not config.is_attention(i):
+                self.layers[i] = GatedDeltaNetBlock(config)
+        self.init_weights()
+
+    def init_weights(self, generator: Optional[torch.Generator] = None) -> None:
+        super().init_weights(generator)
+        for module in self.modules():
+            if isinstance(module, GatedDeltaNet):
+                module.reset_recurrent(generator)
+
+
+def model_class(config: LlamaConfig) -> type:
+    """:class:`HybridLlama` for a :class:`HybridConfig`, else :class:`Llama`."""
+    return HybridLlama if isinstance(config, HybridConfig) else Llama

@@ -1,0 +1,259 @@
+"""Exact state passing across ranks for the linear recurrences (LASP-2 style, in chunked form).
+
+Every rank, for each of its segments (:mod:`.segments`: one under ``contiguous``, two under
+``zigzag``, more under partitions and packed documents), runs the chunked recurrence from a zero
+state and obtains:
+
+* ``o0``: the segment's outputs from a zero initial state;
+* ``corr [L, dk]``: per token, the read-out of the initial state (``q_t @ M_{<=t}``, ``M`` the
+  transition so far), so that the true output is ``o0 + corr @ S_in``;
+* the summary ``(A, B)``: the segment's end state is ``A @ S_in + B``.
+
+For the gated delta rule ``A`` is a ``dk x dk`` matrix per head; every state column evolves
+alone, so running ``dk`` identity columns next to ``v`` (values ``[v | 0]``, initial state
+``[0 | I]``) yields ``[o0 | corr]`` and ``[B | A]`` in one pass. For a scalar decay ``A`` is the
+chunk's total decay and ``corr = q_t * exp(G_t)``.
+
+The summaries (a few KB per head whatever the length) are all-gathered; each rank folds them in
+position order (from zero at every document start) into its segments' initial states and
+corrects its outputs. Autograd does the backward: the all-gather's adjoint, a reduce-scatter,
+returns each summary's gradient to its owner (the state gradient from later segments).
+
+The final state (after position ``N - 1``) is returned on every rank; only the copy of the rank
+that holds position ``N - 1`` carries a gradient (it owns it, as it owns that token's output).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+
+from ..groups import group_context
+from ..layout import check_layout, layout_or_default
+from ..partition import _check_cu_seqlens
+from .chunked import chunk_delta_rule, chunk_linear_attention, compute_dtype
+from .comm import all_gather, check_agree, crc
+from .segments import segment_plan
+
+
+def _layout_key(layout) -> int:
+    return crc(layout) if isinstance(layout, str) else int(layout.fingerprint)
+
+
+def _cu_key(cu_seqlens) -> int:
+    return 0 if cu_seqlens is None else crc(str(_check_cu_seqlens(cu_seqlens).tolist()))
+
+
+def _common_problem(x: torch.Tensor, chunk_size, layout, cu_seqlens, world: int) -> Optional[str]:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        return f"chunk_size must be a positive int, got {chunk_size!r}"
+    if not x.is_floating_point():
+        return f"inputs must be floating point, got {x.dtype}"
+    if x.dim() < 3 or x.shape[1] < 1:
+        return f"inputs must be [batch, local_seq, heads, ...] with local_seq >= 1, got {tuple(x.shape)}"
+    try:
+        check_layout(layout)
+        if cu_seqlens is not None:
+            _check_cu_seqlens(cu_seqlens, x.shape[1] * world)
+    except (TypeError, ValueError) as e:
+        return str(e)
+    return None
+
+
+def _slots_batch(x: torch.Tensor, offsets: torch.Tensor, length: int) -> torch.Tensor:
+    """``x [B, n, ...]`` -> ``[S * B, L, ...]``: the ``S`` segments starting at ``offsets``, stacked."""
+    idx = (offsets.unsqueeze(1) + torch.arange(length)).flatten().to(x.device)  # [S * L]
+    y = x.index_select(1, idx).view(x.shape[0], offsets.numel(), length, *x.shape[2:])  # [B, S, L, ...]
+    return y.transpose(0, 1).reshape(offsets.numel() * x.shape[0], length, *x.shape[2:])
+
+
+def state_passing(fn: str, tensors: dict, local: Callable, *, dv: int, a_shape: tuple, group, layout,
+                  cu_seqlens, output_final_state: bool, fields: dict, problem: Optional[str], check: bool):
+    """The scheme for any recurrence: ``local(**segment_tensors) -> (o0, corr, A, B)``.
+
+    Args:
+        tensors: name -> ``[B, n, H, ...]`` local inputs (already in the compute dtype).
+        local: per batch of equal-length segments ``[b, L, H, ...]``, returns ``o0 [b, L, H, dv]``,
+            ``corr [b, L, H, dk]``, ``A [b, H, *a_shape]`` and ``B [b, H, dk, dv]``.
+        a_shape: ``(dk, dk)`` for a matrix transition, ``()`` for a scalar decay.
+    Returns:
+        ``(o [B, n, H, dv], final state [B, H, dk, dv] or None)``.
+    """
+    ctx = group_context(group)
+    layout = layout_or_default(layout)
+    if check:
+        check_agree(fn, fields, problem, ctx.group, ctx.world_size)
+    elif problem:
+        raise ValueError(f"{fn}: {problem}")
+    first = next(iter(tensors.values()))
+    Bt, n, H = first.shape[:3]
+    plan = segment_plan(n * ctx.world_size, ctx.world_size, layout, cu_seqlens)
+    offs, lens = plan.offsets[ctx.rank], plan.lengths[ctx.rank]
+    pieces, where, slots = [], [], {}
+    for L in sorted(set(lens.tolist())):
+        pick = torch.nonzero(lens == L).flatten()
+        batch = {k: _slots_batch(t, offs[pick], L) for k, t in tensors.items()}
+        o0, corr, A, Bs = local(**batch)
+        ns = pick.numel()
+        for j, i in enumerate(pick.tolist()):
+            slots[i] = (A.view(ns, Bt, *A.shape[1:])[j], Bs.view(ns, Bt, *Bs.shape[1:])[j])
+        pieces.append((pick, L, o0.view(ns, Bt, L, H, -1), corr.view(ns, Bt, L, H, -1)))
+    dk = pieces[0][3].shape[-1]
+    a_size = math.prod(a_shape) if a_shape else 1
+    summary = torch.zeros(plan.max_segments, Bt, H, a_size + dk * dv, dtype=first.dtype, device=first.device)
+    summary = summary.index_copy(0, torch.arange(len(slots), device=first.device), torch.stack(
+        [torch.cat([slots[i][0].reshape(Bt, H, -1), slots[i][1].reshape(Bt, H, -1)], -1)
+         for i in range(len(slots))]))
+    gathered = all_gather(summary, ctx.group, "state") if ctx.world_size > 1 else summary.unsqueeze(0)
+
+    def unpack(r: int, i: int):
+        s = summary[i] if r == ctx.rank else gathered[r, i]  # own slots: no round trip through the gather
+        return s[..., :a_size].reshape(Bt, H, *a_shape), s[..., a_size:].reshape(Bt, H, dk, dv)
+
+    before, S = {}, None
+    last_local = max(j for j, (r, _) in enumerate(plan.order) if r == ctx.rank)
+    stop = len(plan.order) if output_final_state else last_local + 1
+    for r, i in plan.order[:stop]:
+        if bool(plan.resets[r][i]):
+            S = None
+        if r == ctx.rank:
+            before[i] = S
+        A, Bs = unpack(r, i)
+        S = Bs if S is None else (A @ S if a_shape else A[..., None, None] * S) + Bs
+    outs, index = [], []
+    zero = torch.zeros(Bt, H, dk, dv, dtype=first.dtype, device=first.device)
+    for pick, L, o0, corr in pieces:
+        S_in = torch.stack([zero if before[i] is None else before[i] for i in pick.tolist()])  # [ns, B, H, dk, dv]
+        o = o0 + torch.einsum("sblhk,sbhkv->sblhv", corr, S_in)
+        outs.append(o.transpose(0, 1).reshape(Bt, pick.numel() * L, H, dv))
+        index.append((offs[pick].unsqueeze(1) + torch.arange(L)).flatten())
+    order = torch.argsort(torch.cat(index)).to(first.device)
+    out = torch.cat(outs, dim=1).index_select(1, order)
+    if ctx.world_size > 1 and gathered.requires_grad:
+        # every rank's backward must join the reduce-scatter, also a rank whose outputs read no other
+        # rank's summary (rank 0 under contiguous): a zero term keeps the gather in its graph
+        out = out + gathered.sum() * 0.0
+    final = None
+    if output_final_state:
+        final = S if ctx.rank == plan.last_owner else S.detach()
+    return out, final
+
+
+def _fields(kind: str, q, v, chunk_size, scale, layout, cu_seqlens, problem, **extra) -> dict:
+    """What must agree across ranks (shapes, options, layout and packing checksums)."""
+    ok = problem is None
+    return dict(kind=crc(kind), batch=q.shape[0], local_seq=q.shape[1] if q.dim() > 1 else 0,
+                q_heads=q.shape[-2] if q.dim() > 2 else 0, v_heads=v.shape[-2] if v.dim() > 2 else 0,
+                head_dim=q.shape[-1], v_head_dim=v.shape[-1],
+                chunk_size=chunk_size if isinstance(chunk_size, int) else -1, dtype=crc(str(q.dtype)),
+                scale=crc(repr(scale)), layout=_layout_key(layout_or_default(layout)) if ok else 0,
+                cu_seqlens=_cu_key(cu_seqlens) if ok else 0, **extra)
+
+
+def _grouped(q, k, v, **rest) -> dict:
+    """The inputs in the compute dtype, q and k repeated to v's heads (grouped heads)."""
+    dtype = compute_dtype(q.dtype)
+    rep = v.shape[2] // k.shape[2]
+    q, k = (x.repeat_interleave(rep, dim=2) if rep > 1 else x for x in (q, k))
+    return {name: t.to(dtype) for name, t in dict(q=q, k=k, v=v, **rest).items()}
+
+
+def _delta_local(chunk_size: int, scale, use_qk_l2norm: bool):
+    def local(q, k, v, g, beta):
+        b, L, H, dk = k.shape
+        dv = v.shape[-1]
+        v_aug = torch.cat([v, v.new_zeros(b, L, H, dk)], -1)  # identity columns carry the transition
+        init = torch.cat([v.new_zeros(b, H, dk, dv), torch.eye(dk, dtype=v.dtype, device=v.device).expand(
+            b, H, dk, dk)], -1)
+        o, S = chunk_delta_rule(q, k, v_aug, g, beta, chunk_size=min(chunk_size, L), initial_state=init,
+                                scale=scale, use_qk_l2norm=use_qk_l2norm)
+        return o[..., :dv], o[..., dv:], S[..., dv:], S[..., :dv]
+    return local
+
+
+def sp_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                        *, group=None, layout="zigzag", cu_seqlens=None, chunk_size: int = 64,
+                        scale: Optional[float] = None, use_qk_l2norm: bool = False,
+                        output_final_state: bool = False, check: bool = True):
+    """Sequence-parallel gated delta rule (Gated DeltaNet; KDA when ``g`` has a channel dim).
+
+    Args:
+        q, k: this rank's shard ``[B, n, Hk, dk]``; v: ``[B, n, Hv, dv]`` (``Hv % Hk == 0``: grouped heads).
+        g: log decay ``[B, n, Hv]`` or per channel ``[B, n, Hv, dk]`` (KDA); beta: ``[B, n, Hv]``.
+        group, layout: as the attention (``layout`` a name or a Partition; ``None``: zigzag).
+        cu_seqlens: packed documents of the global sequence (``[D + 1]``, equal on every rank): the
+            state restarts from zero at each document start.
+        chunk_size, scale, use_qk_l2norm: as transformers' ``torch_chunk_gated_delta_rule``.
+        output_final_state: also return the state after position ``N - 1``, ``[B, Hv, dk, dv]``.
+        check: exchange a small signature first so that bad or disagreeing inputs raise on every rank.
+    Returns:
+        ``(o [B, n, Hv, dv] in q's dtype, final state in the compute dtype or None)``.
+    Raises:
+        ValueError on every rank: shapes, ``chunk_size``, layout or ``cu_seqlens`` invalid on any
+        rank, or differing across ranks.
+    """
+    ctx = group_context(group)
+    problem = _common_problem(q, chunk_size, layout_or_default(layout), cu_seqlens, ctx.world_size)
+    if problem is None:
+        problem = _delta_problem(q, k, v, g, beta)
+    fields = _fields("delta", q, v, chunk_size, scale, layout, cu_seqlens, problem, channel_decay=g.dim() == 4,
+                     l2norm=int(use_qk_l2norm))
+    tensors = {} if problem else _grouped(q, k, v, g=g, beta=beta)
+    out, final = state_passing("sp_gated_delta_rule", tensors, _delta_local(chunk_size, scale, use_qk_l2norm),
+                               dv=v.shape[-1], a_shape=(k.shape[-1], k.shape[-1]), group=group, layout=layout,
+                               cu_seqlens=cu_seqlens, output_final_state=output_final_state, fields=fields,
+                               problem=problem, check=check)
+    return out.to(q.dtype), final
+
+
+def _delta_problem(q, k, v, g, beta) -> Optional[str]:
+    if q.dim() != 4 or k.shape != q.shape:
+        return f"q and k must be [batch, local_seq, heads, head_dim] of one shape, got {tuple(q.shape)} and " \
+               f"{tuple(k.shape)}"
+    B, n, Hk, dk = k.shape
+    if v.dim() != 4 or v.shape[:2] != (B, n) or v.shape[2] % Hk:
+        return f"v must be [batch, local_seq, v_heads, v_head_dim] with v_heads a multiple of {Hk}, got " \
+               f"{tuple(v.shape)}"
+    Hv = v.shape[2]
+    if tuple(g.shape) not in ((B, n, Hv), (B, n, Hv, dk)):
+        return f"g must be [{B}, {n}, {Hv}] or [{B}, {n}, {Hv}, {dk}] (per channel), got {tuple(g.shape)}"
+    if tuple(beta.shape) != (B, n, Hv):
+        return f"beta must be [{B}, {n}, {Hv}], got {tuple(beta.shape)}"
+    return None
+
+
+def _linear_local(chunk_size: int, scale: float):
+    def local(q, k, v, g):
+        o, S = chunk_linear_attention(q, k, v, g, chunk_size=min(chunk_size, k.shape[1]), scale=scale)
+        G = g.cumsum(1)  # [b, L, H]: log decay from the segment's start through each token
+        return o, q * scale * G.exp().unsqueeze(-1), G[:, -1].exp(), S
+    return local
+
+
+def sp_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, *, group=None,
+                        layout="zigzag", cu_seqlens=None, chunk_size: int = 64, scale: float = 1.0,
+                        output_final_state: bool = False, check: bool = True):
+    """Sequence-parallel linear attention with a scalar decay (SSD, lightning attention).
+
+    ``S_t = exp(g_t) S_{t-1} + k_t v_t^T``, ``o_t = scale * q_t @ S_t``.
+
+    Args:
+        q, k: ``[B, n, Hk, dk]``; v: ``[B, n, H, dv]`` (``H % Hk == 0``); g: ``[B, n, H]`` log decay.
+        Others as :func:`sp_gated_delta_rule`.
+    Returns:
+        ``(o [B, n, H, dv], final state [B, H, dk, dv] or None)``.
+    """
+    ctx = group_context(group)
+    problem = _common_problem(q, chunk_size, layout_or_default(layout), cu_seqlens, ctx.world_size)
+    if problem is None:
+        problem = _delta_problem(q, k, v, g, g if g.dim() == 3 else g[..., 0])
+        if problem is None and g.dim() != 3:
+            problem = f"g must be [batch, local_seq, heads] (a scalar decay), got {tuple(g.shape)}"
+    fields = _fields("linear", q, v, chunk_size, scale, layout, cu_seqlens, problem)
+    tensors = {} if problem else _grouped(q, k, v, g=g)
+    out, final = state_passing("sp_linear_attention", tensors, _linear_local(chunk_size, scale), dv=v.shape[-1],
+                               a_shape=(), group=group, layout=layout, cu_seqlens=cu_seqlens,
+                               output_final_state=output_final_state, fields=fields, problem=problem,
+                               check=check)
+    return out.to(q.dtype), final
