@@ -171,7 +171,7 @@ def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool 
                   workspace="CPU flash op's outputs counted; flash-attn 2 backward dq_accum + softmax_d (float32) "
                             "added to the backward",
                   host_bytes=int(host_bytes), sent_bytes=int(stats.sent()), sent_by_op=stats.sent_by_op("str"),
-                  attention_calls=tracker.attention_calls, ops=tracker.ops,
+                  attention_calls=tracker.attention_calls, peak_at=dict(zip(("op", "phase", "module"), tracker.peak_at)), ops=tracker.ops,
                   dims=dict(dp=job.dims.dp, cp=job.dims.cp, tp=job.dims.tp), strategy=cfg.strategy,
                   layout=job.layout, chunks=[job.model.config.mlp_chunk, job.model.config.loss_chunk],
                   seconds=time.perf_counter() - t0)

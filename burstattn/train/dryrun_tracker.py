@@ -63,7 +63,7 @@ class _Timeline:
         self.peak_bytes, self.peak_split = 0, dict.fromkeys(CATEGORIES, 0)
         self.phase_peaks = dict.fromkeys(PHASES, 0)
         self.start_bytes, self.ops, self.attention_calls = 0, 0, 0
-        self.last_op, self._last_total = "", -1
+        self.last_op, self._last_total, self.peak_at = "", -1, ("", "", "")
 
     def now(self) -> dict[str, int]:
         """The device's bytes now, by category."""
@@ -95,6 +95,7 @@ class _Timeline:
             self.points.append((self.ops, phase, tuple(split[c] for c in CATEGORIES)))
             if total > self.peak_bytes:
                 self.peak_bytes, self.peak_split = total, split
+                self.peak_at = (self.last_op, phase, max(self._mod_tracker.parents, key=len, default=""))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.last_op = str(func)
