@@ -17,7 +17,7 @@ import torch
 from .comm.stats import CommStats, active_stats
 from .comm.trace import StepTrace, active_trace
 from .comm.transport import pass_transport
-from .config import AttnConfig
+from .config import AttnConfig, host_side
 from .engine.passes import BlockCalls
 from .engine.run import attention_backward, attention_forward, build_plan, head_groups
 from .groups import GroupContext
@@ -123,10 +123,11 @@ def engine_pass(where: GroupContext, cfg: AttnConfig, q: torch.Tensor, k: torch.
                 travelling: str, mask_plan, scale: float, alibi=None, mask=None):
     """The plan and the kernel calls of one pass (``travelling``: ``"kv"`` or ``"q"``)."""
     p = where.world_size
-    pos = call_positions(cfg, p, q.shape[1], k.shape[1])
     per_node = cfg.topology.ranks_per_node if cfg.schedule == "double" and p > 1 else 1
-    plan = build_plan(where.rank, p, positions=pos.aligned, kv_positions=pos.k, causal=cfg.causal,
-                      travelling=travelling, schedule=cfg.schedule, ranks_per_node=per_node, mask_plan=mask_plan)
+    with host_side():  # positions and plans are host-side (real tensors in a dry run too)
+        pos = call_positions(cfg, p, q.shape[1], k.shape[1])
+        plan = build_plan(where.rank, p, positions=pos.aligned, kv_positions=pos.k, causal=cfg.causal,
+                          travelling=travelling, schedule=cfg.schedule, ranks_per_node=per_node, mask_plan=mask_plan)
     return plan, block_calls(cfg, mask_plan is not None, pos, scale, q, v, alibi, mask)
 
 

@@ -237,3 +237,12 @@ class LruCache:
 
 SPECS = LruCache(64)
 """The op specs decoded so far (:meth:`OpSpec.decode`): a pure function of the text."""
+
+
+def host_side():
+    """A context in which tensor code runs on real tensors even inside a ``FakeTensorMode`` (the dry
+    run, :mod:`burstattn.train.dryrun`): for host-side bookkeeping that holds no device memory and is
+    read on the host (a mesh's rank lists, the input check's signatures)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()

@@ -41,6 +41,7 @@ from importlib import import_module
 from typing import Callable, Optional
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from .autograd import DOUBLE_BACKWARD, backward_pass, forward_pass, without_autocast
 from .config import AttnConfig, OpSpec
@@ -119,14 +120,15 @@ def checked_plan(q, k, v, where: GroupContext, cfg: AttnConfig, fn: str, alibi=N
 def owned(outputs: list[torch.Tensor], inputs) -> list[torch.Tensor]:
     """``outputs`` made contiguous (the strides the fake implementations promise) and sharing no
     memory with ``inputs`` or with each other (a custom op's outputs may not alias)."""
-    seen = {x.untyped_storage().data_ptr() for x in inputs if x is not None}
+    # storages by identity, not data_ptr: a fake tensor's (the dry run's) has none
+    seen = {StorageWeakRef(x.untyped_storage()) for x in inputs if x is not None}
     result = []
     for t in outputs:
         t = t.contiguous()
-        ptr = t.untyped_storage().data_ptr()
+        ptr = StorageWeakRef(t.untyped_storage())
         if ptr in seen:
             t = t.clone()
-            ptr = t.untyped_storage().data_ptr()
+            ptr = StorageWeakRef(t.untyped_storage())
         seen.add(ptr)
         result.append(t)
     return result

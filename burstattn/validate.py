@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from .comm.transport import RingCommError
 from .comm.stats import active_stats
-from .config import BACKENDS, BACKWARDS, GRAD_PARTIALS, LAYOUTS, SCHEDULES, AttnConfig
+from .config import BACKENDS, BACKWARDS, GRAD_PARTIALS, LAYOUTS, SCHEDULES, AttnConfig, host_side
 from .formulas import META_INTS
 from .kernels import resolve_backend
 
@@ -238,19 +238,22 @@ def check_inputs(q, k, v, cfg: AttnConfig, group: Optional[dist.ProcessGroup], w
     device = torch.device("cpu")
     if dist.get_backend(group) == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
-    mine = torch.tensor(_signature(q, k, v, cfg, problem, fn, world_size, alibi, sinks), dtype=torch.int64,
-                        device=device)
-    sigs = [torch.empty_like(mine) for _ in range(world_size)]
+    with host_side():  # real (host) tensors in a dry run too: the table is read below
+        mine = torch.tensor(_signature(q, k, v, cfg, problem, fn, world_size, alibi, sinks), dtype=torch.int64,
+                            device=device)
+        sigs = [mine.clone() for _ in range(world_size)]  # all_gather overwrites them (a fake group does not)
     try:
-        dist.all_gather(sigs, mine, group=group)
+        with host_side():
+            dist.all_gather(sigs, mine, group=group)
     except RuntimeError as e:
         raise RingCommError(f"{fn}: exchanging the input check with the other ranks failed (a rank "
                             f"died or did not enter the call within the process group's timeout): {e}") from e
     stats = active_stats()
     if stats is not None:
         stats.record("forward", "meta", (world_size - 1) * mine.numel() * 8, (world_size - 1) * mine.numel() * 8)
-    table = torch.stack(sigs).cpu()
-    bad = [r for r in range(world_size) if table[r, 0] != 0]
+    with host_side():
+        table = torch.stack(sigs).cpu().tolist()  # [rank][field]
+    bad = [r for r in range(world_size) if table[r][0] != 0]
     if bad:
         # error path only: every rank knows some rank failed, so all enter this exchange together
         texts = [None] * world_size
@@ -258,11 +261,11 @@ def check_inputs(q, k, v, cfg: AttnConfig, group: Optional[dist.ProcessGroup], w
         if problem:
             raise problem[0](f"{fn}: {problem[1]}")
         detail = "; ".join(f"rank {r}: {texts[r]}" for r in bad)
-        raise _KINDS[int(table[bad[0], 0])](f"{fn}: invalid arguments on another rank, all ranks abort "
+        raise _KINDS[int(table[bad[0]][0])](f"{fn}: invalid arguments on another rank, all ranks abort "
                                             f"the call ({detail})")
     # the function first: different strategies also differ in their options, which would hide the cause
     for i in [13] + [j for j in range(1, len(_FIELDS)) if j != 13]:
-        col = table[:, i].tolist()
+        col = [row[i] for row in table]
         if len(set(col)) > 1:
             decode = {6: DTYPES, 7: LAYOUTS + ("partition",), 9: BACKENDS, 10: BACKWARDS, 12: SCHEDULES,
                       17: LAYOUTS + ("partition", "same as layout")}.get(i)

@@ -19,6 +19,8 @@ from typing import Optional
 
 import torch
 
+from ..train.dryrun import warm_optimizer  # the same steady state as the dry run
+
 VARIANTS = ("lean", "remat-qkv")
 
 
@@ -31,15 +33,6 @@ class KeepQKV:
 
     def __call__(self, q, k, v):
         return self.inner(q, k, v)
-
-
-def warm_optimizer(job) -> None:
-    """Create AdamW's state with zero gradients (no parameter moves: zero weight decay, zero
-    moments), so that a measured step does not include the state's first allocation."""
-    for p in job.model.parameters():
-        p.grad = torch.zeros_like(p)
-    job.optimizer.step()
-    job.optimizer.zero_grad(set_to_none=True)
 
 
 def build(cfg, variant: str = "lean"):

@@ -1,6 +1,7 @@
 """``burstattn train``: flags (over an optional TOML ``--config``), launching, error reporting.
 
     burstattn train --config configs/train/passkey.toml --world-size 2 --metrics run.jsonl
+    burstattn train --dry-run --model llama3-8b --seq-len 1048576 --world-size 32 --dtype bfloat16 --fsdp --json
     torchrun --nproc-per-node 8 -m burstattn.cli train --model llama-7b --seq-len 131072 --fsdp
 """
 from __future__ import annotations
@@ -10,6 +11,8 @@ import dataclasses
 import os
 import signal
 import sys
+
+from . import dryrun
 
 HELP = "train a LLaMA-style model with sequence / tensor parallelism"
 # flag -> (type, help); every one overrides the TrainConfig field of the same name
@@ -67,6 +70,7 @@ def add(sub: argparse._SubParsersAction) -> None:
                         "torchrun's WORLD_SIZE (a mismatch is an error)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per local process")
     p.add_argument("--no-progress", action="store_true", help="no progress display")
+    dryrun.add_flags(p)
     for name, (kind, text) in FLAGS.items():
         flag = "--pg-timeout" if name == "pg_timeout_s" else "--" + name.replace("_", "-")
         metavar = "TOKENS" if name in ("mlp_chunk", "loss_chunk") else None
@@ -115,6 +119,9 @@ def run(ns: argparse.Namespace) -> int:
     before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the local ranks are stopped too
     try:
         cfg = config_of(ns)
+        dryrun.check_flags(ns)
+        if ns.dry_run:
+            return dryrun.run_dry(ns, cfg)
         records = run_training(cfg, ns.world_size, threads_per_rank=ns.threads, progress=not ns.no_progress)
     except ValueError as exc:
         _say_error(str(exc))

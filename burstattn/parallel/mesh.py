@@ -12,6 +12,7 @@ from typing import Optional
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from ..config import host_side
 from ..strategies import STRATEGIES
 
 TP_STRATEGIES = ("tp-v1", "tp-v3")
@@ -82,7 +83,9 @@ def build_mesh(dims: ParallelDims, device_type: str = "cpu") -> DeviceMesh:
         raise ValueError("build_mesh: torch.distributed is not initialized")
     if dist.get_world_size() != dims.world:
         raise ValueError(f"build_mesh: dp * cp * tp = {dims.world} but the world size is {dist.get_world_size()}")
-    return init_device_mesh(device_type, (dims.dp, dims.cp, dims.tp), mesh_dim_names=MESH_DIMS)
+    with host_side():
+        return init_device_mesh(device_type, (dims.dp, dims.cp, dims.tp), mesh_dim_names=MESH_DIMS)
+
 
 
 def flat_mesh(mesh: DeviceMesh, names: tuple[str, ...]) -> DeviceMesh:
@@ -91,7 +94,8 @@ def flat_mesh(mesh: DeviceMesh, names: tuple[str, ...]) -> DeviceMesh:
     The one place that uses DeviceMesh's private ``_flatten`` (torchtitan does the same)."""
     if len(names) == 1:
         return mesh[names[0]]
-    return mesh[names]._flatten("_".join(names))
+    with host_side():
+        return mesh[names]._flatten("_".join(names))
 
 
 def build_usp_mesh(dims: ParallelDims, ulysses_degree: int, device_type: str = "cpu") -> DeviceMesh:
@@ -103,5 +107,6 @@ def build_usp_mesh(dims: ParallelDims, ulysses_degree: int, device_type: str = "
     """
     if ulysses_degree < 1 or dims.cp % ulysses_degree:
         raise ValueError(f"ulysses_degree ({ulysses_degree}) must divide cp ({dims.cp})")
-    return init_device_mesh(device_type, (dims.dp, dims.cp // ulysses_degree, ulysses_degree, dims.tp),
-                            mesh_dim_names=("dp", "ring", "ulysses", "tp"))
+    with host_side():
+        return init_device_mesh(device_type, (dims.dp, dims.cp // ulysses_degree, ulysses_degree, dims.tp),
+                                mesh_dim_names=("dp", "ring", "ulysses", "tp"))

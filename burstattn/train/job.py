@@ -110,6 +110,19 @@ def available_host_bytes() -> float:
     return float("inf")
 
 
+def cast_parameters(model: nn.Module, dtype: torch.dtype) -> None:
+    """``model.to(dtype)`` for its floating-point parameters (new ``Parameter`` objects, as
+    ``torch.__future__.set_overwrite_module_params_on_conversion`` makes them): also for a model of
+    fake tensors (the dry run), whose parameters ``Module.to`` cannot swap in place."""
+    new: dict[int, nn.Parameter] = {}  # tied weights stay tied
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if p.is_floating_point():
+                if id(p) not in new:
+                    new[id(p)] = nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad)
+                module._parameters[name] = new[id(p)]
+
+
 def _device_type() -> str:
     return "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
 
@@ -138,7 +151,9 @@ def build_job(cfg: TrainConfig) -> Job:
     positions = shard_positions(cfg.seq_len, strategy=attn_strategy, layout=layout, cp_rank=c, cp_size=dims.cp,
                                 ulysses_degree=ulysses)
     torch.manual_seed(cfg.seed)
-    model = model_class(mcfg)(mcfg, attn=attn, checkpointing=cfg.checkpointing, offload=cfg.offload).to(device)
+    model = model_class(mcfg)(mcfg, attn=attn, checkpointing=cfg.checkpointing, offload=cfg.offload)
+    if device.type != "cpu":  # built on CPU (the same initial weights on any device), then moved
+        model.to(device)
     if dims.tp > 1:
         apply_tp(model, mesh["tp"], variant)
     dtype = torch_dtype(cfg.dtype)
@@ -146,7 +161,7 @@ def build_job(cfg: TrainConfig) -> Job:
     if cfg.fsdp:
         apply_fsdp(model, replica_mesh, zero=cfg.zero, mp_policy=mixed_precision(dtype))
     elif dtype != torch.float32:
-        model.to(dtype)
+        cast_parameters(model, dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), eps=cfg.adam_eps,
                                   weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))

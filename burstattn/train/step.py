@@ -43,10 +43,13 @@ def grad_norm(parameters) -> torch.Tensor:
     return torch.stack(squares).sum().sqrt() if squares else torch.zeros(())
 
 
-def train_step(job: Job, step: int) -> StepResult:
-    """Run step ``step`` (0-based; it selects the data) and return its global figures."""
+def step_tensors(job: Job, step: int, batch=None) -> tuple[torch.Tensor, torch.Tensor, float, int]:
+    """Run step ``step`` (0-based; it selects the data) without reading any tensor on the host:
+    ``(stats, norm, lr, host_bytes)`` with ``stats`` the float64 ``[loss, answer hits, answer targets,
+    answer cross-entropy]`` summed over the replicas. ``batch``: :func:`~burstattn.train.job.local_batch`'s
+    tuple when the caller made it (the dry run makes it before entering the fake mode)."""
     model, cfg = job.model, job.cfg
-    tokens, labels, answer, total = local_batch(job, step)
+    tokens, labels, answer, total = local_batch(job, step) if batch is None else batch
     answer = answer & (labels != IGNORE)
     # the blockwise loss (LlamaConfig.loss_chunk): [B/dp, N/cp, V] logits exist one chunk at a time
     out = model(tokens, job.positions, labels=labels, total_targets=total, answer=answer)
@@ -57,7 +60,8 @@ def train_step(job: Job, step: int) -> StepResult:
     params = [p for p in model.parameters() if p.grad is not None]
     norm = grad_norm(params)
     if cfg.grad_clip > 0:
-        coef = min(1.0, cfg.grad_clip / (float(norm) + 1e-6))
+        # as a tensor (clip_grad_norm_'s way): no host sync, and the same float32 product as a Python coefficient
+        coef = (cfg.grad_clip / (norm.double() + 1e-6)).clamp(max=1.0)
         for p in params:
             p.grad.mul_(coef)
     lr = job.scheduler.get_last_lr()[0]
@@ -68,6 +72,13 @@ def train_step(job: Job, step: int) -> StepResult:
         stats = torch.stack([loss.detach().double(), out.answer_hits.double(), answer.sum().double(),
                              out.answer_ce.double()]).to(job.device)
     dist.all_reduce(stats, group=job.replicas)
+    return stats, norm, lr, out.host_bytes
+
+
+def train_step(job: Job, step: int) -> StepResult:
+    """Run step ``step`` (0-based; it selects the data) and return its global figures."""
+    stats, norm, lr, host_bytes = step_tensors(job, step)
     answers = int(stats[2])
+    cfg = job.cfg
     return StepResult(float(stats[0]), int(stats[1]), answers, float(stats[3]) / answers if answers else float("nan"),
-                      float(norm), lr, cfg.batch * cfg.seq_len, out.host_bytes)
+                      float(norm), lr, cfg.batch * cfg.seq_len, host_bytes)

@@ -1,0 +1,180 @@
+"""``burstattn train --dry-run``: one optimizer step of the real job, on one rank, with fake tensors.
+
+The job is built by :func:`~burstattn.train.job.build_job` and stepped by
+:func:`~burstattn.train.step.step_tensors`, the code ``burstattn train`` runs, inside
+``FakeTensorMode`` (tensors with shapes and dtypes, no storage) over the fake process group
+(``dist.init_process_group("fake", ...)``: collectives return at once), so any world size and
+sequence length run on one CPU. PyTorch's memory trackers (``MemTracker``, ``FSDPMemTracker`` with
+FSDP2) follow every allocation (:mod:`.dryrun_tracker`).
+
+What is measured and what is not:
+
+* Device: a CPU build cannot run a matmul on fake CUDA tensors, so the fake tensors are CPU
+  tensors in the run's dtype. Their storage sizes are what the GPU's allocator would be asked
+  for (without the CUDA caching allocator's rounding to 512 bytes: negligible at these sizes).
+* Kernel workspace: the local attention kernel is the CPU flash op, whose fake implementation
+  allocates its outputs (output, LSE, gradients) only. A GPU's flash-attention backward also
+  allocates a float32 ``dq`` accumulator and a float32 row sum ``D`` of the largest local kernel
+  call: :func:`cuda_workspace_bytes` adds ``B x n_q x Hq x (d + 1) x 4`` bytes (flash-attn 2's
+  ``dq_accum`` and ``softmax_d``) to the backward's peak and says so (``workspace_bytes``).
+* Host: saved activations offloaded to host memory (``--offload``) are reported as ``host_bytes``.
+* The step is a steady-state one (the optimizer state exists before it, as in
+  :func:`burstattn.bench.train_memory.probe_step`); the peak includes the parameters, gradients and
+  optimizer state, and ``step_peak_bytes`` is the peak above what the step started with.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from .checks import check_config
+from .config import TrainConfig
+from .dryrun_tracker import CATEGORIES, PHASES, DryRunTracker, FSDPDryRunTracker
+
+MAX_WORLD = 1024
+DRY_STEP = 1  # the data of step 1: a steady-state step after the optimizer state exists
+
+
+class DryRunError(RuntimeError):
+    """The fake mode could not follow the step: one line naming the op and the module."""
+
+
+def warm_optimizer(job) -> None:
+    """Create AdamW's state with zero gradients (no parameter moves: zero weight decay, zero
+    moments), so that a measured step does not include the state's first allocation."""
+    for p in job.model.parameters():
+        p.grad = torch.zeros_like(p)
+    job.optimizer.step()
+    job.optimizer.zero_grad(set_to_none=True)
+
+
+def cuda_workspace_bytes(job) -> int:
+    """flash-attn 2's backward workspace of this rank's attention call: float32 ``dq_accum
+    [B, n, Hq, d]`` and ``softmax_d [B, Hq, n]`` (``n`` the local query rows one kernel call sees:
+    the full sequence for ulysses and tp, the local shard otherwise)."""
+    m, dims, cfg = job.model.config, job.dims, job.cfg
+    rows = cfg.seq_len if job.attn_strategy in ("ulysses", "allgather") or dims.tp > 1 else cfg.seq_len // dims.cp
+    heads = m.n_heads // dims.tp // (dims.cp if job.attn_strategy == "ulysses" else 1)
+    return int((cfg.batch // dims.dp) * rows * heads * (m.head_dim + 1) * 4)
+
+
+def _check(cfg: TrainConfig, world_size: int, rank: int) -> None:
+    if not isinstance(world_size, int) or not 1 <= world_size <= MAX_WORLD:
+        raise ValueError(f"--world-size must be an int from 1 to {MAX_WORLD} for --dry-run, got {world_size!r}")
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"--dry-run-rank must be in [0, {world_size}) (the --world-size), got {rank!r}")
+    check_config(cfg, world_size, "cpu")  # the same checks and messages as `burstattn train`
+    if cfg.resume or cfg.ckpt_dir:
+        raise ValueError("--dry-run runs one step of a fresh job: drop --resume / --ckpt-dir")
+
+
+def _where(tracker) -> str:
+    parents = [p for p in getattr(tracker._mod_tracker, "parents", ()) if p != "Global"]
+    return max(parents, key=len) if parents else "(outside any module)"
+
+
+@contextlib.contextmanager
+def _fake_group(rank: int, world_size: int):
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise ValueError("--dry-run needs a process without a process group (torch.distributed is initialized)")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _batch(job, step: int):
+    """:func:`~burstattn.train.job.local_batch` on real host tensors (the data loader reads counts
+    with ``int``): the positions recomputed as ``build_job`` computes them, outside the fake mode."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from ..parallel import shard_positions
+    from .job import local_batch
+
+    plan = check_config(job.cfg, job.dims.world, "cpu")
+    with unset_fake_temporarily():
+        _, c, _ = job.dims.coords(dist.get_rank())
+        pos = shard_positions(job.cfg.seq_len, strategy=plan.strategy, layout=plan.layout, cp_rank=c,
+                              cp_size=job.dims.cp, ulysses_degree=plan.ulysses)
+        return local_batch(dataclasses.replace(job, positions=pos, device=torch.device("cpu")), step)
+
+
+def _phase_hooks(job, tracker) -> list:
+    def forward(*_):
+        tracker.phase = "forward"
+
+    def backward(*_):
+        tracker.phase = "backward"
+
+    return [job.model.register_forward_pre_hook(forward), job.model.register_forward_hook(backward)]
+
+
+def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool = False) -> dict[str, Any]:
+    """One step of ``cfg`` on rank ``rank`` of ``world_size``, with fake tensors. Returns the report
+    (bytes are per rank): ``peak_bytes``, ``peak_by_category`` (:data:`CATEGORIES`), ``peak_by_phase``
+    (:data:`PHASES`), ``step_peak_bytes``, ``start_bytes``, ``workspace_bytes``, ``host_bytes``,
+    ``sent_bytes``, ``sent_by_op``, ``attention_calls``, ``ops``, ``seconds``; with ``timeline`` also
+    ``timeline``: ``[(op index, phase, bytes by category)]``.
+
+    Raises:
+        ValueError: a configuration ``burstattn train`` refuses (its message), or a bad rank/world size.
+        DryRunError: the fake mode could not follow the step (the op and module in one line).
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ..comm import comm_stats
+    from .job import build_job
+    from .step import step_tensors
+
+    _check(cfg, world_size, rank)
+    t0 = time.perf_counter()
+    with _fake_group(rank, world_size), FakeTensorMode(allow_non_fake_inputs=True):
+        job = build_job(cfg)
+        batch = _batch(job, DRY_STEP)
+        device = next(job.model.parameters()).device
+        tracker = (FSDPDryRunTracker(job.model, job.optimizer, device) if cfg.fsdp else DryRunTracker(device))
+        if not cfg.fsdp:
+            tracker.track_external(job.model, job.optimizer)
+        hooks = _phase_hooks(job, tracker)
+        try:
+            with tracker, comm_stats() as stats:
+                try:
+                    warm_optimizer(job)
+                    tracker.start()
+                    _, _, _, host_bytes = step_tensors(job, DRY_STEP, batch)
+                except (ValueError, DryRunError):
+                    raise
+                except Exception as exc:  # one line: the op, the module, the reason
+                    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+                    raise DryRunError(f"the fake mode cannot follow {tracker.last_op or 'an op'} in module "
+                                      f"{_where(tracker)}: {type(exc).__name__}: {reason}") from exc
+        finally:
+            for h in hooks:
+                h.remove()
+    workspace = cuda_workspace_bytes(job)
+    phase_peaks = dict(tracker.phase_peaks)
+    phase_peaks["backward"] += workspace
+    peak = max(tracker.peak_bytes, phase_peaks["backward"])
+    split = dict(tracker.peak_split)
+    split["temporaries"] += peak - tracker.peak_bytes
+    report = dict(rank=rank, world_size=world_size, peak_bytes=int(peak), peak_by_category=split,
+                  peak_by_phase=phase_peaks, step_peak_bytes=int(tracker.peak_bytes - tracker.start_bytes),
+                  start_bytes=int(tracker.start_bytes), workspace_bytes=workspace,
+                  workspace="CPU flash op's outputs counted; flash-attn 2 backward dq_accum + softmax_d (float32) "
+                            "added to the backward",
+                  host_bytes=int(host_bytes), sent_bytes=int(stats.sent()), sent_by_op=stats.sent_by_op("str"),
+                  attention_calls=tracker.attention_calls, peak_at=dict(zip(("op", "phase", "module"), tracker.peak_at)), ops=tracker.ops,
+                  dims=dict(dp=job.dims.dp, cp=job.dims.cp, tp=job.dims.tp), strategy=cfg.strategy,
+                  layout=job.layout, chunks=[job.model.config.mlp_chunk, job.model.config.loss_chunk],
+                  seconds=time.perf_counter() - t0)
+    if timeline:
+        report["timeline"] = dict(categories=list(CATEGORIES), phases=list(PHASES), points=tracker.points)
+    return report

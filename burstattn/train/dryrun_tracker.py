@@ -1,0 +1,124 @@
+"""The dry run's memory tracker: PyTorch's ``MemTracker`` (``FSDPMemTracker`` for FSDP2) with
+the step's timeline, its peak by phase, and the library's own ops run for real.
+
+burstattn's distributed attention is a registered op (``burstattn::attention_fwd`` ...) with a
+fake implementation that only allocates its outputs: enough for ``torch.compile``, not for a
+memory estimate (the ring's buffers, the received K/V, the float32 gradient partials would be
+missing). Under the tracker these ops run their real implementation on the fake tensors, so the
+tracker sees every allocation of the ring's steps and the fake process group carries their
+messages (and :func:`burstattn.comm_stats` counts them).
+
+Categories: the trackers' reference types folded into five: ``parameters`` (parameters, buffers,
+FSDP's sharded and unsharded parameters and all-gather outputs), ``gradients`` (gradients, FSDP's
+sharded and unsharded gradients and reduce-scatter inputs), ``optimizer`` (optimizer state),
+``activations`` (what the forward and its recomputation allocate, and the step's inputs),
+``temporaries`` (what the backward allocates beyond that, and anything else).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+from torch.distributed._tools.mem_tracker import MemTracker
+
+CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries")
+PHASES = ("forward", "backward", "optimizer")
+_CATEGORY = {"Parameter": "parameters", "Buffer": "parameters", "Sharded Param": "parameters",
+             "Unsharded Param": "parameters", "All Gather": "parameters", "Gradient": "gradients",
+             "Sharded Grad": "gradients", "Unsharded Grad": "gradients", "Reduce Scatter": "gradients",
+             "Optstate": "optimizer", "OptState": "optimizer", "Activation": "activations", "Inputs": "activations",
+             "Temp": "temporaries", "Other": "temporaries"}
+LIBRARY = "burstattn"
+ATTENTION_OPS = ("burstattn::attention_fwd", "burstattn::strategy_fwd")
+
+
+def category_of(reftype: Any) -> str:
+    """The dry run's category of a tracker reference type (its string value)."""
+    return _CATEGORY.get(str(getattr(reftype, "value", reftype)), "temporaries")
+
+
+def _real_impl(func) -> Optional[Any]:
+    """The Python implementation of one of the library's custom ops (``None`` for any other op)."""
+    from torch._library.custom_ops import OPDEFS
+
+    name = func.name().split(".")[0] if hasattr(func, "name") else ""
+    if not name.startswith(LIBRARY + "::"):
+        return None
+    opdef = OPDEFS.get(name)
+    return None if opdef is None else opdef._init_fn
+
+
+class _Timeline:
+    """Mixed into a tracker: after every op, the device bytes by category (the timeline, one point
+    per op that changed the total), the peak with its categories, and the peak of each phase.
+
+    ``phase`` is set by the caller (:func:`burstattn.train.dryrun.dry_run`'s hooks: forward until the
+    model returns, backward until the optimizer steps, optimizer after). ``device``: the device
+    whose memory is tracked (the fake tensors' device)."""
+
+    def _init_timeline(self, device: torch.device) -> None:
+        self.device, self.phase, self.recording = device, "forward", False
+        self.points: list[tuple[int, str, tuple[int, ...]]] = []
+        self.peak_bytes, self.peak_split = 0, dict.fromkeys(CATEGORIES, 0)
+        self.phase_peaks = dict.fromkeys(PHASES, 0)
+        self.start_bytes, self.ops, self.attention_calls = 0, 0, 0
+        self.last_op, self._last_total, self.peak_at = "", -1, ("", "", "")
+
+    def now(self) -> dict[str, int]:
+        """The device's bytes now, by category."""
+        split = dict.fromkeys(CATEGORIES, 0)
+        for ref, nbytes in self._curr_mem_snap.get(self.device, {}).items():
+            if str(ref) != "Total":
+                split[category_of(ref)] += nbytes
+        return split
+
+    def start(self) -> None:
+        """Begin the measured step: forget the peak so far (the warm-up's) and note the bytes held now."""
+        split = self.now()
+        self.recording, self.start_bytes = True, sum(split.values())
+        self.peak_bytes, self.peak_split = self.start_bytes, split
+        self.phase_peaks = dict.fromkeys(PHASES, 0)
+        self.points = [(0, self.phase, tuple(split[c] for c in CATEGORIES))]
+
+    def _update_peak_stats(self, peak_state) -> None:  # the trackers call it after every op
+        if not self.recording:
+            return
+        self.ops += 1
+        total = self._curr_mem_snap.get(self.device, {}).get("Total", 0)
+        phase = "optimizer" if self._in_opt else self.phase
+        if total > self.phase_peaks[phase]:
+            self.phase_peaks[phase] = total
+        if total != self._last_total:
+            self._last_total = total
+            split = self.now()
+            self.points.append((self.ops, phase, tuple(split[c] for c in CATEGORIES)))
+            if total > self.peak_bytes:
+                self.peak_bytes, self.peak_split = total, split
+                self.peak_at = (self.last_op, phase, max(self._mod_tracker.parents, key=len, default=""))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.last_op = str(func)
+        impl = _real_impl(func)
+        if impl is None:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        if func.name().split(".")[0] in ATTENTION_OPS:
+            self.attention_calls += 1
+        with self:  # the op's own tensor code, seen by this tracker and run by the fake mode beneath
+            return impl(*args, **(kwargs or {}))
+
+
+class DryRunTracker(_Timeline, MemTracker):
+    """``MemTracker`` with the dry run's timeline (models without FSDP)."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self._init_timeline(device)
+
+
+class FSDPDryRunTracker(_Timeline, FSDPMemTracker):
+    """``FSDPMemTracker`` with the dry run's timeline (FSDP2 models; ``mod`` the root FSDP module)."""
+
+    def __init__(self, mod, optimizer, device: torch.device) -> None:
+        super().__init__(mod, optimizer)
+        self._init_timeline(device)

@@ -1,0 +1,62 @@
+"""``burstattn train --dry-run``: a configuration ``train`` refuses is refused with the same message
+(one line, exit 2, on the way in: no fake group started); bad dry-run flags name the flag; a run prints
+a report and, with ``--json``, one JSON object as its last line with the keys the issue names."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from burstattn.cli import main
+
+REFUSED = [["--world-size", "4", "--dp", "2", "--batch", "3"], ["--world-size", "3", "--strategy", "ulysses"],
+           ["--world-size", "4", "--seq-len", "100"], ["--world-size", "2", "--schedule", "double"]]
+
+
+@pytest.mark.parametrize("flags", REFUSED, ids=[" ".join(f) for f in REFUSED])
+def test_refused_like_train(flags, capsys, monkeypatch):
+    import burstattn.train.launcher as launcher
+
+    monkeypatch.setattr(launcher, "run_local", lambda *a, **k: (_ for _ in ()).throw(AssertionError("spawned")))
+    assert main(["train", *flags]) == 2
+    train_err = capsys.readouterr().err
+    assert main(["train", "--dry-run", *flags]) == 2
+    dry_err = capsys.readouterr().err
+    assert dry_err == train_err and dry_err.count("\n") == 1, (dry_err, train_err)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--dry-run", "--world-size", "2048"], "--world-size must be an int from 1 to 1024"),
+    (["--dry-run", "--world-size", "2", "--dry-run-rank", "2"], "--dry-run-rank must be in [0, 2)"),
+    (["--json"], "--dry-run-rank and --json are options of --dry-run"),
+])
+def test_bad_dry_run_flags(flags, message, capsys):
+    assert main(["train", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_json_report(capsys):
+    assert main(["train", "--dry-run", "--model", "tiny", "--seq-len", "256", "--world-size", "2", "--json",
+                 "--checkpointing", "remat", "--dry-run-rank", "1"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("peak_bytes", "peak_by_category", "peak_by_phase", "host_bytes", "sent_bytes", "attention_calls",
+                "seconds"):
+        assert key in report
+    assert set(report["peak_by_category"]) == {"parameters", "gradients", "optimizer", "activations", "temporaries"}
+    assert set(report["peak_by_phase"]) == {"forward", "backward", "optimizer"}
+    assert report["peak_bytes"] >= max(report["peak_by_phase"].values()) - report["workspace_bytes"]
+    assert report["rank"] == 1 and report["attention_calls"] == 2  # one per layer (remat: never rerun)
+    assert report["sent_by_op"]["forward/kv"] > 0 and report["sent_bytes"] == sum(report["sent_by_op"].values())
+
+
+def test_fake_mode_failure_is_one_line(capsys, monkeypatch):
+    import burstattn.train.step as step
+
+    def host_read(params):  # a .item() the fake mode cannot follow
+        return params[0].new_tensor(float(params[0].sum()))
+
+    monkeypatch.setattr(step, "grad_norm", host_read)
+    assert main(["train", "--dry-run", "--model", "tiny", "--seq-len", "256", "--world-size", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "aten._local_scalar_dense" in err and "in module" in err, err
