@@ -61,7 +61,8 @@ class PasskeyData:
         """The largest token id a row can hold (byte-level: ``ord('z')`` = 122, from the filler's
         letters): a model needs ``vocab_size > largest_id()``."""
         digits = "0123456789"
-        return max(encode(LETTERS + ". " + cls.NEEDLE.format(key=digits) + cls.QUESTION.format(key=digits)).tolist())
+        # bytes, not encode(): a host-side check, also inside the dry run's fake tensor mode
+        return max((LETTERS + ". " + cls.NEEDLE.format(key=digits) + cls.QUESTION.format(key=digits)).encode("utf-8"))
 
     def __init__(self, seed: int, batch: int, seq_len: int) -> None:
         if seq_len < self.MIN_LEN:
