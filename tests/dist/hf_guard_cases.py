@@ -204,7 +204,7 @@ def token_count(rank: int, world: int) -> dict:
     import transformers as tf
 
     from tests.dist.hf_cases import build as build_llama
-    from tests.dist.hf_trainer_cases import TrainerCase, _args, _reset_accelerate, dataset
+    from tests.dist.hf_trainer_cases import TrainerCase, _args, _reset_accelerate
 
     class CountsLikeTRL(tf.Trainer):
         def __init__(self, *args, **kwargs):
@@ -227,7 +227,9 @@ def token_count(rank: int, world: int) -> dict:
 
     _reset_accelerate(rank, world)
     case = TrainerCase(world=world, cp=world)
-    data = dataset(case)
+    gen = torch.Generator().manual_seed(5)  # odd lengths, 3 per row: every packed row is odd, the layout pads it
+    lengths = (5, 7, 9, 11, 13, 3, 15, 7, 9)
+    data = [{"input_ids": torch.randint(1, VOCAB, (n,), generator=gen).tolist()} for n in lengths]
     with tempfile.TemporaryDirectory() as out:
         trainer = CP(model=build_llama("llama").train(), args=_args(case, out, case.per_device, "gloo"),
                      train_dataset=data, data_collator=tf.DataCollatorWithFlattening(), backend="reference")
