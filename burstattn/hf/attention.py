@@ -214,11 +214,17 @@ def make_attention_function(opts: BurstOptions):
     def burst_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         attention_mask=None, dropout: float = 0.0, scaling: Optional[float] = None,
                         **kwargs) -> tuple[torch.Tensor, None]:
-        forward_args = check_running_model()  # check_model's message first, on every path
+        cache = attention_mask.cache if isinstance(attention_mask, BurstMask) else None
+        # check_model's message first, on every path; the frame walk (~0.1 ms) once per batch / cache
+        # (the model's first burst layer), every layer only for a hand-sharded forward
+        given = kwargs.get("burst_shard")
+        seen = cache.__dict__.get("_burstattn_guarded") if cache is not None else given is not None and given.attended
+        forward_args = None if seen else check_running_model()
+        if cache is not None:
+            cache.__dict__["_burstattn_guarded"] = True
         call, family_problem = describe(module, query, key, kwargs)
         window = call.window
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        cache = attention_mask.cache if isinstance(attention_mask, BurstMask) else None
         # [B, H, S, D] -> [B, S, H, D]: burstattn's layout; under autocast RoPE can leave q/k in float32
         # next to a 16-bit v: one dtype, autocast's (as SDPA does), else the query's
         dtype = query.dtype
