@@ -108,8 +108,11 @@ def _run_hf(cfg: GenerateConfig):
     from ..infer.generate import GenerationResult, check_every_rank
 
     bhf.register(strategy=cfg.strategy, backend=cfg.backend, **dict(cfg.strategy_options))
-    model = transformers.AutoModelForCausalLM.from_pretrained(cfg.model, attn_implementation="burst",
-                                                              dtype=torch.float32).eval()
+    # built with its own attention, then switched: a family that cannot take "burst" (Falcon builds its
+    # attention classes by name) gets check_model's message, not a KeyError from its constructor
+    model = transformers.AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).eval()
+    model.set_attn_implementation("burst")
+    bhf.check_model(model)  # hybrid layers, attention outside the interface: its message, before any forward
     prompt = _prompt(cfg, model.config.vocab_size, cfg.model)
 
     @torch.no_grad()

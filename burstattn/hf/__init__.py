@@ -27,12 +27,13 @@ from .attention import BurstMask, BurstOptions, register
 from .batch import GlobalItemCount, ShardSpec, gather_logits, shard_batch, shard_inputs, sync_gradients
 from .cache import ShardedCache, cache_kwargs
 from .families import check_model
+from .mixers import sequence_mixers
 from .seq2seq import shard_seq2seq_batch
 from .loss import causal_lm_loss  # noqa: F401  (the blockwise loss, burstattn/hf/loss.py)
 
 __all__ = ["register", "shard_batch", "shard_inputs", "sync_gradients", "gather_logits", "ShardedCache",
            "cache_kwargs", "BurstOptions", "BurstMask", "GlobalItemCount", "ShardSpec", "ContextParallelTrainer",
-           "ContextParallelMixin", "check_model", "shard_seq2seq_batch"]
+           "ContextParallelMixin", "check_model", "sequence_mixers", "shard_seq2seq_batch"]
 
 
 def __getattr__(name: str):

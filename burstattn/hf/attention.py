@@ -40,7 +40,8 @@ from ..infer.sharded import replicated_attention
 from ..layout import local_positions, split_error
 from ..strategies import STRATEGIES, attention
 from ..strategies.base import MASK_OPTIONS, start
-from .families import describe
+from .families import describe, registered_options
+from .guard import check_running_model
 
 OPTIONS = ("strategy", "layout", "backend", "group")
 MASKED = tuple(sorted(name for name, s in STRATEGIES.items() if "mask" in s.options))  # honour documents
@@ -58,6 +59,7 @@ class BurstOptions:
     backend: str = "auto"
     group: Optional[dist.ProcessGroup] = None
     options: dict = field(default_factory=dict)
+    name: str = "burst"  # the attn_implementation it is registered under
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ def make_mask_function(opts: BurstOptions):
 
     def burst_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
                    mask_function=None, attention_mask: Optional[torch.Tensor] = None, **kwargs) -> BurstMask:
+        check_running_model()  # a model that cannot run under burstattn: check_model's message, first
         padded = attention_mask is not None and not bool(attention_mask.all())
         cache = getattr(kv_offset, "cache", None)
         if cache is not None:  # generation: padding is a key mask over the cache
@@ -142,9 +145,14 @@ def _shard_problem(opts: BurstOptions, spec, shard, query, rank: int, world: int
     if (query.shape[0], query.shape[2]) != (shard.plan.rows, shard.positions.numel()):
         return (f"the batch was sharded as [{shard.plan.rows}, {shard.positions.numel()}] tokens per rank but the "
                 f"model got [{query.shape[0]}, {query.shape[2]}]: pass shard_batch's output unchanged")
+    if shard.name != opts.name:
+        return (f"the batch was sharded for attn_implementation {shard.name!r} (layout {shard.layout!r}) but the model "
+                f"runs {opts.name!r} (registered layout={opts.layout!r}): shard it with "
+                f"burstattn.hf.shard_batch(..., name={opts.name!r})")
     if opts.layout is not None and not _same_layout(opts.layout, shard.layout):
         return (f"layout mismatch: registered layout={opts.layout!r} but the batch was sharded with "
-                f"{shard.layout!r}; shard with burstattn.hf.shard_batch(...) and its default layout=None")
+                f"{shard.layout!r}; shard with burstattn.hf.shard_batch(..., name={opts.name!r}) and its default "
+                f"layout=None")
     if shard.cu_seqlens is not None and "mask" not in spec.options:
         return (f"strategy {opts.strategy!r} cannot honour packed documents or padding (a document mask); "
                 f"register one of {list(MASKED)}")
@@ -176,6 +184,29 @@ def _position_problem(opts: BurstOptions, spec, kwargs: dict, query, rank: int, 
     return None
 
 
+def _parallel_problem(module, kwargs: dict, forward_args: Optional[dict], shard, world: int):
+    """What a sequence-parallel forward (a ``shard_batch`` batch, or any forward at world > 1) cannot
+    honour: the MoE router's auxiliary loss, and ``labels`` that transformers would shift inside this
+    rank's shard (a hand-sharded forward)."""
+    if shard is None and world == 1:
+        return None
+    if kwargs.get("output_router_logits") or getattr(getattr(module, "config", None), "output_router_logits", False):
+        return ValueError, ("attn_implementation='burst': output_router_logits=True in a sequence-parallel forward: "
+                            "the router's auxiliary (load-balancing) loss is a product of means over the tokens, "
+                            "which each rank would compute over its own shard (a wrong loss and gradients); pass "
+                            "output_router_logits=False (and set model.config.output_router_logits = False)")
+    labels = None if forward_args is None else forward_args.get("labels")
+    model = None if forward_args is None else forward_args.get("self")
+    seq2seq = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))  # no shift in their loss
+    if shard is None and labels is not None and kwargs.get("shift_labels") is None and not seq2seq:
+        return ValueError, (f"attn_implementation='burst': labels in a hand-sharded forward at world size {world}: "
+                            "transformers would shift them inside this rank's shard (a wrong loss); pass the FULL "
+                            "batch through burstattn.hf.shard_batch(input_ids, labels) (labels shifted on the global "
+                            "sequence, the global num_items_in_batch), or give shift_labels= (this rank's share of "
+                            "the globally shifted labels) yourself")
+    return None
+
+
 def make_attention_function(opts: BurstOptions):
     """The ``AttentionInterface`` function for ``opts`` (see the module docstring)."""
     spec = STRATEGIES[opts.strategy]
@@ -183,10 +214,17 @@ def make_attention_function(opts: BurstOptions):
     def burst_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         attention_mask=None, dropout: float = 0.0, scaling: Optional[float] = None,
                         **kwargs) -> tuple[torch.Tensor, None]:
+        cache = attention_mask.cache if isinstance(attention_mask, BurstMask) else None
+        # check_model's message first, on every path; the frame walk (~0.1 ms) once per batch / cache
+        # (the model's first burst layer), every layer only for a hand-sharded forward
+        given = kwargs.get("burst_shard")
+        seen = cache.__dict__.get("_burstattn_guarded") if cache is not None else given is not None and given.attended
+        forward_args = None if seen else check_running_model()
+        if cache is not None:
+            cache.__dict__["_burstattn_guarded"] = True
         call, family_problem = describe(module, query, key, kwargs)
         window = call.window
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        cache = attention_mask.cache if isinstance(attention_mask, BurstMask) else None
         # [B, H, S, D] -> [B, S, H, D]: burstattn's layout; under autocast RoPE can leave q/k in float32
         # next to a 16-bit v: one dtype, autocast's (as SDPA does), else the query's
         dtype = query.dtype
@@ -205,7 +243,10 @@ def make_attention_function(opts: BurstOptions):
                                         softcap=call.softcap, sinks=call.sinks, key_mask=keys), None
         _, rank, world = group_context(opts.group)
         shard = kwargs.get("burst_shard")
-        problem = _local_problem(module, query, key, attention_mask, dropout, call.cross) or family_problem
+        if shard is None and forward_args is not None:  # a layer that drops its kwargs (StableLM): the model's
+            shard = forward_args.get("burst_shard") or (forward_args.get("kwargs") or {}).get("burst_shard")
+        problem = (_local_problem(module, query, key, attention_mask, dropout, call.cross) or family_problem
+                   or _parallel_problem(module, kwargs, forward_args, shard, world))
         if problem is None and not call.cross:  # cross-attention: the queries' positions were checked by self-attention
             text = (_shard_problem(opts, spec, shard, query, rank, world) if shard is not None
                     else _position_problem(opts, spec, kwargs, query, rank, world))
@@ -237,19 +278,14 @@ def make_attention_function(opts: BurstOptions):
             start(opts.strategy, q, q, q, group=opts.group, causal=True, softmax_scale=scale, layout="contiguous",
                   extra=problem)
             raise problem[0](problem[1])
+        if shard is not None:
+            shard.attended = True  # what a loss or gather over this batch checks (batch.py)
         out = attention(q, k, v, strategy=opts.strategy, group=opts.group, causal=call.causal, softmax_scale=scale,
                         layout=layout, backend=opts.backend, **extra)
         return out, None
 
     burst_attention.burst_options = opts
     return burst_attention
-
-
-def registered_options(name: str) -> Optional[BurstOptions]:
-    """The :class:`BurstOptions` registered under ``name`` by :func:`register`, or ``None``."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    return getattr(ALL_ATTENTION_FUNCTIONS.get(name), "burst_options", None)
 
 
 def register(name: str = "burst", *, strategy: str = "burst", layout=None, backend: str = "auto",
@@ -292,7 +328,8 @@ def register(name: str = "burst", *, strategy: str = "burst", layout=None, backe
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    opts = BurstOptions(strategy=strategy, layout=layout, backend=backend, group=group, options=dict(strategy_options))
+    opts = BurstOptions(strategy=strategy, layout=layout, backend=backend, group=group, options=dict(strategy_options),
+                        name=name)
     AttentionInterface.register(name, make_attention_function(opts))
     AttentionMaskInterface.register(name, make_mask_function(opts))
     return opts

@@ -28,6 +28,7 @@ from ..partition import document_partition
 from ..strategies import STRATEGIES
 from .attention import registered_options
 from .families import check_model
+from .guard import calling_model, running_model_problem
 from .packing import IGNORE_INDEX, BatchPlan, flatten_rows, plan_batch, rope_positions, shifted_labels
 
 SHARD_KEY = "burst_shard"  # the model kwarg that carries the ShardSpec to the attention function
@@ -63,11 +64,13 @@ class GlobalItemCount(torch.Tensor):
 
     group: Optional[dist.ProcessGroup]
     world_size: int
+    shard: Optional["ShardSpec"]
 
     @staticmethod
-    def __new__(cls, count: int, group: Optional[dist.ProcessGroup], world_size: int) -> "GlobalItemCount":
+    def __new__(cls, count: int, group: Optional[dist.ProcessGroup], world_size: int,
+                shard: Optional["ShardSpec"] = None) -> "GlobalItemCount":
         obj = torch.Tensor._make_subclass(cls, torch.tensor(float(count)))
-        obj.group, obj.world_size = group, world_size
+        obj.group, obj.world_size, obj.shard = group, world_size, shard
         return obj
 
     @classmethod
@@ -76,6 +79,8 @@ class GlobalItemCount(torch.Tensor):
         divides = func in (torch.Tensor.div, torch.Tensor.__truediv__, torch.div, torch.true_divide)
         if divides and len(args) == 2 and isinstance(args[1], cls) and not isinstance(args[0], cls):
             share, count = args
+            if count.shard is not None:  # the loss of a shard_batch batch: did burstattn's attention see it?
+                count.shard.check_attended("the loss")
             total = share if count.world_size == 1 else _SumOverRanks.apply(share, count.group)
             return total / count.as_subclass(torch.Tensor).to(total.device)
         if func is torch.Tensor.to and isinstance(args[0], cls) and args[0].device == torch.device("cpu"):
@@ -96,11 +101,36 @@ class ShardSpec:
     Not a dataclass on purpose: wrappers such as DDP pass plain objects through untouched.
     """
 
-    def __init__(self, layout, plan: BatchPlan, rank: int, world_size: int, positions: torch.Tensor) -> None:
+    def __init__(self, layout, plan: BatchPlan, rank: int, world_size: int, positions: torch.Tensor,
+                 name: str = "burst") -> None:
         self.layout, self.plan, self.rank, self.world_size = layout, plan, rank, world_size
-        self.positions = positions
+        self.positions, self.name = positions, name
+        self.attended = False  # set by burstattn's attention function when a layer runs on this batch
         self.cu_seqlens = plan.cu_seqlens()
         self._masks: dict = {}
+
+    @property
+    def tokens(self) -> int:
+        """Real tokens of the caller's batch: ``B * N`` less the padding (the layout's pads excluded)."""
+        pads = 0 if self.plan.pads is None else int(self.plan.pads.sum())
+        return self.plan.batch * self.plan.length - pads
+
+    def check_attended(self, what: str) -> None:
+        """Raise ``ValueError`` if no layer of the forward ran burstattn's attention on this batch: the
+        model's attention implementation is not a burstattn registration (each rank attended within
+        its own shard only). ``what``: the result about to be taken (``"the loss"``, ...)."""
+        if not self.attended:
+            running = calling_model()  # inside the model's forward (its loss): check_model's message first
+            problem = None if running is None else running_model_problem(running[0])
+            if problem:
+                raise ValueError(problem)
+            raise ValueError(f"burstattn.hf: {what} of a shard_batch batch (attn_implementation {self.name!r}) comes "
+                             f"from a forward in which no attention layer ran burstattn: the model's attention "
+                             f"implementation is not a function registered with burstattn.hf.register (e.g. "
+                             f"from_pretrained(DIR) keeps 'sdpa'), so every rank attended within its own shard only. "
+                             f"Build the model with attn_implementation={self.name!r} or call "
+                             f"model.set_attn_implementation({self.name!r}); burstattn.hf.check_model(model) says "
+                             f"what else a model needs")
 
     @property
     def seq_len(self) -> int:
@@ -140,7 +170,7 @@ def _resolve_layout(name: str, layout, given_group):
                          f"burstattn.hf.register({name!r}, ...) first (its strategy and layout decide the shards)")
     if layout is not None and opts.layout is not None and layout != opts.layout:
         raise ValueError(f"shard_batch: layout={layout!r} but {name!r} was registered with layout={opts.layout!r}; "
-                         "leave layout=None to use the registered one")
+                         f"leave layout=None to use the registered one (or shard for another registration: name=...)")
     if given_group is not None and opts.group is not None and given_group is not opts.group:
         raise ValueError(f"shard_batch: group differs from the one {name!r} was registered with")
     return STRATEGIES[opts.strategy], layout if layout is not None else opts.layout, \
@@ -212,13 +242,13 @@ def shard_batch(input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None, 
     pos = local_positions(plan.row_len, rank, world, layout).to(input_ids.device)
     ids = flatten_rows(input_ids, plan, 0)
     rope = rope_positions(position_ids, plan).to(input_ids.device)
-    shard = ShardSpec(layout, plan, rank, world, pos.cpu())
+    shard = ShardSpec(layout, plan, rank, world, pos.cpu(), name=name)
     batch = {"input_ids": ids[:, pos], "position_ids": rope[:, pos], SHARD_KEY: shard}
     if labels is not None:
         shifted = shifted_labels(labels, plan).to(labels.device)  # [rows, row_len]
         local = shifted[:, pos]
         batch.update(labels=local, shift_labels=local,
-                     num_items_in_batch=GlobalItemCount(int((shifted != IGNORE_INDEX).sum()), group, world))
+                     num_items_in_batch=GlobalItemCount(int((shifted != IGNORE_INDEX).sum()), group, world, shard))
     return batch
 
 
@@ -251,6 +281,7 @@ def gather_logits(logits: torch.Tensor, group: Optional[dist.ProcessGroup] = Non
     layout's padding dropped). Without: ``[B, N_padded, V]`` in ``layout`` (slice ``[:, :N]``)."""
     if shard is None:
         return gather_sequence(logits, group=group, layout=layout, dim=1)
+    shard.check_attended("the logits")
     full = gather_sequence(logits, group=group, layout=shard.layout, dim=1)  # [rows, row_len, V]
     plan = shard.plan
     if plan.flattened:

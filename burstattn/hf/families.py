@@ -25,9 +25,11 @@ on each rank's shard alone).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import torch
+
+from .mixers import survey
 
 # keyword arguments transformers passes that change nothing about the scores (positions are in the
 # RoPE already; packing metadata is handled by the caller; the rest are flags of other layers)
@@ -38,6 +40,7 @@ PASSIVE = frozenset({"position_ids", "use_cache", "output_attentions", "output_r
                      "num_items_in_batch", "shift_labels", "logits_to_keep",
                      "burst_shard"})  # burstattn.hf.shard_batch's ShardSpec, read by the attention function
 APPLIED = frozenset({"softcap", "s_aux", "sliding_window", "is_causal"})
+SUPPORTED_KEY = "_burstattn_supported_mixers"  # on a model: the supported_mixers check_model accepted
 TESTED = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gpt_oss", "deepseek_v3", "t5gemma")
 
 Problem = Optional[tuple[type, str]]
@@ -110,21 +113,96 @@ def describe(module, query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> tu
     return CallSpec(causal=causal, cross=cross, window=window, softcap=softcap, sinks=sinks), problem
 
 
-def check_model(model) -> None:
-    """Raise ``ValueError`` if ``model`` cannot run under ``attn_implementation="burst"``.
+def registered_options(name) -> Optional[Any]:
+    """The :class:`~burstattn.hf.BurstOptions` registered under ``name`` by :func:`burstattn.hf.register`,
+    or ``None`` (not registered, or a function of transformers' own such as ``"sdpa"``)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    Models whose classes do not dispatch attention through transformers' ``AttentionInterface``
-    (``_supports_attention_backend = False``: T5, BART, BLOOM, MPT, Falcon, ... in transformers 5.x)
-    accept any registered name and then run their own attention: under sequence parallelism each
-    rank would attend within its own shard only, a silently wrong result. :class:`ContextParallelTrainer`
-    calls it when it is built and :func:`~burstattn.hf.sync_gradients` before its first collective, so a
-    training step never gets past the backward with such a model; call it yourself after building the
-    model for other uses (every rank). Families that do dispatch are checked call by call
-    (:func:`describe`)."""
+    if not isinstance(name, str):
+        return None
+    return getattr(ALL_ATTENTION_FUNCTIONS.get(name), "burst_options", None)
+
+
+def _configs(model, attention: list) -> list:
+    """The model's config, its sub-configs and those of its attention modules (each once)."""
+    out: dict[int, Any] = {}
+    root = getattr(model, "config", None)
+    for cfg in [root] + [getattr(root, k, None) for k in getattr(root, "sub_configs", {}) or {}] + \
+            [getattr(m, "config", None) for _, m in attention]:
+        if cfg is not None and hasattr(cfg, "_attn_implementation"):
+            out.setdefault(id(cfg), cfg)
+    return list(out.values())
+
+
+def _listed(items: list, most: int = 4) -> str:
+    more = f" and {len(items) - most} more" if len(items) > most else ""
+    return "; ".join(str(x) for x in items[:most]) + more
+
+
+def model_problem(model, supported_mixers: Iterable = (), *, implementation: bool = True,
+                  router: bool = True) -> Optional[str]:
+    """Why ``model`` cannot run sequence parallel under burstattn (``None``: it can); see :func:`check_model`.
+    ``implementation``: also require every attention module's ``config._attn_implementation`` to be a
+    burstattn registration; ``router``: also refuse ``output_router_logits``."""
     cls = type(model)
-    if not getattr(cls, "_supports_attention_backend", False):
-        family = getattr(getattr(model, "config", None), "model_type", cls.__name__)
-        raise ValueError(f"burstattn.hf: model type {family!r} ({cls.__name__}) does not dispatch its attention "
-                         f"through transformers' AttentionInterface, so attn_implementation='burst' would be "
-                         f"ignored and every rank would attend within its own shard only; families that work: "
-                         f"{list(TESTED)} (and others that dispatch through the interface)")
+    family = getattr(getattr(model, "config", None), "model_type", None) or cls.__name__
+    found = survey(model, supported_mixers)
+    if not found.attention:
+        return (f"burstattn.hf: model type {family!r} ({cls.__name__}) does not dispatch its attention through "
+                f"transformers' AttentionInterface, so attn_implementation='burst' would be ignored and every rank "
+                f"would attend within its own shard only; families that work: {list(TESTED)} (and others that "
+                f"dispatch through the interface)")
+    if found.mixers:
+        return (f"burstattn.hf: model type {family!r} ({cls.__name__}) mixes the sequence outside the attention "
+                f"that reaches burstattn: {_listed(found.mixers)}. Under sequence parallelism each rank would run "
+                f"these layers on its own shard of the tokens only (a silently wrong loss and gradients); burstattn "
+                f"supports models whose layers mix tokens only through attention dispatched through transformers' "
+                f"AttentionInterface (convolutions, SSM / Mamba, linear attention and recurrences are refused)")
+    if implementation:
+        bad: dict[str, str] = {}
+        for path, module in found.attention:
+            impl = getattr(getattr(module, "config", None), "_attn_implementation", None)
+            if registered_options(impl) is None:
+                bad.setdefault(str(impl), path)
+        if bad:
+            where = ", ".join(f"{impl!r} (at {path})" for impl, path in bad.items())
+            return (f"burstattn.hf: model type {family!r} ({cls.__name__}) runs attention implementation {where}, "
+                    f"not one registered with burstattn.hf.register: under sequence parallelism every rank would "
+                    f"attend within its own shard only. Register first, then build the model with "
+                    f"attn_implementation='burst' (from_pretrained(DIR, attn_implementation='burst')) or call "
+                    f"model.set_attn_implementation('burst')")
+    if router:
+        routed = [cfg for cfg in _configs(model, found.attention) if getattr(cfg, "output_router_logits", False)]
+        if routed:
+            return (f"burstattn.hf: model type {family!r} ({cls.__name__}) has output_router_logits=True: the "
+                    f"router's auxiliary (load-balancing) loss is a product of means over the tokens, which each "
+                    f"rank would compute over its own shard (a wrong loss and gradients); set "
+                    f"model.config.output_router_logits = False")
+    return None
+
+
+def check_model(model, *, supported_mixers: Iterable = ()) -> None:
+    """Raise ``ValueError`` if ``model`` cannot run sequence parallel under a burstattn ``attn_implementation``.
+
+    Decided from what the model contains (:func:`burstattn.hf.mixers.survey`), call it on every rank once
+    the model is built with the registered implementation:
+
+    * no module dispatches through transformers' ``ALL_ATTENTION_FUNCTIONS`` (T5, BART, BLOOM, MPT,
+      Falcon, ... in transformers 5.x): the registered name would be ignored;
+    * a module mixes the sequence outside that attention (:func:`burstattn.hf.mixers.sequence_mixers`:
+      convolutions, SSM / Mamba, linear attention, recurrences, or a module the survey cannot classify,
+      named by its class): it would run on each rank's shard alone. ``supported_mixers``: classes (or
+      class names) accepted as a whole (a later table of sequence-parallel mixers);
+    * an attention module's ``config._attn_implementation`` (the model's, or a sub-config's) is not a
+      function registered with :func:`burstattn.hf.register` (``from_pretrained(DIR)`` keeps ``"sdpa"``);
+    * ``output_router_logits=True`` in a config (the MoE auxiliary loss is not additive over shards).
+
+    :class:`ContextParallelTrainer` calls it when it is built, :func:`~burstattn.hf.sync_gradients` before
+    its first collective, and the attention and mask functions at the first forward of a model (the same
+    survey, read from the running model), so every rank raises the same message before a wrong step."""
+    supported = tuple(supported_mixers)
+    problem = model_problem(model, supported)
+    if problem:
+        raise ValueError(problem)
+    if supported:  # the forward's own check (burstattn.hf.guard) accepts what this call accepted
+        model.__dict__[SUPPORTED_KEY] = supported

@@ -77,9 +77,9 @@ class ContextParallelMixin:
         self.cp_options = register(attn_implementation, strategy=strategy, layout=layout, backend=backend,
                                    group=self.cp_group, **(strategy_options or {}))
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # PEFT
-        check_model(base)  # a model that never calls the registered attention would train silently wrong
         self._original_attn = getattr(base.config, "_attn_implementation", None)
         base.set_attn_implementation(attn_implementation)
+        check_model(base)  # a model that never calls the registered attention would train silently wrong
 
     def _refuse_unsupported(self) -> None:
         problem = None
@@ -159,11 +159,30 @@ class ContextParallelMixin:
         return total
 
     def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
+        counted = getattr(self, "_total_train_tokens", None)  # TRL's token count, before its update
         out = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        shard = inputs.get(SHARD_KEY)
+        if shard is not None:
+            shard.check_attended("the loss")
+            if counted is not None and getattr(self, "_total_train_tokens", None) != counted:
+                self._count_real_tokens(inputs, shard, counted)
         if self.args.average_tokens_across_devices or num_items_in_batch is None or self.cp_size == 1:
             return out
         # per-replica counts: DDP averages over dp x cp ranks, the replica's loss is the sum over its cp ranks
         return (out[0] * self.cp_size, out[1]) if return_outputs else out * self.cp_size
+
+    def _count_real_tokens(self, inputs, shard, before: int) -> None:
+        """TRL adds each rank's ``position_ids.size(1)`` (or ``attention_mask.sum()``), gathered over every
+        process, to ``_total_train_tokens``: over a replica's cp ranks that is the layout's padded length.
+        Replace this step's addition by the replica's real tokens (cp rank 0 counts them), summed over
+        the world (one all-reduce of an int)."""
+        mine = torch.tensor(shard.tokens if self.cp_rank == 0 else 0, dtype=torch.int64, device=self.args.device)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(mine)
+        self._total_train_tokens = before + int(mine)
+        metrics = getattr(self, "_metrics", None)
+        if isinstance(metrics, dict) and isinstance(metrics.get("train"), dict) and "num_tokens" in metrics["train"]:
+            metrics["train"]["num_tokens"] = [self._total_train_tokens]
 
     # ---- evaluation and predict
     def prediction_step(self, model, inputs, prediction_loss_only: bool, ignore_keys=None):
@@ -173,6 +192,7 @@ class ContextParallelMixin:
             full_labels = full_labels[0] if len(full_labels) == 1 else full_labels
         sharded = self._cp_shard(inputs)
         loss, logits, _ = super().prediction_step(model, sharded, prediction_loss_only, ignore_keys)
+        sharded[SHARD_KEY].check_attended("the evaluation loss and logits")
         if loss is not None and self.cp_size > 1:
             loss = loss.detach().clone().to(self.args.device)
             dist.all_reduce(loss, group=self.cp_group)  # the same value on the replica's cp ranks

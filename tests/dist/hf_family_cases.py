@@ -70,7 +70,6 @@ def decoder_only(rank: int, world: int, kind: str, seq: int = 21, new_tokens: in
     tokens over a ShardedCache, each against the eager single-process model."""
     bhf.register(strategy="burst", backend="auto")
     model = build(kind)
-    bhf.check_model(model)
     ids = _tokens(2, seq, 0)
     model.set_attn_implementation("eager")
     ref = model(input_ids=ids, labels=ids)
@@ -81,6 +80,7 @@ def decoder_only(rank: int, world: int, kind: str, seq: int = 21, new_tokens: in
     model.zero_grad(set_to_none=True)
 
     model.set_attn_implementation("burst")
+    bhf.check_model(model)
     batch = bhf.shard_batch(ids, ids)
     out = model(**batch)
     out.loss.backward()
@@ -112,7 +112,6 @@ def encoder_decoder(rank: int, world: int, enc_len: int = 16, dec_len: int = 11,
     against the eager single-process model (and its ``generate``)."""
     bhf.register(strategy="burst", backend="auto")
     model = build("t5gemma")
-    bhf.check_model(model)
     enc, labels = _tokens(2, enc_len, 3), _tokens(2, dec_len, 4)
     start = model.generation_config.decoder_start_token_id
     start = model.config.decoder.bos_token_id if start is None else start
@@ -127,6 +126,7 @@ def encoder_decoder(rank: int, world: int, enc_len: int = 16, dec_len: int = 11,
     model.zero_grad(set_to_none=True)
 
     model.set_attn_implementation("burst")
+    bhf.check_model(model)
     out = model(**bhf.shard_seq2seq_batch(enc, dec, labels))
     out.loss.backward()
     bhf.sync_gradients(model)

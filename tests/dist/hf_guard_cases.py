@@ -1,0 +1,238 @@
+"""Rank-side functions of tests/dist/test_hf_guards.py: the silent wrong answers of issue 26 where
+burstattn meets transformers models, each now refused on every rank (or made exact).
+
+Tiny random configs (hidden 32-64, 2-3 layers) of the hybrid families build in a second on CPU; their
+torch fallbacks run without fla / causal-conv1d / mamba_ssm."""
+from __future__ import annotations
+
+import tempfile
+
+import torch
+
+import burstattn.hf as bhf
+from burstattn.layout import local_positions
+
+VOCAB = 128
+SMALL = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=64, max_position_embeddings=256)
+MAMBA = dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1, mamba_expand=2)
+
+
+def config(kind: str):
+    """A small config of ``kind`` (hybrids with one attention layer and one layer that mixes otherwise)."""
+    import transformers as tf
+
+    if kind == "llama":
+        return tf.LlamaConfig(**SMALL)
+    if kind == "stablelm":
+        return tf.StableLmConfig(**SMALL)
+    if kind == "mixtral":
+        return tf.MixtralConfig(**SMALL, num_local_experts=4, num_experts_per_tok=2)
+    if kind == "qwen2_moe":
+        return tf.Qwen2MoeConfig(**SMALL, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                 shared_expert_intermediate_size=32)
+    if kind == "lfm2":
+        return tf.Lfm2Config(**{**SMALL, "num_hidden_layers": 3}, layer_types=["conv", "full_attention", "conv"])
+    if kind == "lfm2_moe":
+        return tf.Lfm2MoeConfig(**SMALL, layer_types=["conv", "full_attention"], num_experts=2,
+                                num_experts_per_tok=1, moe_intermediate_size=32, num_dense_layers=2)
+    if kind == "granitemoehybrid":
+        return tf.GraniteMoeHybridConfig(**SMALL, layer_types=["mamba", "attention"], **MAMBA, num_local_experts=0,
+                                         shared_intermediate_size=64)
+    if kind == "minimax":
+        return tf.MiniMaxConfig(**SMALL, head_dim=16, num_local_experts=2, num_experts_per_tok=1, block_size=8,
+                                layer_types=["linear_attention", "full_attention"])
+    if kind == "recurrent_gemma":
+        return tf.RecurrentGemmaConfig(**{**SMALL, "num_hidden_layers": 3}, lru_width=64, attention_window_size=16,
+                                       block_types=["recurrent", "attention", "recurrent"], head_dim=16)
+    if kind == "qwen3_next":
+        return tf.Qwen3NextConfig(**SMALL, head_dim=16, layer_types=["linear_attention", "full_attention"],
+                                  num_experts=2, num_experts_per_tok=1, moe_intermediate_size=32,
+                                  shared_expert_intermediate_size=32, linear_num_key_heads=2, linear_num_value_heads=4,
+                                  linear_key_head_dim=16, linear_value_head_dim=16)
+    if kind == "bamba":
+        return tf.BambaConfig(**SMALL, attn_layer_indices=[1], **MAMBA)
+    if kind == "falcon_h1":
+        return tf.FalconH1Config(**SMALL, head_dim=16, **MAMBA, mamba_d_ssm=128)
+    if kind == "jamba":
+        return tf.JambaConfig(**SMALL, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+                              expert_layer_offset=1, num_experts=2, num_experts_per_tok=1, mamba_d_state=16,
+                              mamba_dt_rank=8)
+    if kind == "bloom":
+        return tf.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=1, n_head=2)
+    if kind == "falcon":
+        return tf.FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2)
+    raise ValueError(kind)
+
+
+def build(kind: str, attn: str = "burst", seed: int = 0):
+    """A float32 ``kind`` model with seeded random weights under ``attn`` (``None``: transformers' default)."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    kw = {} if attn is None else {"attn_implementation": attn}
+    return tf.AutoModelForCausalLM.from_config(config(kind), **kw).float().eval()
+
+
+def _tokens(n: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(2, VOCAB, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _run(what: str, rank: int, world: int) -> None:
+    """Run the case ``what`` (``"<case>"`` or ``"<case>:<kind>"``); raises what burstattn refuses."""
+    case, _, kind = what.partition(":")
+    ids = _tokens(6 * world)
+    bhf.register(strategy="burst", backend="reference")
+    if case == "shard":  # a sharded batch (loss and backward) on a model built with attn_implementation="burst"
+        model = build(kind)
+        model(**bhf.shard_batch(ids, ids)).loss.backward()
+        bhf.sync_gradients(model)
+    elif case == "default_loss":  # item 1: from_pretrained / from_config without attn_implementation
+        model = build(kind, attn=None)
+        model(**bhf.shard_batch(ids, ids)).loss.backward()
+    elif case == "eager_logits":  # item 1 without labels: the logits gathered
+        model = build(kind, attn="eager")
+        batch = bhf.shard_batch(ids)
+        bhf.gather_logits(model(**batch).logits, shard=batch["burst_shard"])
+    elif case == "sdpa_sync":  # item 1: a loss of one's own over the logits, then sync_gradients
+        model = build(kind, attn="sdpa")
+        batch = bhf.shard_batch(ids, ids)
+        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["shift_labels"].flatten()).backward()
+        bhf.sync_gradients(model)
+    elif case == "generate":  # ShardedCache generation
+        model = build(kind)
+        with torch.no_grad():
+            model.generate(ids[:, :5], max_new_tokens=2, do_sample=False, **bhf.cache_kwargs(model, bhf.ShardedCache()))
+    elif case == "router_kwarg":  # item 3: the router's aux loss asked for in the forward
+        model = build(kind)
+        model(**bhf.shard_batch(ids, ids), output_router_logits=True)
+    elif case == "router_config":  # item 3: ... or by the config
+        model = build(kind)
+        model.config.output_router_logits = True
+        model(**bhf.shard_batch(ids, ids))
+    elif case in ("hand_labels", "hand_shift_labels"):  # item 4: the hand-sharded forward of attention.py's docstring
+        model = build(kind)
+        pos = local_positions(ids.shape[1], rank, world, "zigzag")
+        kw = {"labels": ids[:, pos]}
+        if case == "hand_shift_labels":
+            shifted = torch.cat([ids[:, 1:], torch.full((1, 1), -100)], 1)
+            kw["shift_labels"] = shifted[:, pos]
+        model(input_ids=ids[:, pos], position_ids=pos[None], **kw)
+    elif case == "layout_name":  # item 10: sharded for "burst" (zigzag), the model runs "burst_striped"
+        bhf.register("burst_striped", strategy="burst", layout="striped", backend="reference")
+        model = build(kind, attn="burst_striped")
+        model(**bhf.shard_batch(ids, ids))
+    elif case == "switched":  # Bloom / Falcon switched to "burst" (transformers warns and keeps its own)
+        model = build(kind, attn=None)
+        model.set_attn_implementation("burst")
+        batch = bhf.shard_batch(ids, ids)
+        batch.pop("burst_shard")  # their forward takes no such keyword
+        model(**batch)
+    elif case == "burst_config":  # Bloom built with "burst" in its config: transformers builds our mask
+        cfg = config(kind)
+        cfg._attn_implementation = "burst"
+        torch.manual_seed(0)
+        import transformers as tf
+
+        model = tf.AutoModelForCausalLM.from_config(cfg).eval()
+        batch = bhf.shard_batch(ids, ids)
+        batch.pop("burst_shard")
+        model(**batch)
+    else:
+        raise AssertionError(what)
+
+
+def refusals(rank: int, world: int, whats: list) -> dict:
+    """``{case: "<Error>: message"}`` (``"no error"`` when accepted) for every case of ``whats``."""
+    out = {}
+    for what in whats:
+        try:
+            _run(what, rank, world)
+            out[what] = "no error"
+        except (ValueError, TypeError, IndexError, KeyError, RuntimeError, NotImplementedError) as e:
+            out[what] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def exact(rank: int, world: int, kind: str, seq: int = 23) -> dict:
+    """Loss and every gradient of a ``shard_batch`` forward/backward against the eager single process."""
+    bhf.register(strategy="burst", backend="reference")
+    model = build(kind, attn="eager")
+    ids = _tokens(seq, 3)
+    ref = model(input_ids=ids, labels=ids)
+    ref.loss.backward()
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    model.set_attn_implementation("burst")
+    bhf.check_model(model)
+    out = model(**bhf.shard_batch(ids, ids))
+    out.loss.backward()
+    bhf.sync_gradients(model)
+    grad_err = max(float((p.grad - ref_grads[n]).abs().max()) for n, p in model.named_parameters() if n in ref_grads)
+    return dict(loss_err=float((out.loss - ref.loss).abs()), grad_err=grad_err, grads=len(ref_grads))
+
+
+def trainer_refusals(rank: int, world: int, kinds: list) -> dict:
+    """ContextParallelTrainer on a model of each of ``kinds``: ``{kind: the message raised at construction}``
+    (MoE kinds with ``output_router_logits=True``)."""
+    from tests.dist.hf_trainer_cases import PadCollator, TrainerCase, _args, _reset_accelerate, dataset
+
+    out = {}
+    for kind in kinds:
+        _reset_accelerate(rank, world)
+        case = TrainerCase(world=world, cp=world)
+        model = build(kind, attn=None).train()
+        if kind in ("mixtral", "qwen2_moe"):
+            model.config.output_router_logits = True
+        out[kind] = "no error"
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                bhf.ContextParallelTrainer(model=model, args=_args(case, tmp, 2, "gloo"), train_dataset=dataset(case),
+                                           data_collator=PadCollator("right"), backend="reference")
+            except ValueError as e:
+                out[kind] = str(e)
+    return out
+
+
+def token_count(rank: int, world: int) -> dict:
+    """ContextParallelMixin over a Trainer that counts tokens as TRL's SFTTrainer does (each rank's
+    ``position_ids.size(1)``, gathered over every process, into ``_total_train_tokens``): the count
+    after 3 packed steps, and the real tokens the examples hold."""
+    from collections import defaultdict
+
+    import transformers as tf
+
+    from tests.dist.hf_cases import build as build_llama
+    from tests.dist.hf_trainer_cases import TrainerCase, _args, _reset_accelerate
+
+    class CountsLikeTRL(tf.Trainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._total_train_tokens, self._metrics = 0, {"train": defaultdict(list)}
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            out = super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                       num_items_in_batch=num_items_in_batch)
+            if "attention_mask" in inputs:
+                local = inputs["attention_mask"].sum()
+            else:
+                local = torch.tensor(inputs["position_ids"].size(1))
+            self._total_train_tokens += int(self.accelerator.gather_for_metrics(local).sum())
+            self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
+            return out
+
+    class CP(bhf.ContextParallelMixin, CountsLikeTRL):
+        pass
+
+    _reset_accelerate(rank, world)
+    case = TrainerCase(world=world, cp=world)
+    gen = torch.Generator().manual_seed(5)  # odd lengths, 3 per row: every packed row is odd, the layout pads it
+    lengths = (5, 7, 9, 11, 13, 3, 15, 7, 9)
+    data = [{"input_ids": torch.randint(1, VOCAB, (n,), generator=gen).tolist()} for n in lengths]
+    with tempfile.TemporaryDirectory() as out:
+        trainer = CP(model=build_llama("llama").train(), args=_args(case, out, case.per_device, "gloo"),
+                     train_dataset=data, data_collator=tf.DataCollatorWithFlattening(), backend="reference")
+        trainer.train()
+    return dict(counted=trainer._total_train_tokens, logged=trainer._metrics["train"]["num_tokens"][-1],
+                real=sum(len(x["input_ids"]) for x in data))
