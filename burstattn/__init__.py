@@ -21,13 +21,13 @@ _EXPORTS = {
     "gather_sequence": ".layout", "sequence_positions": ".layout", "shard_sequence": ".layout",
     "two_level_groups": ".groups",
     "AttnMask": ".masks",
-    "Partition": ".partition", "document_partition": ".partition",
+    "Partition": ".partition", "document_partition": ".partition", "mask_partition": ".partition_solver",
     "StepTrace": ".comm.trace", "trace_steps": ".comm.trace",
 }
 
 __all__ = ["attention", "burst_attn_func", "BurstAttention", "shard_sequence", "gather_sequence",
            "sequence_positions", "comm_stats", "CommStats", "trace_steps", "StepTrace",
-           "ring_bytes", "AttnMask", "Partition", "document_partition", "two_level_groups",
+           "ring_bytes", "AttnMask", "Partition", "document_partition", "mask_partition", "two_level_groups",
            "__version__"]
 
 
@@ -58,5 +58,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .layout import gather_sequence, sequence_positions, shard_sequence  # noqa: F401
     from .masks import AttnMask  # noqa: F401
     from .partition import Partition, document_partition  # noqa: F401
+    from .partition_solver import mask_partition  # noqa: F401
     from .strategies import attention  # noqa: F401
     from .comm.trace import StepTrace, trace_steps  # noqa: F401

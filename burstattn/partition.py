@@ -258,13 +258,14 @@ def _reorder(state: tuple[torch.Tensor, ...], edges: torch.Tensor, x: int, y: in
 
 
 def _cut(stream: torch.Tensor, ws: torch.Tensor, boundary: torch.Tensor, world_size: int,
-         tolerance: float) -> list[torch.Tensor]:
+         tolerance: float, allow_swaps: bool = True) -> list[torch.Tensor]:
     """Global positions of every rank (unsorted), cut from the stream ``[N]`` with works ``ws``.
 
     Two pointers walk in from both ends: rank r takes the run ``[f, f+a)`` from the dense end
     and ``[b-n+a, b)`` from the sparse end, ``a`` chosen by :func:`_pick` among all ``n+1``
     values. If that cuts a document although a back run of whole units (:func:`_swaps`) is in
-    the band with fewer cuts, the stream's back is reordered to take that one instead.
+    the band with fewer cuts, the stream's back is reordered to take that one instead (only with
+    ``allow_swaps``: streams whose units are not documents skip that search).
     """
     state = (stream.clone(), ws.clone(), torch.cat([ws.new_zeros(1), ws.cumsum(0)]), boundary.clone())
     stream, ws, cum, boundary = state  # cum [N+1]: exact integers in float64
@@ -278,7 +279,7 @@ def _cut(stream: torch.Tensor, ws: torch.Tensor, boundary: torch.Tensor, world_s
         cuts = ((a_all > 0) & ~boundary[f + a_all]).long() + ((a_all < n) & ~boundary[b - n + a_all]).long()
         a, in_band = _pick(g, cuts, target, mean, surplus, band)
         work = float(g[a])
-        swaps = _swaps(cum, boundary, f, b, n, n - a) if in_band and int(cuts[a]) > 0 else None
+        swaps = _swaps(cum, boundary, f, b, n, n - a) if allow_swaps and in_band and int(cuts[a]) > 0 else None
         if swaps is not None and swaps[0].numel():
             tokens, back_work, x, y, edges, k = swaps
             a2 = n - tokens

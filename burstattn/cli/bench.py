@@ -7,6 +7,7 @@
     burstattn bench train [--seq-lens ...] [--plots docs/img] [--cluster PRESET]  # training steps
     burstattn bench infer [--quick] [--plots DIR] [--docs FILE] [--cluster PRESET]  # prefill, decode, pass-KV/Q
     burstattn bench hf [--quick] [--docs docs/hf.md]   # HF Trainer: context parallel vs one process vs DDP
+    burstattn bench partition [--seq-len N] [--docs docs/partition.md]  # mask_partition vs fixed layouts
     burstattn bench --cluster PRESET|SPEC [flags]   # the attention strategies on an emulated cluster (root)
 
 ``--cluster PRESET|SPEC`` means one thing everywhere: run on the emulated cluster (needs root).
@@ -26,6 +27,7 @@ SUITE_HELP = {
     "masks": "sliding window, packed documents and DistFlashAttn balance vs dense causal",
     "train": "training steps: cp strategies vs tp-v1/tp-v3, FSDP, checkpointing modes",
     "infer": "first-token latency per strategy, sharded decoding, pass-KV vs pass-Q",
+    "partition": "mask_partition vs zigzag/striped/contiguous: work balance, bytes, slowest rank's CPU s",
     "hf": "Hugging Face Trainer steps on packed long documents: context parallel vs one process vs DDP, "
           "longest row under a budget, work balance",
 }
@@ -47,12 +49,14 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cluster-docs", default=None, help="also write the tables into this Markdown file")
     suites = p.add_subparsers(dest="suite", metavar="SUITE", required=False)
     from .bench_hf import add_hf_arguments, run_hf
+    from ..bench.partition_balance import add_arguments as add_partition_arguments, run_cli as run_partition
 
     handlers = {"core": run_core, "grid": run_grid, "maxlen": run_maxlen, "masks": run_masks, "train": run_train,
-                "infer": run_infer, "hf": run_hf}
+                "infer": run_infer, "hf": run_hf,
+                "partition": run_partition}
     flags = {"core": add_core_arguments, "grid": add_grid_arguments, "maxlen": add_maxlen_arguments,
              "masks": add_masks_arguments, "train": add_train_arguments, "infer": add_infer_arguments,
-             "hf": add_hf_arguments}
+             "hf": add_hf_arguments, "partition": add_partition_arguments}
     for name, text in SUITE_HELP.items():
         s = suites.add_parser(name, help=text)
         flags[name](s)

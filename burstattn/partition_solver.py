@@ -1,0 +1,297 @@
+"""A partition that balances any mask: :func:`mask_partition` (pure, cached in the mask).
+
+Tokens go to ranks in *blocks* of ``T`` positions (the mask's tile size, or the largest divisor
+of ``n = N / P`` below it), so that every rank's shard is made of whole global tiles and the
+pair ops the engine will run (:func:`burstattn.masks.blocks.pair_ops`) are exactly the global
+tile pairs of the blocks it holds. A query block's cost is then a property of the block alone:
+
+    cost(i) = sum over key tiles j of  weight(class(i, j)) * T * T
+
+with the tile classes of :mod:`burstattn.masks.blocks` (empty 0, full 1, partial/causal/strict
+their measured cost relative to full, :class:`TileCosts`). Balancing the mask's work is a
+cardinality-constrained number partitioning of these costs (every rank takes ``n / T`` blocks).
+
+The solver is the two-pointer cut of :func:`burstattn.partition.document_partition`
+(``partition._cut``), run on block *streams* instead of token streams: every candidate orders the
+blocks (``"contiguous"``: natural order; ``"zigzag"``: the sequence folded end to end;
+``"documents"``: block-aligned documents densest first, each folded, document_partition's own
+stream; ``"sorted"``: blocks by cost, heaviest first), the cut gives each rank a run from the
+dense end and one from the sparse end. The candidates are scored by balance (max / mean block
+cost per rank) and by traffic: the number of ordered rank pairs ``(r, s)`` whose tiles touch,
+which is what the sparse plan's byte formula (:func:`burstattn.masks.mask_bytes`: readers x K/V
+bytes) multiplies. The kept one: fewest pairs among those within ``target``, else the best
+balance with a warning (or ``ValueError`` with ``strict=True``) naming the balance achieved.
+
+``document_partition`` stays as the token-level fast path: with ``block_size=1`` and the
+``"documents"`` candidate alone, ``mask_partition`` returns its partition exactly.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from .masks.blocks import CAUSAL, EMPTY, FULL, PARTIAL, STRICT, classify
+from .masks.spec import AttnMask
+from .partition import Partition, _cut, _stream, balance
+
+CANDIDATES = ("contiguous", "zigzag", "documents", "sorted")
+_CHUNK_ROWS = 1 << 16  # query rows per classify call (bounds its [rows, key tiles] temporaries)
+
+
+@dataclass(frozen=True)
+class TileCosts:
+    """Cost of one ``T x T`` tile of each class relative to a full one (the kernel's time, not its
+    FLOPs). Defaults measured for ``cpu_flash`` at ``T = 256``, 8 heads of 64, by CPU time of the
+    calling thread, median of 15 (under load): a causal tile 0.99-1.10 x a full one (the CPU kernel
+    gains nothing from the triangle), an explicit-mask tile 1.19-1.24 x."""
+
+    full: float = 1.0
+    partial: float = 1.2
+    causal: float = 1.0
+
+    def table(self) -> torch.Tensor:
+        """Weights indexed by tile class: float64 ``[5]`` (EMPTY, FULL, PARTIAL, CAUSAL, STRICT)."""
+        w = torch.zeros(5, dtype=torch.float64)
+        w[FULL], w[PARTIAL], w[CAUSAL], w[STRICT] = self.full, self.partial, self.causal, self.causal
+        return w
+
+
+@dataclass(frozen=True)
+class BlockSummary:
+    """The mask seen in blocks of ``block`` positions: ``cost [B]`` float64 per query block;
+    ``lo, hi [B]`` int64: the first and last key tile any of its rows sees (``lo > hi``: none);
+    ``classes [B, Bk]`` int8 tile classes when a ``mask_mod`` made them necessary (else None:
+    every tile in ``[lo, hi]`` counts as touched)."""
+
+    block: int
+    cost: torch.Tensor
+    lo: torch.Tensor
+    hi: torch.Tensor
+    classes: Optional[torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Solution:
+    """What :func:`solve_partition` found: the partition, its balance (max / mean block cost),
+    the touching rank pairs (off the diagonal), the kept candidate and every candidate's
+    ``(balance, pairs)``."""
+
+    partition: Partition
+    block: int
+    balance: float
+    pairs: int
+    candidate: str
+    scores: dict
+
+
+def partition_block(seq_len: int, world_size: int, tile: int) -> int:
+    """The block size: the largest divisor of ``n = seq_len / world_size`` not above ``tile``."""
+    n = seq_len // world_size
+    return max(b for b in range(1, min(tile, n) + 1) if n % b == 0)
+
+
+def block_summary(mask: AttnMask, seq_len: int, causal: bool, block: int, k_len: Optional[int] = None,
+                  costs: TileCosts = TileCosts()) -> BlockSummary:
+    """The mask's :class:`BlockSummary` at ``block`` (``seq_len`` and ``k_len`` multiples of it).
+
+    Windows, documents and causal give every row one key interval: the tiles a block touches and
+    its full tiles follow from its rows' interval ends in O(N) (a segmented sweep merges the rows'
+    tile ranges, so gaps between them are not counted). A ``mask_mod`` is evaluated tile by tile
+    (:func:`burstattn.masks.blocks.classify`, on the tiles the intervals leave non-empty).
+    """
+    k_len = seq_len if k_len is None else k_len
+    nb, nbk = seq_len // block, -(-k_len // block)
+    q = torch.arange(seq_len)
+    lo, hi = mask.intervals(q, seq_len, causal, k_len)
+    live = lo <= hi
+    blk = q // block
+    ta, tb = lo.clamp(min=0) // block, hi.clamp(min=0) // block
+    big = torch.where(live, ta, nbk + 1)  # empty rows sort last and cover nothing
+    first = torch.full((nb,), nbk + 1, dtype=torch.int64).scatter_reduce(0, blk, big, "amin")
+    last = torch.full((nb,), -1, dtype=torch.int64).scatter_reduce(0, blk, torch.where(live, tb, -1), "amax")
+    if mask.mask_mod is not None:
+        classes = _mod_classes(mask, seq_len, causal, block, k_len)
+        cost = costs.table()[classes.long()].sum(1) * block * block
+        return BlockSummary(block, cost, first, last, classes)
+    # touched tiles: the union of the rows' tile ranges per block (sorted by start, running max end)
+    key = blk * (nbk + 2)
+    starts = key + big
+    # intervals' starts rise with the row for every interval mask: sort only when they do not
+    order = torch.arange(seq_len) if bool((starts[1:] >= starts[:-1]).all()) else torch.argsort(starts, stable=True)
+    a, b, kb = starts[order], (key + torch.where(live, tb, -1))[order], key[order]
+    prev = torch.cat([kb[:1] - 1, torch.cummax(b, 0).values[:-1]])
+    prev = torch.maximum(prev, kb - 1)  # a block's first row starts a fresh sweep
+    new = (b - torch.maximum(a - 1, prev)).clamp(min=0)
+    touched = torch.zeros(nb, dtype=torch.int64).index_add_(0, blk[order], new)
+    # full tiles: every row covers the tile entirely
+    all_live = torch.ones(nb, dtype=torch.bool).scatter_reduce(0, blk, live, "amin")
+    max_lo = torch.full((nb,), -1, dtype=torch.int64).scatter_reduce(0, blk, lo, "amax")
+    min_hi = torch.full((nb,), k_len, dtype=torch.int64).scatter_reduce(0, blk, hi, "amin")
+    j0 = -(-max_lo.clamp(min=0) // block)
+    j1 = torch.where(min_hi >= k_len - 1, nbk - 1, (min_hi + 1) // block - 1)
+    full = torch.where(all_live, (j1 - j0 + 1).clamp(min=0), 0)
+    cost = (full * costs.full + (touched - full) * costs.partial).to(torch.float64) * block * block
+    return BlockSummary(block, cost, first, last, None)
+
+
+def _mod_classes(mask: AttnMask, seq_len: int, causal: bool, block: int, k_len: int) -> torch.Tensor:
+    """Tile classes ``[B, Bk]`` of the whole sequence at ``block`` (the mask re-tiled if needed)."""
+    if mask.block_size != block:
+        mask = AttnMask(window=mask.window, cu_seqlens=mask.bounds, mask_mod=mask.mask_mod, block_size=block,
+                        cu_seqlens_k=mask.kv_bounds)
+    keys = torch.arange(k_len)
+    step = max(block, _CHUNK_ROWS // block * block)
+    return torch.cat([classify(mask, torch.arange(s, min(s + step, seq_len)), keys, seq_len, causal, k_len)
+                      for s in range(0, seq_len, step)])
+
+
+def touching_pairs(summary: BlockSummary, owner_q: torch.Tensor, owner_k: torch.Tensor, world_size: int) -> int:
+    """Ordered rank pairs ``(r, s)``, ``r != s``, where a query block of r touches a key tile of s."""
+    p = world_size
+    if summary.classes is not None:
+        ne = (summary.classes != EMPTY).to(torch.float32)  # [B, Bk]
+        by_rank = torch.zeros(p, ne.shape[1]).index_add_(0, owner_q, ne)  # [P, Bk]
+        need = torch.zeros(p, p).index_add_(1, owner_k, by_rank) > 0
+    else:
+        onehot = torch.zeros(p, owner_k.numel() + 1, dtype=torch.int32)
+        onehot[owner_k, torch.arange(owner_k.numel()) + 1] = 1
+        cnt = onehot.cumsum(1)  # [P, Bk + 1]: key tiles of s before j
+        lo, hi = summary.lo.clamp(max=owner_k.numel()), summary.hi.clamp(min=-1)
+        hits = ((cnt[:, hi + 1] - cnt[:, lo]) > 0) & (lo <= hi)[None, :]  # [P, B]
+        need = torch.zeros(p, p).index_add_(0, owner_q, hits.T.to(torch.float32)) > 0
+    need.fill_diagonal_(False)
+    return int(need.sum())
+
+
+def _block_docs(mask: AttnMask, block: int, nb: int) -> torch.Tensor:
+    """Block-level document bounds ``[0, ..., B]``: the documents' edges that fall on block edges."""
+    edges = {0, nb}
+    if mask.bounds is not None:
+        edges |= {int(e) // block for e in mask.bounds.tolist() if int(e) % block == 0}
+    return torch.tensor(sorted(edges), dtype=torch.int64)
+
+
+def _streams(name: str, cost: torch.Tensor, docs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """One candidate's block order, its boundaries and whether the cut may swap whole units."""
+    nb = cost.numel()
+    whole = torch.tensor([0, nb])
+    if name == "contiguous":
+        return (*_stream(whole, cost, fold=False), False)
+    if name == "zigzag":
+        return (*_stream(whole, cost, fold=True), False)
+    if name == "documents":
+        return (*_stream(docs, cost, fold=True), True)
+    if name == "sorted":
+        return torch.sort(-cost, stable=True).indices, torch.ones(nb + 1, dtype=torch.bool), False
+    raise ValueError(f"candidates must be among {CANDIDATES}, got {name!r}")
+
+
+def solve_partition(mask: AttnMask, seq_len: int, world_size: int, *, causal: bool = False,
+                    k_len: Optional[int] = None, block_size: Optional[int] = None, target: float = 1.05,
+                    tolerance: float = 0.01, costs: TileCosts = TileCosts(),
+                    candidates: Sequence[str] = CANDIDATES) -> Solution:
+    """Every candidate scored, the best kept (see the module docstring); no warning, no cache."""
+    if not isinstance(mask, AttnMask):
+        raise TypeError(f"mask must be a burstattn.AttnMask, got {type(mask).__name__}")
+    for name, v in (("seq_len", seq_len), ("world_size", world_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if seq_len % world_size:
+        raise ValueError(f"seq_len = {seq_len} must be a multiple of world_size = {world_size}")
+    k_len = seq_len if k_len is None else k_len
+    problem = mask.problem(seq_len, k_len)
+    if problem:
+        raise ValueError(problem)
+    if k_len != seq_len and k_len % world_size:
+        raise ValueError(f"k_len = {k_len} must be a multiple of world_size = {world_size} (contiguous keys)")
+    if not candidates:
+        raise ValueError(f"candidates must name at least one of {CANDIDATES}")
+    block = partition_block(seq_len, world_size, mask.block_size if block_size is None else block_size)
+    summary = block_summary(mask, seq_len, causal, block, k_len, costs)
+    nb, per = seq_len // block, seq_len // world_size // block
+    kb = torch.arange(-(-k_len // block))
+    owner_kc = torch.clamp(kb * block // max(k_len // world_size, 1), max=world_size - 1)  # contiguous keys
+    docs = _block_docs(mask, block, nb)
+    tried = {}  # name -> (balance, owner [B], parts)
+    for name in dict.fromkeys(candidates):
+        stream, boundary, swaps = _streams(name, summary.cost, docs)
+        same = [n for n in tried if torch.equal(tried[n][3], stream)]
+        if same:  # e.g. "documents" without block-aligned documents is "zigzag"
+            tried[name] = tried[same[0]]
+            continue
+        parts = _cut(stream, summary.cost[stream], boundary, world_size, tolerance, allow_swaps=swaps)
+        owner = torch.empty(nb, dtype=torch.int64)
+        for r, p in enumerate(parts):
+            owner[p] = r
+        work = torch.zeros(world_size, dtype=torch.float64).index_add_(0, owner, summary.cost)
+        tried[name] = (balance(work), owner, parts, stream)
+    within = [n for n in tried if tried[n][0] <= target]
+    scores = {n: (tried[n][0], None) for n in tried}
+    for n in within if len(within) > 1 else []:  # traffic decides among the balanced ones only
+        owner = tried[n][1]
+        scores[n] = (tried[n][0], touching_pairs(summary, owner, owner if k_len == seq_len else owner_kc,
+                                                 world_size))
+    name = min(within, key=lambda n: (scores[n][1], scores[n][0])) if within else min(tried, key=lambda n: tried[n][0])
+    if scores[name][1] is None:
+        owner = tried[name][1]
+        scores[name] = (tried[name][0], touching_pairs(summary, owner, owner if k_len == seq_len else owner_kc,
+                                                       world_size))
+    parts = tried[name][2]
+    offs = torch.arange(block)
+    positions = tuple((p.sort().values[:, None] * block + offs).flatten() for p in parts)
+    assert all(p.numel() == per * block for p in positions)
+    return Solution(Partition(positions, name=f"mask-{name}"), block, scores[name][0], scores[name][1], name, scores)
+
+
+def mask_partition(mask: AttnMask, seq_len: int, world_size: int, *, causal: bool = False,
+                   k_len: Optional[int] = None, block_size: Optional[int] = None, target: float = 1.05,
+                   tolerance: float = 0.01, costs: TileCosts = TileCosts(),
+                   candidates: Sequence[str] = CANDIDATES, strict: bool = False) -> Partition:
+    """A :class:`~burstattn.partition.Partition` of ``seq_len`` queries over ``world_size`` ranks that
+    balances ``mask``'s work (usable as ``layout=`` wherever a layout is taken).
+
+    Every rank holds ``n = seq_len / world_size`` positions, in whole blocks of ``T`` (``block_size``,
+    default the mask's tile size, lowered to a divisor of n). Among the candidate block orders (module
+    docstring) the one within ``target`` (max / mean work) with the fewest touching rank pairs (the
+    sparse plan's K/V traffic) is kept; with none within ``target``, the best balanced one.
+
+    Args:
+        mask: any :class:`~burstattn.masks.AttnMask` (windows, documents, ``mask_mod``, cross-attention
+            with ``cu_seqlens_k``).
+        seq_len: N, the global number of queries; a multiple of ``world_size``.
+        causal: the call's ``causal`` flag.
+        k_len: the global number of keys (cross-attention; default N). Keys other than the queries'
+            are held ``kv_layout="contiguous"``; k_len must then divide by ``world_size``.
+        target: the balance (max / mean work) asked for; ``tolerance``: the cut's band (trading
+            balance for fewer document cuts, as in ``document_partition``).
+        costs: the tile classes' relative costs (:class:`TileCosts`).
+        candidates: block orders tried (a subset of ``CANDIDATES``).
+        strict: raise instead of warn when ``target`` is not reached.
+    Returns:
+        The partition (named ``"mask-<candidate>"``), cached in ``mask.cache`` per arguments.
+    Raises:
+        ValueError: a mask that does not fit ``seq_len`` / ``k_len``, N not divisible by P, an unknown
+            candidate; with ``strict``, a balance above ``target`` (naming the balance achieved).
+        TypeError: ``mask`` not an AttnMask.
+    Warns:
+        UserWarning: no candidate reaches ``target`` (naming the balance achieved), unless ``strict``.
+    """
+    key = ("mask_partition", seq_len, world_size, bool(causal), k_len, block_size, float(target),
+           float(tolerance), costs, tuple(candidates))
+    sol = mask.cache.get(key) if isinstance(mask, AttnMask) else None
+    if sol is None:
+        sol = solve_partition(mask, seq_len, world_size, causal=causal, k_len=k_len, block_size=block_size,
+                              target=target, tolerance=tolerance, costs=costs, candidates=candidates)
+        mask.cache[key] = sol
+    if sol.balance > target:
+        text = (f"mask_partition: no partition of {seq_len} tokens over {world_size} ranks in blocks of "
+                f"{sol.block} "
+                f"balances this mask within target = {target}: the best achieved max/mean work = "
+                f"{sol.balance:.3f} ({sol.candidate})")
+        if strict:
+            raise ValueError(text)
+        warnings.warn(text, UserWarning, stacklevel=2)
+    return sol.partition

@@ -1,0 +1,111 @@
+"""mask_partition (pure): the block summary equals the tile classes' weighted cost, the document
+candidate equals document_partition, balance within target where equal tokens allow it, traffic as
+the tie-breaker, caching, and what it says when no partition balances the mask."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import burstattn
+from burstattn.masks import AttnMask, mask_plan
+from burstattn.masks.blocks import CAUSAL, PARTIAL, STRICT, classify
+from burstattn.partition import balance, document_partition
+from burstattn.partition_solver import TileCosts, block_summary, solve_partition
+
+
+def local_global(q, k):
+    return (q // 64 == k // 64) | (k < 32)
+
+
+MASKS = [
+    (dict(window=(100, 0)), True), (dict(window=(100, 30)), False),
+    (dict(cu_seqlens=[0, 100, 300, 310, 1024]), True), (dict(cu_seqlens=[0, 100, 300, 310, 1024]), False),
+    (dict(cu_seqlens=[0, 100, 300, 310, 1024], window=(50, 0)), True), (dict(mask_mod=local_global), True),
+    (dict(), True),
+]
+
+
+@pytest.mark.parametrize("kw,causal", MASKS)
+def test_block_cost_is_the_weighted_tile_classes(kw, causal):
+    n, t = 1024, 32
+    mask = AttnMask(block_size=t, **kw)
+    s = block_summary(mask, n, causal, t)
+    cls = classify(AttnMask(block_size=t, **kw), torch.arange(n), torch.arange(n), n, causal)
+    if "mask_mod" not in kw:  # the interval path does not tell a diagonal CAUSAL tile from a PARTIAL one
+        cls = torch.where((cls == CAUSAL) | (cls == STRICT), torch.tensor(PARTIAL, dtype=torch.int8), cls)
+    expect = TileCosts().table()[cls.long()].sum(1) * t * t
+    assert torch.allclose(s.cost, expect)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_document_candidate_is_document_partition(world):
+    cu = [0, 100, 300, 310, 1000, 1032]
+    a = document_partition(cu, world, causal=True)
+    b = burstattn.mask_partition(AttnMask(cu_seqlens=cu, block_size=1), 1032, world, causal=True,
+                                 candidates=("documents",))
+    assert all(torch.equal(x, y) for x, y in zip(a.positions, b.positions))
+
+
+@pytest.mark.parametrize("kw,causal", MASKS)
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_balanced_and_valid(kw, causal, world):
+    n = 16 * 8 * world  # 8 blocks of 16 per rank
+    if "cu_seqlens" in kw:
+        kw = dict(kw, cu_seqlens=[0, 30, 100, 110, n])
+    mask = AttnMask(block_size=16, **kw)
+    sol = solve_partition(mask, n, world, causal=causal)
+    part = sol.partition
+    assert part.seq_len == n and part.world_size == world
+    assert sol.balance <= 1.05, sol.scores
+    if world != 3:  # the plan's own check (block summaries of every pair) costs seconds: once, at the odd world
+        return
+    # the solver's pair count is the sparse plan's: readers over all ranks
+    readers = sum(len(mask_plan(mask, causal, n, world, part, r).readers) for r in range(world))
+    assert readers == sol.pairs
+
+
+def test_traffic_breaks_ties_for_a_window():
+    """A narrow causal window: contiguous-like blocks need a neighbour or two, zigzag everyone."""
+    n, world = 4096, 8
+    sol = solve_partition(AttnMask(window=(n // 32, 0), block_size=64), n, world, causal=True)
+    assert sol.balance <= 1.05
+    assert sol.pairs < min(p for b, p in sol.scores.values() if p is not None and b > 0) or sol.pairs <= 2 * world
+    assert sol.pairs < world * (world - 1)
+
+
+def test_cached_per_mask():
+    mask = AttnMask(window=(64, 0), block_size=16)
+    a = burstattn.mask_partition(mask, 512, 4, causal=True)
+    assert burstattn.mask_partition(mask, 512, 4, causal=True) is a
+
+
+def test_unbalanceable_mask_says_so():
+    mask = AttnMask(mask_mod=lambda q, k: (q < 16) & (k >= 0), block_size=16)  # one block row holds all work
+    with pytest.warns(UserWarning, match=r"max/mean work = 4\.000"):
+        burstattn.mask_partition(mask, 256, 4)
+    with pytest.raises(ValueError, match=r"target = 1\.05.*max/mean work = 4\.000"):
+        burstattn.mask_partition(mask, 256, 4, strict=True)
+
+
+def test_cross_attention_keys_of_their_own():
+    mask = AttnMask(cu_seqlens=[0, 64, 256], cu_seqlens_k=[0, 256, 512], block_size=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        part = burstattn.mask_partition(mask, 256, 4, causal=True, k_len=512)
+    work = block_summary(mask, 256, True, 16, 512).cost  # [16 blocks]
+    per_rank = [float(work[p[::16] // 16].sum()) for p in part.positions]
+    assert balance(per_rank) <= 1.05
+
+
+@pytest.mark.parametrize("args,match", [
+    ((AttnMask(window=(4, 0)), 10, 4), "multiple of world_size"),
+    ((AttnMask(cu_seqlens=[0, 3, 8]), 16, 2), "cu_seqlens must end"),
+    (("window", 16, 2), "AttnMask"),
+])
+def test_bad_input(args, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        burstattn.mask_partition(*args)
+    with pytest.raises(ValueError, match="candidates"):
+        burstattn.mask_partition(AttnMask(window=(4, 0)), 16, 2, candidates=("spiral",))
