@@ -17,7 +17,8 @@ from .layout import layout_or_default
 from .masks.plan import choose_mask_backward
 from .masks.setup import build_mask, topology_problem
 from .ops import call_attention, checked_plan
-from .validate import call_needs, check_inputs, dropout_problem, local_problem, scale_value, softcap_value
+from .validate import (call_needs, check_inputs, dropout_problem, local_problem, runs_backward, scale_value,
+                       softcap_value)
 
 
 def resolved(cfg: AttnConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world_size: int) -> AttnConfig:
@@ -46,7 +47,8 @@ def attend(fn: str, q, k, v, *, group, causal, softmax_scale, layout, backend="a
     cfg = AttnConfig(causal=causal, softmax_scale=scale_value(softmax_scale), layout=layout_or_default(layout),
                      backend=backend, backward=backward, schedule=schedule, mask=amask, topology=topology,
                      kv_layout=kv_layout, softcap=softcap_value(softcap), alibi=alibi_slopes is not None,
-                     sinks=sinks is not None, deterministic=deterministic, grad_partials=grad_partials)
+                     sinks=sinks is not None, deterministic=deterministic, grad_partials=grad_partials,
+                     grad=runs_backward(q, k, v, sinks))
     problem = problem or dropout_problem(dropout_p)
     tensors = all(isinstance(x, torch.Tensor) for x in (q, k, v))
     if problem is None and tensors:

@@ -72,7 +72,7 @@ def op_arguments(where: GroupContext, cfg: AttnConfig, fn: str, strategy: str = 
                                              (topo.inner_group, topo.outer_group)] + [topo.ranks_per_node, topo.nodes],
                   None if mask is None or mask.window is None else list(mask.window),
                   mask is not None and mask.bounds is not None, 256 if mask is None else mask.block_size,
-                  kv_layout, cfg.softcap, cfg.deterministic, cfg.grad_partials, strategy, options)
+                  kv_layout, cfg.softcap, cfg.deterministic, cfg.grad_partials, strategy, options, cfg.grad)
     bounds = mask.bounds if spec.documents else None
     kv_bounds = mask.kv_bounds if spec.documents else None
     return group_name(where.group), spec.encode(), positions, kv_positions, bounds, kv_bounds
@@ -105,7 +105,7 @@ def call_of(group: str, spec: str, positions: Optional[torch.Tensor], kv_positio
     cfg = AttnConfig(causal=s.causal, softmax_scale=s.softmax_scale, layout=layout, backend=s.backend,
                      backward=s.backward, schedule=s.schedule, mask=mask, topology=topo, kv_layout=kv_layout,
                      softcap=s.softcap, alibi=alibi, sinks=sinks, deterministic=s.deterministic,
-                     grad_partials=s.grad_partials)
+                     grad_partials=s.grad_partials, grad=s.grad)
     return where, cfg, s.fn
 
 

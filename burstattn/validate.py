@@ -191,11 +191,28 @@ def _layout_index(layout) -> int:
     return LAYOUTS.index(layout) if isinstance(layout, str) else len(LAYOUTS)
 
 
+def runs_backward(*tensors) -> bool:
+    """Whether this rank will run the attention's backward: grad mode is on and one of ``tensors``
+    (q, k, v, the sinks) requires a gradient. Part of the cross-rank check: a rank that skips the
+    backward would leave the others waiting in its collectives until the process group's timeout."""
+    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in tensors)
+
+
+def values_key(x: Optional[torch.Tensor]) -> int:
+    """31-bit checksum of a small tensor's values (ALiBi slopes, sink logits: ``[Hq]`` or ``[B, Hq]``);
+    0 for ``None``. Read once per call, in the cross-rank check (outside any traced region)."""
+    if x is None:
+        return 0
+    bits = x.detach().to(device="cpu", dtype=torch.float64).view(torch.int64).flatten().tolist()
+    return zlib.crc32(repr(bits).encode()) & 0x7FFFFFFF or 1
+
+
 def _modifiers_key(cfg: AttnConfig, alibi, sinks) -> int:
-    """31-bit checksum of the score modifiers' settings and shapes (not the tensors' values: like the
-    weights, they must be equal on every rank) and the kernel options."""
+    """31-bit checksum of the score modifiers' settings, shapes and values (ALiBi slopes and sink logits
+    that differ between ranks would give each rank another attention) and the kernel options."""
     text = (f"{cfg.softcap!r}|{None if alibi is None else tuple(alibi.shape)}|"
-            f"{None if sinks is None else tuple(sinks.shape)}|{cfg.deterministic}|{cfg.grad_partials}")
+            f"{None if sinks is None else tuple(sinks.shape)}|{cfg.deterministic}|{cfg.grad_partials}|"
+            f"{values_key(alibi)}|{values_key(sinks)}")
     return zlib.crc32(text.encode()) & 0x7FFFFFFF
 
 
@@ -209,7 +226,8 @@ def _signature(q, k, v, cfg: AttnConfig, problem, fn: str, world_size: int, alib
     sig = [0, q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3],
            DTYPES.index(q.dtype), *options, scale_bits, SCHEDULES.index(cfg.schedule),
            zlib.crc32(fn.encode()), cfg.mask_key(q.shape[1] * world_size), k.shape[1], v.shape[3],
-           -1 if cfg.kv_layout is None else _layout_index(cfg.kv_layout), _modifiers_key(cfg, alibi, sinks)]
+           -1 if cfg.kv_layout is None else _layout_index(cfg.kv_layout), _modifiers_key(cfg, alibi, sinks),
+           int(cfg.grad)]
     return sig + [0] * (META_INTS - len(sig))
 
 
@@ -218,7 +236,8 @@ _FIELDS = ("", "batch", "local_seq (q.shape[1])", "q_heads", "kv_heads", "head_d
            "function (burst_attn_func or the attention strategy)",
            "mask (window / cu_seqlens / document_ids / mask_mod) or partition layout",
            "the key shard length (k.shape[1])", "v's head_dim", "kv_layout",
-           "score modifiers (softcap, alibi_slopes / sinks shapes) or deterministic / grad_partials")
+           "score modifiers (softcap, alibi_slopes / sinks shapes and values) or deterministic / grad_partials",
+           "requires_grad (whether this rank runs the backward: grad mode on and q, k, v or sinks requiring grad)")
 
 
 def check_inputs(q, k, v, cfg: AttnConfig, group: Optional[dist.ProcessGroup], world_size: int,
@@ -265,7 +284,7 @@ def check_inputs(q, k, v, cfg: AttnConfig, group: Optional[dist.ProcessGroup], w
         col = table[:, i].tolist()
         if len(set(col)) > 1:
             decode = {6: DTYPES, 7: LAYOUTS + ("partition",), 9: BACKENDS, 10: BACKWARDS, 12: SCHEDULES,
-                      17: LAYOUTS + ("partition", "same as layout")}.get(i)
+                      17: LAYOUTS + ("partition", "same as layout"), 19: (False, True)}.get(i)
             shown = [str(decode[c]) for c in col] if decode else col
             if i == 13:  # every rank sees the mismatch, so all enter this exchange together
                 names = [None] * world_size

@@ -22,7 +22,7 @@ from ..config import AttnConfig
 from ..groups import group_context
 from ..masks.setup import build_mask
 from ..ops import Call, strategy_arguments, strategy_module
-from ..validate import check_inputs, local_problem, scale_value
+from ..validate import check_inputs, local_problem, runs_backward, scale_value
 from .base import label, one_sequence_problem
 
 __all__ = ["strategy_call", "StrategyFunction"]
@@ -59,7 +59,7 @@ def strategy_call(name: str, q, k, v, *, group, causal, softmax_scale, layout, b
     where = group_context(group)
     amask, mask_problem = build_mask(**(mask_args or {}))
     cfg = AttnConfig(causal=causal, softmax_scale=scale_value(softmax_scale), layout=layout, backend=backend,
-                     backward=backward, mask=amask)
+                     backward=backward, mask=amask, grad=runs_backward(q, k, v))
     tensors = all(isinstance(x, torch.Tensor) for x in (q, k, v))
     problem = problem or mask_problem or one_sequence_problem(name, q, k, v)
     if problem is None and tensors:
