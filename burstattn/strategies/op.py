@@ -28,7 +28,7 @@ from ..kernels import resolve_backend
 from ..layout import layout_or_default
 from ..masks.plan import choose_mask_backward
 from ..masks.setup import build_mask, topology_problem
-from ..ops import Call, call_op, grads_of, strategy_module
+from ..ops import Call, call_op, grads_of, owned, strategy_module
 from ..validate import (check_inputs, dropout_problem, local_problem, runs_backward, scale_value,
                         softcap_value)
 
@@ -122,6 +122,7 @@ class EagerCall(torch.autograd.Function):
         mod = strategy_module(call.strategy)
         call = mod.check(replace(call, sinks=sinks), q, k, v)
         out, saved = without_autocast(mod.forward)(call, q, k, v)
+        out, *saved = owned([out, *saved], (q, k, v, sinks))  # out may be a saved tensor (ulysses at world 1)
         ctx.mark_non_differentiable(*saved)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, *saved)
