@@ -1,65 +1,14 @@
 """Public entry points: :func:`burst_attn_func` and the :class:`BurstAttention` module."""
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from .autograd import BurstAttnFunction
-from .config import AttnConfig
-from .formulas import choose_backward
-from .groups import group_context
-from .kernels import resolve_backend
-from .layout import layout_or_default
-from .masks.plan import choose_mask_backward
-from .masks.setup import build_mask, topology_problem
-from .ops import call_attention, checked_plan
-from .validate import call_needs, check_inputs, dropout_problem, local_problem, scale_value, softcap_value
-
-
-def resolved(cfg: AttnConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world_size: int) -> AttnConfig:
-    """``cfg`` with a concrete backend (one that supports the call's modifiers) and backward mode
-    (``"auto"`` resolved by shapes: the one that sends fewer bytes)."""
-    mode = cfg.backward
-    shape = dict(batch=q.shape[0], local_seq=q.shape[1], q_heads=q.shape[2], kv_heads=k.shape[2],
-                 head_dim=q.shape[3], dtype=q.dtype, kv_local_seq=k.shape[1], v_head_dim=v.shape[3])
-    if mode == "auto" and cfg.sparse:
-        mode = choose_mask_backward(**shape)
-    elif mode == "auto" and cfg.schedule in ("ring", "double"):
-        mode = choose_backward(world_size=world_size, **shape)
-    return replace(cfg, backend=resolve_backend(cfg.backend, q.device, q.dtype, call_needs(cfg, q, v)), backward=mode)
-
-
-def attend(fn: str, q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backward="auto",
-           schedule="ring", topology=None, mask_args: Optional[dict] = None, kv_layout=None, softcap=None,
-           alibi_slopes=None, sinks=None, dropout_p=0.0, deterministic=False,
-           grad_partials="float32") -> tuple[torch.Tensor, torch.Tensor]:
-    """``out, lse`` of one call of the engine (``fn`` names the caller in error messages): the
-    options are checked here (a problem raises on every rank), then the custom op runs, with the
-    cross-rank check inside it (:mod:`burstattn.ops`). A ``mask_mod`` call runs the eager
-    autograd function instead (a Python function cannot be an op argument)."""
-    where = group_context(group)
-    amask, problem = build_mask(**(mask_args or {}))
-    cfg = AttnConfig(causal=causal, softmax_scale=scale_value(softmax_scale), layout=layout_or_default(layout),
-                     backend=backend, backward=backward, schedule=schedule, mask=amask, topology=topology,
-                     kv_layout=kv_layout, softcap=softcap_value(softcap), alibi=alibi_slopes is not None,
-                     sinks=sinks is not None, deterministic=deterministic, grad_partials=grad_partials)
-    problem = problem or dropout_problem(dropout_p)
-    tensors = all(isinstance(x, torch.Tensor) for x in (q, k, v))
-    if problem is None and tensors:
-        problem = local_problem(q, k, v, cfg, alibi_slopes, sinks)
-    problem = problem or topology_problem(cfg, where.world_size)
-    if problem is not None or not tensors:  # raises on every rank
-        check_inputs(q, k, v, cfg, where.group, where.world_size, fn=fn, extra=problem, alibi=alibi_slopes,
-                     sinks=sinks)
-    cfg = resolved(cfg, q, k, v, where.world_size)
-    if amask is not None and amask.mask_mod is not None:
-        plan = checked_plan(q, k, v, where, cfg, fn, alibi_slopes, sinks)
-        return BurstAttnFunction.apply(q, k, v, alibi_slopes, sinks, where, cfg, plan)
-    return call_attention(q, k, v, where, cfg, fn, alibi_slopes, sinks)
+from .masks.setup import build_mask
+from .strategies.op import prepare, run_call
 
 
 def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -165,14 +114,15 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         invalid or the ranks disagree on shapes or options (or on the mask).
         RuntimeError: a second-order gradient (double backward) is asked for.
     """
-    out, lse = attend("burst_attn_func", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
-                      layout=layout, backend=backend, backward=backward, schedule=schedule, topology=topology,
-                      mask_args=dict(window=window, cu_seqlens=cu_seqlens, document_ids=document_ids,
-                                     mask_mod=mask_mod, mask=mask, cu_seqlens_q=cu_seqlens_q,
-                                     cu_seqlens_k=cu_seqlens_k, max_seqlen=max_seqlen, max_seqlen_q=max_seqlen_q,
-                                     max_seqlen_k=max_seqlen_k),
-                      kv_layout=kv_layout, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-                      dropout_p=dropout_p, deterministic=deterministic, grad_partials=grad_partials)
+    call = prepare("burst", q, k, v, fn="burst_attn_func", group=group, causal=causal, softmax_scale=softmax_scale,
+                   layout=layout, backend=backend, backward=backward, schedule=schedule, topology=topology,
+                   mask_args=dict(window=window, cu_seqlens=cu_seqlens, document_ids=document_ids,
+                                  mask_mod=mask_mod, mask=mask, cu_seqlens_q=cu_seqlens_q,
+                                  cu_seqlens_k=cu_seqlens_k, max_seqlen=max_seqlen, max_seqlen_q=max_seqlen_q,
+                                  max_seqlen_k=max_seqlen_k),
+                   kv_layout=kv_layout, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                   dropout_p=dropout_p, deterministic=deterministic, grad_partials=grad_partials)
+    out, lse = run_call(call, q, k, v)
     return (out, lse) if return_lse else out
 
 

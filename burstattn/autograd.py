@@ -1,5 +1,4 @@
-"""The two engine calls of burst attention, :func:`forward_pass` and :func:`backward_pass`, and the
-eager autograd function over them (:class:`BurstAttnFunction`).
+"""The two engine calls of burst attention, :func:`forward_pass` and :func:`backward_pass`.
 
 Both passes validate nothing (the callers run the cross-rank input check first). The custom ops
 of :mod:`burstattn.ops` call exactly these two functions, so which engine functions run is
@@ -180,28 +179,3 @@ def backward_pass(where: GroupContext, cfg: AttnConfig, plan, dout: torch.Tensor
                                sinks)
     raise_mask_failures(guard, where)
     return grads
-
-
-class BurstAttnFunction(torch.autograd.Function):
-    """``out, lse = f(q, k, v, alibi, sinks)`` distributed over ``where`` (eager; ``cfg`` resolved).
-    Used where the custom op cannot carry the call (a ``mask_mod``, a Python function) and for local
-    masked attention. Second-order gradients are refused (:func:`refuse_double_backward`)."""
-
-    @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi: Optional[torch.Tensor],
-                sinks: Optional[torch.Tensor], where: GroupContext, cfg: AttnConfig, plan=None):
-        out, lse = forward_pass(where, cfg, plan, q, k, v, alibi, sinks)
-        if any(ctx.needs_input_grad[:3]) or (sinks is not None and ctx.needs_input_grad[4]):
-            ctx.save_for_backward(q, k, v, out, lse, alibi, sinks)
-            ctx.where, ctx.cfg, ctx.plan = where, cfg, plan
-            ctx.stats, ctx.trace = active_stats(), active_trace()
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout: torch.Tensor, _dlse):
-        refuse_double_backward()
-        q, k, v, out, lse, alibi, sinks = ctx.saved_tensors
-        dq, dk, dv, dsinks = backward_pass(ctx.where, ctx.cfg, ctx.plan, dout, q, k, v, out, lse, ctx.stats,
-                                           ctx.trace, alibi, sinks)
-        return dq, dk, dv, None, None if dsinks is None else dsinks.to(sinks.dtype), None, None, None

@@ -95,6 +95,7 @@ class AttnConfig:
     sinks: bool = False  # the call has attention-sink logits (the tensor travels beside the config)
     deterministic: bool = False
     grad_partials: str = "float32"  # "float32": kernel gradient partials in float32; "kernel": as returned
+    grad: bool = False  # this rank will run the backward (checked across ranks: a rank without it hangs the others)
 
     @property
     def keys_layout(self):
@@ -164,6 +165,7 @@ class OpSpec:
     grad_partials: str = "float32"
     strategy: str = "burst"
     options: Optional[list] = None
+    grad: bool = False
 
     def encode(self) -> str:
         """``key=value`` pairs joined by ``;`` (values as Python literals, lossless: see :func:`literal`).
@@ -182,7 +184,8 @@ class OpSpec:
 
 
 FIELDS = ("fn", "causal", "softmax_scale", "layout", "backend", "backward", "schedule", "topology", "window",
-          "documents", "block_size", "kv_layout", "softcap", "deterministic", "grad_partials", "strategy", "options")
+          "documents", "block_size", "kv_layout", "softcap", "deterministic", "grad_partials", "strategy", "options",
+          "grad")
 # characters a string literal of the spec may not hold raw: the field separator, the literal's own
 # quote and escape, and what ends a line or a source text; each becomes its escape, so decoding gives
 # the string back exactly

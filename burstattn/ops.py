@@ -1,20 +1,18 @@
 """The registered custom ops of every strategy: what ``torch.compile`` and checkpoint policies see.
 
-* ``torch.ops.burstattn.attention_fwd(q, k, v, alibi, sinks, group, spec, positions, kv_positions, bounds,
-  kv_bounds) -> (out, lse)``: the cross-rank input check, then the distributed forward
-  (:func:`burstattn.autograd.forward_pass`).
-* ``torch.ops.burstattn.attention_bwd(dout, q, k, v, out, lse, alibi, sinks, group, spec, positions,
-  kv_positions, bounds, kv_bounds) -> (dq, dk, dv, dsinks)``: the distributed backward
-  (:func:`burstattn.autograd.backward_pass`); registered as the forward's autograd formula (``dsinks``
-  is empty without sinks). Its own derivative raises: second-order gradients are not supported.
+One op pair serves every strategy (burst, ring, rsa, ulysses, allgather, usp, tp):
 
-* ``torch.ops.burstattn.strategy_fwd(q, k, v, group, spec, positions, bounds) -> [out, *saved]`` and
-  ``strategy_bwd(dout, q, k, v, out, saved, group, spec, positions, bounds) -> [dq, dk, dv]``: every
-  other strategy (ulysses, usp, tp, allgather, rsa). ``spec`` names the strategy; its module
-  (``burstattn.strategies.NAME``) provides ``check`` (the cross-rank input check, inside the op),
-  ``plan_of``, ``forward`` (``out`` and ``saved``: what its backward needs besides the inputs, outputs
-  without a gradient), ``backward`` and ``fake`` (the shapes of ``[out, *saved]``); see
-  :mod:`burstattn.strategies.op`.
+* ``torch.ops.burstattn.attention_fwd(q, k, v, alibi, sinks, group, spec, positions, kv_positions, bounds,
+  kv_bounds) -> [out, *saved]``: the cross-rank input check, then the strategy's forward.
+* ``torch.ops.burstattn.attention_bwd(dout, q, k, v, out, saved, alibi, sinks, group, spec, positions,
+  kv_positions, bounds, kv_bounds) -> [dq, dk, dv, dsinks]``: the strategy's backward; registered as the
+  forward's autograd formula (``dsinks`` is empty without sinks). Its own derivative raises:
+  second-order gradients are not supported.
+
+``spec`` names the strategy; its module (``burstattn.strategies.NAME``) provides ``check`` (the
+cross-rank input check, inside the op), ``plan_of``, ``forward`` (``out`` and ``saved``: what its backward
+needs besides the inputs, outputs without a gradient; burst and ring save the LSE), ``backward`` and
+``fake`` (the shapes of ``[out, *saved]``); see :mod:`burstattn.strategies.op`.
 
 The process group travels by name (``group.group_name``; ``""`` for a world of one) and every other
 option in ``spec``, a string of :class:`OpSpec` (a constant for the compiler). ALiBi slopes
@@ -22,7 +20,8 @@ option in ``spec``, a string of :class:`OpSpec` (a constant for the compiler). A
 sinks get a gradient). A partition layout travels as ``positions [P, n]`` (int64; the keys'
 ``kv_positions``), a document mask as ``bounds [D + 1]`` (int64; the keys' ``kv_bounds``).
 A ``mask_mod`` (a Python function) cannot be an op argument: such calls run the eager
-:class:`~burstattn.autograd.BurstAttnFunction` instead (they work, but graph-break under compile).
+:class:`~burstattn.strategies.op.EagerCall` instead (the same functions; they work, but graph-break
+under compile).
 
 Validation under ``torch.compile``: the cross-rank check (one all-gather of a signature, plus
 ``.item()``-like reads) runs *inside* ``attention_fwd``'s implementation, i.e. at run time on
@@ -43,15 +42,14 @@ from typing import Callable, Optional
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .autograd import DOUBLE_BACKWARD, backward_pass, forward_pass, without_autocast
+from .autograd import DOUBLE_BACKWARD, without_autocast
 from .config import AttnConfig, OpSpec
 from .formulas import accum_dtype
 from .groups import GroupContext, TwoLevelGroups, group_name, named_context, resolve_group
-from .masks.setup import data_mask, plan_for
-from .validate import check_inputs
+from .masks.setup import data_mask
 
-__all__ = ["attention_fwd", "attention_bwd", "strategy_fwd", "strategy_bwd", "OpSpec", "Call", "remat_policy",
-           "save_attention_context", "SAVED_OPS", "call_attention"]
+__all__ = ["attention_fwd", "attention_bwd", "OpSpec", "Call", "remat_policy", "save_attention_context", "SAVED_OPS",
+           "call_op"]
 
 
 def _layout_arg(layout):
@@ -73,7 +71,7 @@ def op_arguments(where: GroupContext, cfg: AttnConfig, fn: str, strategy: str = 
                                              (topo.inner_group, topo.outer_group)] + [topo.ranks_per_node, topo.nodes],
                   None if mask is None or mask.window is None else list(mask.window),
                   mask is not None and mask.bounds is not None, 256 if mask is None else mask.block_size,
-                  kv_layout, cfg.softcap, cfg.deterministic, cfg.grad_partials, strategy, options)
+                  kv_layout, cfg.softcap, cfg.deterministic, cfg.grad_partials, strategy, options, cfg.grad)
     bounds = mask.bounds if spec.documents else None
     kv_bounds = mask.kv_bounds if spec.documents else None
     return group_name(where.group), spec.encode(), positions, kv_positions, bounds, kv_bounds
@@ -106,15 +104,8 @@ def call_of(group: str, spec: str, positions: Optional[torch.Tensor], kv_positio
     cfg = AttnConfig(causal=s.causal, softmax_scale=s.softmax_scale, layout=layout, backend=s.backend,
                      backward=s.backward, schedule=s.schedule, mask=mask, topology=topo, kv_layout=kv_layout,
                      softcap=s.softcap, alibi=alibi, sinks=sinks, deterministic=s.deterministic,
-                     grad_partials=s.grad_partials)
+                     grad_partials=s.grad_partials, grad=s.grad)
     return where, cfg, s.fn
-
-
-def checked_plan(q, k, v, where: GroupContext, cfg: AttnConfig, fn: str, alibi=None, sinks=None):
-    """This rank's mask plan (``None`` for a dense call), after the cross-rank check has passed."""
-    plan, problem = plan_for(q, cfg, where.rank, where.world_size, k.shape[1] if isinstance(k, torch.Tensor) else None)
-    check_inputs(q, k, v, cfg, where.group, where.world_size, fn=fn, extra=problem, alibi=alibi, sinks=sinks)
-    return plan
 
 
 def owned(outputs: list[torch.Tensor], inputs) -> list[torch.Tensor]:
@@ -134,68 +125,129 @@ def owned(outputs: list[torch.Tensor], inputs) -> list[torch.Tensor]:
     return result
 
 
+@dataclass(frozen=True)
+class Call:
+    """One attention call, everything but q, k and v: where it runs, its config (resolved backend and
+    backward, the mask), the caller's name for messages, the strategy and its own options (ints and
+    strings), the optional tensors (ALiBi slopes ``[Hq]`` / ``[B, Hq]``, sink logits ``[Hq]``), and
+    (after its check) this rank's mask plan. Built and checked once per call
+    (:func:`burstattn.strategies.op.prepare`); crosses the op boundary as :func:`op_arguments`."""
+
+    where: GroupContext
+    cfg: AttnConfig
+    fn: str
+    strategy: str
+    options: dict
+    plan: Optional[object] = None
+    alibi: Optional[torch.Tensor] = None
+    sinks: Optional[torch.Tensor] = None
+
+
+def strategy_module(name: str):
+    """The module of strategy ``name`` (``burstattn.strategies.NAME``): the op's implementations are
+    looked up by the name in the op's spec, as ``torch.ops`` looks ops up by theirs."""
+    return import_module(f"burstattn.strategies.{name}")
+
+
+def call_arguments(call: Call) -> tuple:
+    """``(group, spec, positions, kv_positions, bounds, kv_bounds)`` of the op for a call (its mask has no
+    ``mask_mod``)."""
+    options = [[name, value] for name, value in sorted(call.options.items())]
+    return op_arguments(call.where, call.cfg, call.fn, call.strategy, options)
+
+
+def call_from(group: str, spec: str, positions, kv_positions, bounds, kv_bounds, alibi=None, sinks=None) -> Call:
+    """The inverse of :func:`call_arguments` (with the op's optional tensors)."""
+    where, cfg, fn = call_of(group, spec, positions, kv_positions, bounds, kv_bounds, alibi is not None,
+                             sinks is not None)
+    s = OpSpec.decode(spec)
+    return Call(where, cfg, fn, s.strategy, dict(s.options or ()), alibi=alibi, sinks=sinks)
+
+
 @torch.library.custom_op("burstattn::attention_fwd", mutates_args=())
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi: Optional[torch.Tensor],
                   sinks: Optional[torch.Tensor], group: str, spec: str, positions: Optional[torch.Tensor],
                   kv_positions: Optional[torch.Tensor], bounds: Optional[torch.Tensor],
-                  kv_bounds: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Check the call on every rank, then run the distributed forward: ``q [B, n, Hq, D]``,
-    ``k [B, n_k, Hkv, D]``, ``v [B, n_k, Hkv, Dv]`` -> ``out [B, n, Hq, Dv]`` (q's dtype), ``lse [B, Hq, n]``
-    (float32; float64)."""
-    where, cfg, fn = call_of(group, spec, positions, kv_positions, bounds, kv_bounds, alibi is not None,
-                             sinks is not None)
-    plan = checked_plan(q, k, v, where, cfg, fn, alibi, sinks)
-    out, lse = forward_pass(where, cfg, plan, q, k, v, alibi, sinks)
-    out, lse = owned([out, lse], (q, k, v, alibi, sinks))
-    return out, lse
+                  kv_bounds: Optional[torch.Tensor]) -> list[torch.Tensor]:
+    """Check the call on every rank, then run its strategy's forward: ``q [B, n, Hq, D]``,
+    ``k [B, n_k, Hkv, D]``, ``v [B, n_k, Hkv, Dv]`` -> ``[out [B, n, Hq, Dv] (q's dtype), *saved]`` (what
+    its backward needs; burst and ring: ``[lse [B, Hq, n]]``, float32, float64 for float64)."""
+    call = call_from(group, spec, positions, kv_positions, bounds, kv_bounds, alibi, sinks)
+    mod = strategy_module(call.strategy)
+    call = mod.check(call, q, k, v)
+    out, saved = without_autocast(mod.forward)(call, q, k, v)
+    return owned([out, *saved], (q, k, v, alibi, sinks))
 
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, alibi, sinks, group, spec, positions, kv_positions, bounds, kv_bounds):
-    b, n, hq, _ = q.shape
-    return q.new_empty(b, n, hq, v.shape[-1]), q.new_empty(b, hq, n, dtype=accum_dtype(q.dtype))
+    # shapes only: the strategy, its options and the group size (no mask is built from fake tensors)
+    s = OpSpec.decode(spec)
+    call = Call(named_context(group), None, s.fn, s.strategy, dict(s.options or ()), alibi=alibi, sinks=sinks)
+    return strategy_module(call.strategy).fake(call, q, k, v)
+
+
+def grads_of(mod, call: Call, dout, q, k, v, out, saved) -> list[torch.Tensor]:
+    """``[dq, dk, dv, dsinks]`` of a call's backward (``dsinks``: empty without sinks; this rank's share,
+    in the sinks' dtype)."""
+    grads = list(without_autocast(mod.backward)(call, dout, q, k, v, out, list(saved)))
+    if len(grads) == 3:
+        grads.append(q.new_empty(0))
+    elif call.sinks is not None:
+        grads[3] = grads[3].to(call.sinks.dtype)
+    return grads
 
 
 @torch.library.custom_op("burstattn::attention_bwd", mutates_args=())
 def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                  lse: torch.Tensor, alibi: Optional[torch.Tensor], sinks: Optional[torch.Tensor], group: str,
-                  spec: str, positions: Optional[torch.Tensor], kv_positions: Optional[torch.Tensor],
-                  bounds: Optional[torch.Tensor], kv_bounds: Optional[torch.Tensor]
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The distributed backward: ``dq, dk, dv`` (the inputs' shapes and dtypes) and ``dsinks [Hq]``
+                  saved: list[torch.Tensor], alibi: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
+                  group: str, spec: str, positions: Optional[torch.Tensor], kv_positions: Optional[torch.Tensor],
+                  bounds: Optional[torch.Tensor], kv_bounds: Optional[torch.Tensor]) -> list[torch.Tensor]:
+    """The strategy's backward: ``[dq, dk, dv]`` in the inputs' shapes and dtypes and ``dsinks [Hq]``
     (sinks' dtype; empty without sinks)."""
-    where, cfg, _ = call_of(group, spec, positions, kv_positions, bounds, kv_bounds, alibi is not None,
-                            sinks is not None)
-    plan, problem = plan_for(q, cfg, where.rank, where.world_size, k.shape[1])  # checked in the forward already
-    if problem:
-        raise problem[0](problem[1])
-    dq, dk, dv, dsinks = backward_pass(where, cfg, plan, dout, q, k, v, out, lse, alibi=alibi, sinks=sinks)
-    dsinks = q.new_empty(0) if dsinks is None else dsinks.to(sinks.dtype)
-    return tuple(owned([dq, dk, dv, dsinks], (dout, q, k, v, out, lse, alibi, sinks)))
+    call = call_from(group, spec, positions, kv_positions, bounds, kv_bounds, alibi, sinks)
+    mod = strategy_module(call.strategy)
+    call = replace(call, plan=mod.plan_of(call, q, k))  # checked in the forward already
+    grads = grads_of(mod, call, dout, q, k, v, out, saved)
+    return owned(grads, (dout, q, k, v, out, *saved, alibi, sinks))
 
 
 @attention_bwd.register_fake
-def _attention_bwd_fake(dout, q, k, v, out, lse, alibi, sinks, group, spec, positions, kv_positions, bounds,
+def _attention_bwd_fake(dout, q, k, v, out, saved, alibi, sinks, group, spec, positions, kv_positions, bounds,
                         kv_bounds):
     dsinks = q.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
+    return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks]
+
+
+def _shape_only(x: torch.Tensor) -> torch.Tensor:
+    """A stand-in of ``x`` with its shape, dtype and device and one element of storage (stride 0)."""
+    return x.new_zeros(()).expand(x.shape)
+
+
+_OPTIONAL = 6  # alibi, sinks, positions, kv_positions, bounds, kv_bounds
 
 
 def _setup_fwd(ctx, inputs, output) -> None:
     q, k, v, alibi, sinks, group, spec, positions, kv_positions, bounds, kv_bounds = inputs
-    out, lse = output
-    ctx.mark_non_differentiable(lse)
-    ctx.set_materialize_grads(False)  # no zero gradient for the LSE
+    out, *saved = output
+    ctx.mark_non_differentiable(*saved)
+    ctx.set_materialize_grads(False)  # no zero gradients for the saved outputs (the LSE, or as large as q, k, v)
+    if not getattr(strategy_module(OpSpec.decode(spec).strategy), "BACKWARD_READS_INPUTS", True):
+        # its backward reads only the shapes and dtypes of q, k, v and out: keep no copy of them alive
+        q, k, v, out = (_shape_only(x) for x in (q, k, v, out))
     optional = (alibi, sinks, positions, kv_positions, bounds, kv_bounds)
-    ctx.save_for_backward(q, k, v, out, lse, *[t for t in optional if t is not None])
-    ctx.group, ctx.spec, ctx.has = group, spec, tuple(t is not None for t in optional)
+    ctx.save_for_backward(q, k, v, out, *saved, *[t for t in optional if t is not None])
+    ctx.n_saved, ctx.group, ctx.spec = len(saved), group, spec
+    ctx.has = tuple(t is not None for t in optional)
 
 
-def _backward_fwd(ctx, dout, _dlse):
-    q, k, v, out, lse, *rest = ctx.saved_tensors
-    extra = iter(rest)
+def _backward_fwd(ctx, grads):
+    if torch.is_grad_enabled():  # create_graph=True: the saved stand-ins (shapes only) carry no graph to refuse on
+        raise RuntimeError(DOUBLE_BACKWARD)
+    q, k, v, out, *rest = ctx.saved_tensors
+    saved, extra = rest[:ctx.n_saved], iter(rest[ctx.n_saved:])
     alibi, sinks, positions, kv_positions, bounds, kv_bounds = (next(extra) if has else None for has in ctx.has)
-    dq, dk, dv, dsinks = attention_bwd(dout, q, k, v, out, lse, alibi, sinks, ctx.group, ctx.spec, positions,
+    dq, dk, dv, dsinks = attention_bwd(grads[0], q, k, v, out, saved, alibi, sinks, ctx.group, ctx.spec, positions,
                                        kv_positions, bounds, kv_bounds)
     return dq, dk, dv, None, dsinks if sinks is not None else None, None, None, None, None, None, None
 
@@ -212,120 +264,14 @@ attention_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
 attention_bwd.register_autograd(_refuse_double_backward, setup_context=_setup_bwd)
 
 
-def call_attention(q, k, v, where: GroupContext, cfg: AttnConfig, fn: str, alibi=None,
-                   sinks=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``out, lse`` of a resolved call through the custom op (the cross-rank check inside)."""
-    group, spec, positions, kv_positions, bounds, kv_bounds = op_arguments(where, cfg, fn)
-    return torch.ops.burstattn.attention_fwd(q, k, v, alibi, sinks, group, spec, positions, kv_positions, bounds,
-                                             kv_bounds)
-
-
-# ------------------------------------------------------------------------------ the other strategies
-@dataclass(frozen=True)
-class Call:
-    """One strategy call, everything but the tensors: where it runs, its config (mask included), the
-    caller's name for messages, the strategy and its own options (ints and strings), and (after its
-    check) this rank's mask plan."""
-
-    where: GroupContext
-    cfg: AttnConfig
-    fn: str
-    strategy: str
-    options: dict
-    plan: Optional[object] = None
-
-
-def strategy_module(name: str):
-    """The module of strategy ``name`` (``burstattn.strategies.NAME``): the op's implementations are
-    looked up by the name in the op's spec, as ``torch.ops`` looks ops up by theirs."""
-    return import_module(f"burstattn.strategies.{name}")
-
-
-def strategy_arguments(call: Call) -> tuple:
-    """``(group, spec, positions, bounds)`` of :data:`strategy_fwd` for a call (its mask has no
-    ``mask_mod``; one sequence: no key layout or key documents of its own)."""
-    options = [[name, value] for name, value in sorted(call.options.items())]
-    group, spec, positions, _, bounds, _ = op_arguments(call.where, call.cfg, call.fn, call.strategy, options)
-    return group, spec, positions, bounds
-
-
-def strategy_call_of(group: str, spec: str, positions, bounds) -> Call:
-    """The inverse of :func:`strategy_arguments`."""
-    where, cfg, fn = call_of(group, spec, positions, None, bounds, None)
-    s = OpSpec.decode(spec)
-    return Call(where, cfg, fn, s.strategy, dict(s.options or ()))
-
-
-@torch.library.custom_op("burstattn::strategy_fwd", mutates_args=())
-def strategy_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: str, spec: str,
-                 positions: Optional[torch.Tensor], bounds: Optional[torch.Tensor]) -> list[torch.Tensor]:
-    """Check the call on every rank, then run the strategy's forward: ``q [B, n, Hq, D]``,
-    ``k, v [B, n, Hkv, D]`` -> ``[out [B, n, Hq, D] (q's dtype), *saved]`` (what its backward needs)."""
-    call = strategy_call_of(group, spec, positions, bounds)
-    mod = strategy_module(call.strategy)
-    call = mod.check(call, q, k, v)
-    out, saved = without_autocast(mod.forward)(call, q, k, v)
-    return owned([out, *saved], (q, k, v))
-
-
-@strategy_fwd.register_fake
-def _strategy_fwd_fake(q, k, v, group, spec, positions, bounds):
-    call = strategy_call_of(group, spec, positions, bounds)
-    return strategy_module(call.strategy).fake(call, q, k, v)
-
-
-@torch.library.custom_op("burstattn::strategy_bwd", mutates_args=())
-def strategy_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                 saved: list[torch.Tensor], group: str, spec: str, positions: Optional[torch.Tensor],
-                 bounds: Optional[torch.Tensor]) -> list[torch.Tensor]:
-    """The strategy's backward: ``[dq, dk, dv]`` in the inputs' shapes and dtypes."""
-    call = strategy_call_of(group, spec, positions, bounds)
-    mod = strategy_module(call.strategy)
-    call = replace(call, plan=mod.plan_of(call, q, k))
-    grads = without_autocast(mod.backward)(call, dout, q, k, v, out, list(saved))
-    return owned(list(grads), (dout, q, k, v, out, *saved))
-
-
-@strategy_bwd.register_fake
-def _strategy_bwd_fake(dout, q, k, v, out, saved, group, spec, positions, bounds):
-    return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)]
-
-
-def _shape_only(x: torch.Tensor) -> torch.Tensor:
-    """A stand-in of ``x`` with its shape, dtype and device and one element of storage (stride 0)."""
-    return x.new_zeros(()).expand(x.shape)
-
-
-def _setup_strategy(ctx, inputs, output) -> None:
-    q, k, v, group, spec, positions, bounds = inputs
-    out, *saved = output
-    ctx.mark_non_differentiable(*saved)
-    ctx.set_materialize_grads(False)  # no zero gradients for the saved outputs (as large as q, k, v, out)
-    if not getattr(strategy_module(OpSpec.decode(spec).strategy), "BACKWARD_READS_INPUTS", True):
-        # its backward reads only the shapes and dtypes of q, k, v and out: keep no copy of them alive
-        q, k, v, out = (_shape_only(x) for x in (q, k, v, out))
-    ctx.save_for_backward(q, k, v, out, *saved, *[t for t in (positions, bounds) if t is not None])
-    ctx.n_saved, ctx.group, ctx.spec = len(saved), group, spec
-    ctx.has = (positions is not None, bounds is not None)
-
-
-def _backward_strategy(ctx, grads):
-    if torch.is_grad_enabled():  # create_graph=True: the saved stand-ins (shapes only) carry no graph to refuse on
-        raise RuntimeError(DOUBLE_BACKWARD)
-    q, k, v, out, *rest = ctx.saved_tensors
-    saved, extra = rest[:ctx.n_saved], iter(rest[ctx.n_saved:])
-    positions, bounds = (next(extra) if has else None for has in ctx.has)
-    dq, dk, dv = strategy_bwd(grads[0], q, k, v, out, saved, ctx.group, ctx.spec, positions, bounds)
-    return dq, dk, dv, None, None, None, None
-
-
-strategy_fwd.register_autograd(_backward_strategy, setup_context=_setup_strategy)
-strategy_bwd.register_autograd(_refuse_double_backward, setup_context=_setup_bwd)
+def call_op(call: Call, q, k, v) -> list[torch.Tensor]:
+    """``[out, *saved]`` of a prepared call through the custom op (the cross-rank check inside)."""
+    return torch.ops.burstattn.attention_fwd(q, k, v, call.alibi, call.sinks, *call_arguments(call))
 
 
 # ------------------------------------------------------------------------------ checkpointing
 # what the remat policy never recomputes: the distributed forwards
-SAVED_OPS = (torch.ops.burstattn.attention_fwd.default, torch.ops.burstattn.strategy_fwd.default)
+SAVED_OPS = (torch.ops.burstattn.attention_fwd.default,)
 
 
 def remat_policy(extra_saved: tuple = ()) -> Callable:

@@ -11,16 +11,15 @@ from __future__ import annotations
 import math
 import numbers
 import zlib
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
 
-from .comm.transport import RingCommError
 from .comm.stats import active_stats
 from .config import BACKENDS, BACKWARDS, GRAD_PARTIALS, LAYOUTS, SCHEDULES, AttnConfig, host_side
 from .formulas import META_INTS
-from .kernels import resolve_backend
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _KINDS = {1: TypeError, 2: ValueError}
@@ -173,64 +172,111 @@ def local_problem(q, k, v, cfg: AttnConfig, alibi=None, sinks=None) -> Optional[
     if cfg.kv_layout is None and cfg.layout == "zigzag" and k.shape[1] % 2:
         return ValueError, (f"layout 'zigzag' needs an even key shard length (k.shape[1], two chunks per rank), "
                             f"got {k.shape[1]}; pad the key sequence to a multiple of 2 * world_size")
-    try:
-        resolve_backend(cfg.backend, q.device, q.dtype, call_needs(cfg, q, v))
-    except ValueError as e:
-        return ValueError, str(e)
     return None
-
-
-def call_needs(cfg: AttnConfig, q, v) -> frozenset:
-    """What the call asks of a kernel (see :data:`burstattn.kernels.NEEDS`)."""
-    return frozenset(n for n, on in (("softcap", cfg.softcap is not None), ("alibi", cfg.alibi),
-                                     ("v_head_dim", v.shape[-1] != q.shape[-1]), ("deterministic", cfg.deterministic))
-                     if on)
 
 
 def _layout_index(layout) -> int:
     return LAYOUTS.index(layout) if isinstance(layout, str) else len(LAYOUTS)
 
 
+def runs_backward(*tensors) -> bool:
+    """Whether this rank will run the attention's backward: grad mode is on and one of ``tensors``
+    (q, k, v, the sinks) requires a gradient. Part of the cross-rank check: a rank that skips the
+    backward would leave the others waiting in its collectives until the process group's timeout."""
+    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in tensors)
+
+
+def values_key(x: Optional[torch.Tensor]) -> int:
+    """31-bit checksum of a small tensor's values (ALiBi slopes, sink logits: ``[Hq]`` or ``[B, Hq]``);
+    0 for ``None``. Read once per call, in the cross-rank check (outside any traced region)."""
+    if x is None:
+        return 0
+    bits = x.detach().to(device="cpu", dtype=torch.float64).view(torch.int64).flatten().tolist()
+    return zlib.crc32(repr(bits).encode()) & 0x7FFFFFFF or 1
+
+
 def _modifiers_key(cfg: AttnConfig, alibi, sinks) -> int:
-    """31-bit checksum of the score modifiers' settings and shapes (not the tensors' values: like the
-    weights, they must be equal on every rank) and the kernel options."""
+    """31-bit checksum of the score modifiers' settings, shapes and values (ALiBi slopes and sink logits
+    that differ between ranks would give each rank another attention) and the kernel options."""
     text = (f"{cfg.softcap!r}|{None if alibi is None else tuple(alibi.shape)}|"
-            f"{None if sinks is None else tuple(sinks.shape)}|{cfg.deterministic}|{cfg.grad_partials}")
+            f"{None if sinks is None else tuple(sinks.shape)}|{cfg.deterministic}|{cfg.grad_partials}|"
+            f"{values_key(alibi)}|{values_key(sinks)}")
     return zlib.crc32(text.encode()) & 0x7FFFFFFF
 
 
+@dataclass(frozen=True)
+class Field:
+    """One named entry of the cross-rank signature: ``what`` names it in messages, ``value`` reads it
+    (``value(q, k, v, cfg, fn, world_size, alibi, sinks) -> int``), ``decode`` turns the ints back into
+    the names shown (``None``: shown as they are; ``HIDDEN``: a checksum, shown as "differing values")."""
+
+    what: str
+    value: Callable[..., int]
+    decode: Optional[Callable[[int], str]] = None
+
+
+def _names(names: tuple) -> Callable[[int], str]:
+    return lambda i: str(names[i])
+
+
+def _hidden(_: int) -> str:
+    return "differing values"
+
+
+def _scale_bits(cfg: AttnConfig) -> int:
+    return int(torch.tensor(cfg.softmax_scale or 0.0, dtype=torch.float64).view(torch.int64))
+
+
+# Every rank all-gathers [error code, *fields] (META_INTS int64 in all); the function comes first, since
+# different strategies also differ in their options, which would hide the cause.
+SIGNATURE = (
+    Field("function (burst_attn_func or the attention strategy)", lambda q, k, v, c, fn, *_: zlib.crc32(fn.encode())),
+    Field("batch", lambda q, *_: q.shape[0]),
+    Field("local_seq (q.shape[1])", lambda q, *_: q.shape[1]),
+    Field("q_heads", lambda q, *_: q.shape[2]),
+    Field("kv_heads", lambda q, k, *_: k.shape[2]),
+    Field("head_dim", lambda q, *_: q.shape[3]),
+    Field("dtype", lambda q, *_: DTYPES.index(q.dtype), _names(DTYPES)),
+    Field("layout", lambda q, k, v, c, *_: _layout_index(c.layout), _names(LAYOUTS + ("partition",))),
+    Field("causal", lambda q, k, v, c, *_: int(c.causal), _names((False, True))),
+    Field("backend", lambda q, k, v, c, *_: BACKENDS.index(c.backend), _names(BACKENDS)),
+    Field("backward", lambda q, k, v, c, *_: BACKWARDS.index(c.backward), _names(BACKWARDS)),
+    Field("softmax_scale", lambda q, k, v, c, *_: _scale_bits(c), _hidden),
+    Field("schedule", lambda q, k, v, c, *_: SCHEDULES.index(c.schedule), _names(SCHEDULES)),
+    Field("mask (window / cu_seqlens / document_ids / mask_mod) or partition layout",
+          lambda q, k, v, c, fn, world, *_: c.mask_key(q.shape[1] * world), _hidden),
+    Field("the key shard length (k.shape[1])", lambda q, k, *_: k.shape[1]),
+    Field("v's head_dim", lambda q, k, v, *_: v.shape[3]),
+    Field("kv_layout", lambda q, k, v, c, *_: -1 if c.kv_layout is None else _layout_index(c.kv_layout),
+          _names(LAYOUTS + ("partition", "same as layout"))),
+    Field("score modifiers (softcap, alibi_slopes / sinks shapes and values) or deterministic / grad_partials",
+          lambda q, k, v, c, fn, world, alibi, sinks: _modifiers_key(c, alibi, sinks), _hidden),
+    Field("requires_grad (whether this rank runs the backward: grad mode on and q, k, v or sinks requiring grad)",
+          lambda q, k, v, c, *_: int(c.grad), _names((False, True))),
+)
+FUNCTION = SIGNATURE[0]
+assert len(SIGNATURE) < META_INTS
+
+
 def _signature(q, k, v, cfg: AttnConfig, problem, fn: str, world_size: int, alibi=None, sinks=None) -> list[int]:
+    """``[error code (0: none, 1: TypeError, 2: ValueError), *SIGNATURE values]``, padded to ``META_INTS``."""
     code = 0 if problem is None else (1 if problem[0] is TypeError else 2)
     if code:
         return [code] + [0] * (META_INTS - 1)
-    options = (_layout_index(cfg.layout), int(cfg.causal), BACKENDS.index(cfg.backend),
-               BACKWARDS.index(cfg.backward))
-    scale_bits = int(torch.tensor(cfg.softmax_scale or 0.0, dtype=torch.float64).view(torch.int64))
-    sig = [0, q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3],
-           DTYPES.index(q.dtype), *options, scale_bits, SCHEDULES.index(cfg.schedule),
-           zlib.crc32(fn.encode()), cfg.mask_key(q.shape[1] * world_size), k.shape[1], v.shape[3],
-           -1 if cfg.kv_layout is None else _layout_index(cfg.kv_layout), _modifiers_key(cfg, alibi, sinks)]
+    sig = [0] + [f.value(q, k, v, cfg, fn, world_size, alibi, sinks) for f in SIGNATURE]
     return sig + [0] * (META_INTS - len(sig))
 
 
-_FIELDS = ("", "batch", "local_seq (q.shape[1])", "q_heads", "kv_heads", "head_dim", "dtype",
-           "layout", "causal", "backend", "backward", "softmax_scale", "schedule",
-           "function (burst_attn_func or the attention strategy)",
-           "mask (window / cu_seqlens / document_ids / mask_mod) or partition layout",
-           "the key shard length (k.shape[1])", "v's head_dim", "kv_layout",
-           "score modifiers (softcap, alibi_slopes / sinks shapes) or deterministic / grad_partials")
-
-
 def check_inputs(q, k, v, cfg: AttnConfig, group: Optional[dist.ProcessGroup], world_size: int,
-                 fn: str = "burst_attn_func", extra: Optional[tuple[type, str]] = None, alibi=None,
+                 fn: str = "burst_attn_func", problem: Optional[tuple[type, str]] = None, alibi=None,
                  sinks=None) -> None:
     """Raise on every rank if any rank's inputs are invalid or the ranks disagree.
 
-    ``extra``: a problem the caller found in this rank's other arguments, as
-    ``(TypeError or ValueError, message)``; it is shared like the tensor checks (after them),
-    so it too raises on every rank. ``alibi`` / ``sinks``: the call's optional tensors.
+    ``problem``: what this rank found wrong, as ``(TypeError or ValueError, message)``: the local check
+    (:func:`local_problem`, run once per call by :func:`burstattn.strategies.op.prepare`, not again
+    here) or the mask's; it is shared with the other ranks, so it raises on every rank.
+    ``alibi`` / ``sinks``: the call's optional tensors (their shapes and values are compared).
     """
-    problem = local_problem(q, k, v, cfg, alibi, sinks) or extra
     if world_size == 1:
         if problem:
             raise problem[0](f"{fn}: {problem[1]}")
@@ -246,8 +292,8 @@ def check_inputs(q, k, v, cfg: AttnConfig, group: Optional[dist.ProcessGroup], w
         with host_side():
             dist.all_gather(sigs, mine, group=group)
     except RuntimeError as e:
-        raise RingCommError(f"{fn}: exchanging the input check with the other ranks failed (a rank "
-                            f"died or did not enter the call within the process group's timeout): {e}") from e
+        raise RuntimeError(f"{fn}: exchanging the input check with the other ranks failed (a rank "
+                           f"died or did not enter the call within the process group's timeout): {e}") from e
     stats = active_stats()
     if stats is not None:
         stats.record("forward", "meta", (world_size - 1) * mine.numel() * 8, (world_size - 1) * mine.numel() * 8)
@@ -263,19 +309,17 @@ def check_inputs(q, k, v, cfg: AttnConfig, group: Optional[dist.ProcessGroup], w
         detail = "; ".join(f"rank {r}: {texts[r]}" for r in bad)
         raise _KINDS[int(table[bad[0]][0])](f"{fn}: invalid arguments on another rank, all ranks abort "
                                             f"the call ({detail})")
-    # the function first: different strategies also differ in their options, which would hide the cause
-    for i in [13] + [j for j in range(1, len(_FIELDS)) if j != 13]:
+    for i, field in enumerate(SIGNATURE, start=1):
         col = [row[i] for row in table]
-        if len(set(col)) > 1:
-            decode = {6: DTYPES, 7: LAYOUTS + ("partition",), 9: BACKENDS, 10: BACKWARDS, 12: SCHEDULES,
-                      17: LAYOUTS + ("partition", "same as layout")}.get(i)
-            shown = [str(decode[c]) for c in col] if decode else col
-            if i == 13:  # every rank sees the mismatch, so all enter this exchange together
-                names = [None] * world_size
-                dist.all_gather_object(names, fn, group=group)
-                raise ValueError(f"{fn}: the ranks called different functions or strategies: {names} (rank "
-                                 f"order); every rank of the group must make the same call")
-            if i in (11, 14, 18):
-                shown = "differing values"
-            raise ValueError(f"{fn}: {_FIELDS[i]} must be the same on every rank of the group, "
-                             f"got {shown} (rank order)")
+        if len(set(col)) == 1:
+            continue
+        if field is FUNCTION:  # every rank sees the mismatch, so all enter this exchange together
+            names = [None] * world_size
+            dist.all_gather_object(names, fn, group=group)
+            raise ValueError(f"{fn}: the ranks called different functions or strategies: {names} (rank "
+                             f"order); every rank of the group must make the same call")
+        shown = col if field.decode is None else [field.decode(c) for c in col]
+        if field.decode is _hidden:
+            shown = _hidden(0)
+        raise ValueError(f"{fn}: {field.what} must be the same on every rank of the group, "
+                         f"got {shown} (rank order)")

@@ -39,7 +39,8 @@ from ..groups import group_context
 from ..infer.sharded import replicated_attention
 from ..layout import local_positions, split_error
 from ..strategies import STRATEGIES, attention
-from ..strategies.base import MASK_OPTIONS, start
+from ..strategies.base import MASK_OPTIONS
+from ..strategies.op import label, refuse
 from .families import describe, registered_options
 from .guard import check_running_model
 
@@ -273,11 +274,7 @@ def make_attention_function(opts: BurstOptions):
                                    f"needs (window {window}, softcap {call.softcap}, sinks {call.sinks is not None}): "
                                    f"use one of {takers}")
         if problem is not None:  # the same first collective as every strategy: raises on every rank
-            # (q stands in for k and v, contiguous for the layout, so that the shared check reports
-            # this problem and not the shapes)
-            start(opts.strategy, q, q, q, group=opts.group, causal=True, softmax_scale=scale, layout="contiguous",
-                  extra=problem)
-            raise problem[0](problem[1])
+            refuse(label(opts.strategy), problem, opts.group)
         if shard is not None:
             shard.attended = True  # what a loss or gather over this batch checks (batch.py)
         out = attention(q, k, v, strategy=opts.strategy, group=opts.group, causal=call.causal, softmax_scale=scale,

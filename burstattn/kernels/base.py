@@ -37,18 +37,6 @@ class ScoreMods:
     q_pos: Optional[torch.Tensor] = None
     k_pos: Optional[torch.Tensor] = None
 
-    @property
-    def needs(self) -> frozenset:
-        """What a kernel must support to run these modifiers."""
-        return frozenset(n for n, on in (("softcap", self.softcap is not None), ("alibi", self.alibi is not None))
-                         if on)
-
-    def block(self, q_rows: slice, k_rows: slice) -> "ScoreMods":
-        """The modifiers of a sub-block (positions sliced; the others shared)."""
-        if self.alibi is None:
-            return self
-        return ScoreMods(self.softcap, self.alibi, self.q_pos[q_rows], self.k_pos[k_rows])
-
 
 class Kernel(Protocol):
     """A local flash-style attention kernel that exposes the log-sum-exp."""

@@ -76,10 +76,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, strategy: st
     if problem is not None:
         # raise on every rank: the ranks without this problem meet this check inside their
         # strategy (every strategy's first collective is the same input check)
-        from .base import start
-        start(strategy, q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
-              layout=layout if layout in LAYOUTS else "zigzag", extra=problem)
-        raise problem[0](problem[1])  # a world of one without torch.distributed
+        from .op import label, refuse
+        refuse(label(strategy), problem, group)
     layout = spec.default_layout if layout is None else layout
     return MODULES[spec.name].run(q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
                                   layout=layout, **strategy_options)

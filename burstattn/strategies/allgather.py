@@ -27,7 +27,6 @@ from ..comm.collectives import Collectives
 from ..comm.stats import active_stats
 from ..engine.run import build_plan, gathered_backward, gathered_forward
 from ..formulas import accum_dtype, byte_totals, element_size, meta_bytes
-from ..kernels import resolve_backend
 from ..layout import local_positions
 from .base import check_call
 from .op import strategy_call
@@ -57,7 +56,7 @@ def plan_of(call, q, k):
 def _setup(call, q, v):
     """The one-step plan over every rank's gathered K/V and its kernel calls."""
     where, n = call.where, q.shape[1]
-    cfg = replace(call.cfg, backend=resolve_backend(call.cfg.backend, q.device, q.dtype))
+    cfg = call.cfg  # its backend resolved once, by prepare
     pos = [local_positions(n * where.world_size, r, where.world_size, cfg.layout) for r in range(where.world_size)]
     plan = build_plan(where.rank, where.world_size, positions=pos, causal=cfg.causal, travelling="kv",
                       schedule="gathered", mask_plan=call.plan)

@@ -1,26 +1,70 @@
-"""``strategy="burst"``: BurstAttention (the core ring; see :func:`burstattn.burst_attn_func`)."""
+"""``strategy="burst"``: BurstAttention (the core ring; see :func:`burstattn.burst_attn_func`): a K/V ring
+forward and a query-ring or K/V-ring backward (``backward="auto"``: fewer bytes wins), balanced layouts;
+masks and partitions run the sparse direct schedule of :mod:`burstattn.masks.plan`. A strategy module like
+the others (:mod:`.op`): ``check``, ``plan_of``, ``forward``, ``backward``, ``fake``, ``bytes_formula``."""
 from __future__ import annotations
 
-from ..api import attend
-from ..formulas import choose_backward, ring_bytes
-from .base import label, split_options
+from dataclasses import replace
+
+import torch
+
+from ..autograd import backward_pass, forward_pass
+from ..formulas import accum_dtype, choose_backward, ring_bytes
+from ..masks.setup import plan_for
+from .base import check_call, split_options
+from .op import prepare, run_call
 
 
 def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backward="auto", schedule="ring",
         topology=None, **options):
-    """K/V ring forward, query-ring or K/V-ring backward (fewer bytes wins with ``"auto"``);
-    ``options``: the masks (``window`` / ``cu_seqlens`` / ``document_ids`` / ``mask_mod`` / ``mask``:
-    the sparse direct schedule of :mod:`burstattn.masks.plan`) and every keyword of today's models
-    (``kv_layout``, ``cu_seqlens_k``, ``softcap``, ``alibi_slopes``, ``sinks``, ...). The custom op of
-    :func:`burstattn.burst_attn_func`."""
+    """``out [B, n, Hq, Dv]``; ``options``: the masks (``window`` / ``cu_seqlens`` / ``document_ids`` /
+    ``mask_mod`` / ``mask``) and every keyword of today's models (``kv_layout``, ``cu_seqlens_k``,
+    ``softcap``, ``alibi_slopes``, ``sinks``, ...), as :func:`burstattn.burst_attn_func` takes them."""
     mask_args, model_args = split_options(options)
-    return attend(label("burst"), q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
-                  backend=backend, backward=backward, schedule=schedule, topology=topology, mask_args=mask_args,
-                  **model_args)[0]
+    call = prepare("burst", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
+                   backend=backend, backward=backward, schedule=schedule, topology=topology, mask_args=mask_args,
+                   **model_args)
+    return run_call(call, q, k, v)[0]
+
+
+def check(call, q, k, v):
+    """The cross-rank input check on every rank; the call with this rank's mask plan (``None``: dense)."""
+    return replace(call, plan=check_call(call, q, k, v))
+
+
+def plan_of(call, q, k):
+    """This rank's mask plan over the group (``None`` for a dense call); checked in the forward already."""
+    plan, problem = plan_for(q, call.cfg, call.where.rank, call.where.world_size, k.shape[1])
+    if problem:
+        raise problem[0](problem[1])
+    return plan
+
+
+def forward(call, q, k, v):
+    """``out [B, n, Hq, Dv]`` (q's dtype) and the saved ``[lse [B, Hq, n]]`` (float32; float64 for float64;
+    sinks included): :func:`burstattn.autograd.forward_pass`."""
+    out, lse = forward_pass(call.where, call.cfg, call.plan, q, k, v, call.alibi, call.sinks)
+    return out, [lse]
+
+
+def backward(call, dout, q, k, v, out, saved):
+    """``dq, dk, dv`` (and ``dsinks [Hq]``, this rank's share, with sinks):
+    :func:`burstattn.autograd.backward_pass`."""
+    (lse,) = saved
+    dq, dk, dv, dsinks = backward_pass(call.where, call.cfg, call.plan, dout, q, k, v, out, lse, alibi=call.alibi,
+                                       sinks=call.sinks)
+    return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
+
+
+def fake(call, q, k, v):
+    """Empty ``[out, lse]`` of :func:`forward` (shapes only)."""
+    b, n, hq, _ = q.shape
+    return [q.new_empty(b, n, hq, v.shape[-1]), q.new_empty(b, hq, n, dtype=accum_dtype(q.dtype))]
 
 
 def bytes_formula(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,
-                  head_dim: int, dtype, backward: str = "auto", kv_local_seq=None, v_head_dim=None) -> dict:
+                  head_dim: int, dtype: torch.dtype, backward: str = "auto", kv_local_seq=None,
+                  v_head_dim=None) -> dict:
     """Bytes each rank sends per call (:func:`burstattn.formulas.ring_bytes`, ``"auto"`` resolved
     as :func:`burst_attn_func` resolves it)."""
     kw = dict(batch=batch, local_seq=local_seq, world_size=world_size, q_heads=q_heads, kv_heads=kv_heads,

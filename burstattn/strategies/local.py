@@ -18,15 +18,16 @@ from ..autograd import backward_pass, forward_pass
 from ..config import AttnConfig
 from ..engine.passes import backward_lse
 from ..groups import GroupContext
-from ..kernels import get_kernel, resolve_backend
+from ..kernels import get_kernel
 from ..masks.plan import MaskPlan, mask_plan
 
 ALONE = GroupContext(None, 0, 1)
 
 
 def _local(cfg: AttnConfig, q: torch.Tensor) -> AttnConfig:
-    return replace(cfg, layout="contiguous", kv_layout=None, backend=resolve_backend(cfg.backend, q.device, q.dtype),
-                   backward="kv", schedule="ring", topology=None, grad_partials="kernel")
+    # the backend was resolved once, by prepare
+    return replace(cfg, layout="contiguous", kv_layout=None, backward="kv", schedule="ring", topology=None,
+                   grad_partials="kernel")
 
 
 def local_plan(cfg: AttnConfig, seq_len: int) -> Optional[MaskPlan]:

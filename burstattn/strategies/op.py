@@ -1,73 +1,158 @@
-"""Every strategy behind the custom op: :func:`strategy_call`, the one entry of ulysses, usp, tp,
-allgather and rsa into ``torch.ops.burstattn.strategy_fwd`` (registered in :mod:`burstattn.ops`).
+"""The one call path of every strategy: :func:`prepare` builds and checks a :class:`~burstattn.ops.Call`
+once, :func:`run_call` runs it through the one custom op pair (``torch.ops.burstattn.attention_fwd`` /
+``attention_bwd``, registered in :mod:`burstattn.ops`), or, for a ``mask_mod`` (a Python function cannot
+be an op argument), through the one eager fallback :class:`EagerCall` over the same functions.
 
-``burst`` and ``ring`` run as ``attention_fwd``; the others as ``strategy_fwd`` / ``strategy_bwd``, so
-``torch.compile(fullgraph=True)`` captures them and selective-checkpoint policies see them
+So ``torch.compile(fullgraph=True)`` captures every strategy and selective-checkpoint policies see it
 (:data:`burstattn.ops.SAVED_OPS`). The Python before the op only reads shapes and option values; the
 cross-rank input check runs inside the op, on every call. A strategy module provides
 ``check(call, q, k, v) -> call`` (the collective input check, returning the call with its mask plan),
 ``plan_of(call, q, k)`` (that plan again, pure: for the backward), ``forward(call, q, k, v) -> (out,
-saved)``, ``backward(call, dout, q, k, v, out, saved) -> (dq, dk, dv)`` and ``fake(call, q, k, v) ->
-[out, *saved]`` (empty tensors of the right shapes). A ``mask_mod`` (a Python function) cannot be an
-op argument: such calls run the same functions in the eager :class:`StrategyFunction`.
+saved)``, ``backward(call, dout, q, k, v, out, saved) -> (dq, dk, dv[, dsinks])`` and ``fake(call, q, k, v)
+-> [out, *saved]`` (empty tensors of the right shapes).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 import torch
 
-from ..autograd import refuse_double_backward, without_autocast
+from ..autograd import kernel_needs, refuse_double_backward, without_autocast
+from ..comm.stats import active_stats
+from ..comm.trace import active_trace
 from ..config import AttnConfig
+from ..formulas import choose_backward
 from ..groups import group_context
-from ..masks.setup import build_mask
-from ..ops import Call, strategy_arguments, strategy_module
-from ..validate import check_inputs, local_problem, scale_value
-from .base import label, one_sequence_problem
+from ..kernels import resolve_backend
+from ..layout import layout_or_default
+from ..masks.plan import choose_mask_backward
+from ..masks.setup import build_mask, topology_problem
+from ..ops import Call, call_op, grads_of, owned, strategy_module
+from ..validate import (check_inputs, dropout_problem, local_problem, runs_backward, scale_value,
+                        softcap_value)
 
-__all__ = ["strategy_call", "StrategyFunction"]
+__all__ = ["prepare", "run_call", "EagerCall", "refuse", "resolve_backward"]
 
-
-class StrategyFunction(torch.autograd.Function):
-    """The same forward and backward, eager: for calls the op cannot carry (a ``mask_mod``). The call
-    is already checked. Second-order gradients are refused."""
-
-    @staticmethod
-    @without_autocast
-    def forward(ctx, q, k, v, call: Call):
-        mod = strategy_module(call.strategy)
-        out, saved = mod.forward(call, q, k, v)
-        ctx.save_for_backward(q, k, v, out, *saved)
-        ctx.call = call
-        return out
-
-    @staticmethod
-    @without_autocast
-    def backward(ctx, dout):
-        refuse_double_backward()
-        q, k, v, out, *saved = ctx.saved_tensors
-        dq, dk, dv = strategy_module(ctx.call.strategy).backward(ctx.call, dout, q, k, v, out, saved)
-        return dq, dk, dv, None
+ENGINE_STRATEGIES = ("burst", "ring")  # the strategies that take every option of today's models
 
 
-def strategy_call(name: str, q, k, v, *, group, causal, softmax_scale, layout, backend: str = "auto",
-                  backward: str = "auto", mask_args: Optional[dict] = None, options: Optional[dict] = None,
-                  problem: Optional[tuple[type, str]] = None) -> torch.Tensor:
-    """One call of strategy ``name`` through the op (eagerly with a ``mask_mod``). ``problem``: what the
-    strategy found wrong on this rank (raised on every rank by the input check); ``options``: the
-    strategy's own (ints and strings). Traceable up to the op: only shapes and option values are read."""
+def label(name: str) -> str:
+    """How a strategy names itself in error messages: ``attention(strategy='name')``."""
+    return f"attention(strategy={name!r})"
+
+
+def one_sequence_problem(name: str, q, k, v) -> Optional[tuple[type, str]]:
+    """Why a strategy that needs one sequence and one head size cannot take ``q, k, v``, or ``None``."""
+    if not all(isinstance(x, torch.Tensor) and x.dim() == 4 for x in (q, k, v)):
+        return None  # the shared input check reports it
+    if q.shape[1] != k.shape[1] or v.shape[3] != q.shape[3]:
+        return ValueError, (f"strategy {name!r} needs queries and keys of one sequence (q.shape[1] == k.shape[1]) "
+                            f"and one head size for q, k and v, got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                            f"v {tuple(v.shape)}; cross-attention, unequal lengths and a V head size of its own "
+                            f"run on strategy {' or '.join(map(repr, ENGINE_STRATEGIES))}")
+    return None
+
+
+def resolve_backward(cfg: AttnConfig, q, k, v, world_size: int) -> str:
+    """``cfg.backward`` with ``"auto"`` resolved by shapes (the one that sends fewer bytes) for the ring
+    engine: the masked engine's choice for a sparse call, the dense ring's otherwise."""
+    if cfg.backward != "auto" or cfg.schedule == "distflash":
+        return cfg.backward
+    shape = dict(batch=q.shape[0], local_seq=q.shape[1], q_heads=q.shape[2], kv_heads=k.shape[2],
+                 head_dim=q.shape[3], dtype=q.dtype, kv_local_seq=k.shape[1], v_head_dim=v.shape[3])
+    if cfg.sparse:
+        return choose_mask_backward(**shape)
+    return choose_backward(world_size=world_size, **shape)
+
+
+def refuse(fn: str, problem: tuple[type, str], group=None) -> None:
+    """Raise ``problem`` on every rank of ``group``: this rank's side of the cross-rank check that the
+    other ranks run in their call (so none of them is left waiting)."""
+    where = group_context(group)
+    check_inputs(None, None, None, None, where.group, where.world_size, fn=fn, problem=problem)
+    raise problem[0](f"{fn}: {problem[1]}")  # a world of one raised above; kept for the type checker
+
+
+def prepare(strategy: str, q, k, v, *, group, causal, softmax_scale, layout, fn: Optional[str] = None,
+            backend: str = "auto", backward: str = "auto", schedule: str = "ring", topology=None,
+            mask_args: Optional[dict] = None, kv_layout=None, softcap=None, alibi_slopes=None, sinks=None,
+            dropout_p=0.0, deterministic: bool = False, grad_partials: str = "float32",
+            options: Optional[dict] = None, problem: Optional[tuple[type, str]] = None) -> Call:
+    """The :class:`~burstattn.ops.Call` of one call of ``strategy``, built and checked once: the local
+    check runs here once and the backend is resolved here once (the op does not repeat either).
+    ``problem``: what the strategy found wrong on this rank (raised on every rank); ``options``: the
+    strategy's own (ints and strings); ``fn``: the caller's name in messages. Traceable: only shapes and
+    option values are read (a bad input raises on every rank here, through the cross-rank check)."""
     where = group_context(group)
     amask, mask_problem = build_mask(**(mask_args or {}))
-    cfg = AttnConfig(causal=causal, softmax_scale=scale_value(softmax_scale), layout=layout, backend=backend,
-                     backward=backward, mask=amask)
-    tensors = all(isinstance(x, torch.Tensor) for x in (q, k, v))
-    problem = problem or mask_problem or one_sequence_problem(name, q, k, v)
-    if problem is None and tensors:
-        problem = local_problem(q, k, v, cfg)
-    call = Call(where, cfg, label(name), name, dict(options or {}))
-    if problem is not None or not tensors:
-        check_inputs(q, k, v, cfg, where.group, where.world_size, fn=call.fn, extra=problem)  # raises on every rank
-    if amask is not None and amask.mask_mod is not None:
-        return StrategyFunction.apply(q, k, v, strategy_module(name).check(call, q, k, v))
-    group_arg, spec, positions, bounds = strategy_arguments(call)
-    return torch.ops.burstattn.strategy_fwd(q, k, v, group_arg, spec, positions, bounds)[0]
+    cfg = AttnConfig(causal=causal, softmax_scale=scale_value(softmax_scale), layout=layout_or_default(layout),
+                     backend=backend, backward=backward, schedule=schedule, mask=amask, topology=topology,
+                     kv_layout=kv_layout, softcap=softcap_value(softcap), alibi=alibi_slopes is not None,
+                     sinks=sinks is not None, deterministic=deterministic, grad_partials=grad_partials,
+                     grad=runs_backward(q, k, v, sinks))
+    fn = fn or label(strategy)
+    problem = problem or mask_problem or dropout_problem(dropout_p)
+    if strategy not in ENGINE_STRATEGIES:
+        problem = problem or one_sequence_problem(strategy, q, k, v)
+    problem = problem or local_problem(q, k, v, cfg, alibi_slopes, sinks)
+    if problem is None:
+        try:
+            needs = kernel_needs(cfg, q.shape[-1], v.shape[-1])
+            cfg = replace(cfg, backend=resolve_backend(cfg.backend, q.device, q.dtype, needs))
+        except ValueError as e:
+            problem = ValueError, str(e)
+    problem = problem or topology_problem(cfg, where.world_size)
+    if problem is not None:  # raises on every rank
+        check_inputs(q, k, v, cfg, where.group, where.world_size, fn=fn, problem=problem, alibi=alibi_slopes,
+                     sinks=sinks)
+    if strategy in ENGINE_STRATEGIES:
+        cfg = replace(cfg, backward=resolve_backward(cfg, q, k, v, where.world_size))
+    return Call(where, cfg, fn, strategy, dict(options or {}), alibi=alibi_slopes, sinks=sinks)
+
+
+class EagerCall(torch.autograd.Function):
+    """The op's forward and backward, eager: for calls the op cannot carry (a ``mask_mod``). The call is
+    checked in the forward (as inside the op). The backward records into the meter and trace active
+    during the forward when none is active (a backward in another thread). Second-order gradients are
+    refused."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, call: Call):
+        mod = strategy_module(call.strategy)
+        call = mod.check(replace(call, sinks=sinks), q, k, v)
+        out, saved = without_autocast(mod.forward)(call, q, k, v)
+        out, *saved = owned([out, *saved], (q, k, v, sinks))  # out may be a saved tensor (ulysses at world 1)
+        ctx.mark_non_differentiable(*saved)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(q, k, v, out, *saved)
+        ctx.call, ctx.meters = call, (active_stats(), active_trace())
+        return (out, *saved)
+
+    @staticmethod
+    def backward(ctx, dout, *_):
+        refuse_double_backward()
+        from ..comm import stats, trace
+
+        q, k, v, out, *saved = ctx.saved_tensors
+        call = ctx.call
+        tokens = [(var, var.set(meter)) for var, meter in zip((stats._ACTIVE, trace._ACTIVE), ctx.meters)
+                  if meter is not None and var.get() is None]
+        try:
+            dq, dk, dv, dsinks = grads_of(strategy_module(call.strategy), call, dout, q, k, v, out, saved)
+        finally:
+            for var, token in tokens:
+                var.reset(token)
+        return dq, dk, dv, dsinks if call.sinks is not None else None, None
+
+
+def run_call(call: Call, q, k, v) -> list[torch.Tensor]:
+    """``[out, *saved]`` of a prepared call: the custom op, or :class:`EagerCall` with a ``mask_mod``."""
+    if call.cfg.mask is not None and call.cfg.mask.mask_mod is not None:
+        return list(EagerCall.apply(q, k, v, call.sinks, call))
+    return call_op(call, q, k, v)
+
+
+def strategy_call(name: str, q, k, v, **kwargs) -> torch.Tensor:
+    """``out`` of one call of strategy ``name`` (:func:`prepare`'s keywords)."""
+    return run_call(prepare(name, q, k, v, **kwargs), q, k, v)[0]

@@ -2,14 +2,16 @@
 
 Blockwise K/V ring with overlap over the contiguous layout (no causal load balancing: with
 ``causal=True`` the last rank does P times the work of the first), and the backward that
-circulates K, V, dK and dV. It is the same engine as ``burst`` with the layout and the
-backward ring pinned, which is exactly the difference between the two papers.
+circulates K, V, dK and dV. It is the same engine as ``burst`` with the backward ring pinned, which is
+exactly the difference between the two papers: burst's ``check``, ``plan_of``, ``forward``, ``backward``
+and ``fake`` serve it (the op finds them here by the strategy's name).
 """
 from __future__ import annotations
 
-from ..api import attend
 from ..formulas import ring_bytes
-from .base import label, split_options
+from .base import split_options
+from .burst import backward, check, fake, forward, plan_of  # noqa: F401  (the op's functions of "ring")
+from .op import prepare, run_call
 
 
 def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", **options):
@@ -17,8 +19,9 @@ def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", **opti
     only where the mask needs them (the same sparse direct schedule as ``burst``), and the backward
     still moves K/V and dK/dV; the other options are burst's (cross-attention, score modifiers, sinks)."""
     mask_args, model_args = split_options(options)
-    return attend(label("ring"), q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
-                  backend=backend, backward="kv", mask_args=mask_args, **model_args)[0]
+    call = prepare("ring", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
+                   backend=backend, backward="kv", mask_args=mask_args, **model_args)
+    return run_call(call, q, k, v)[0]
 
 
 def bytes_formula(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,

@@ -28,7 +28,6 @@ kernel (materialising them is the point), so ``backend`` can only be ``"auto"`` 
 """
 from __future__ import annotations
 
-from dataclasses import replace
 
 import torch
 
@@ -179,14 +178,8 @@ def backward(call, dout, q, k, v, out_unused, saved):
 
 
 def check(call, q, k, v):
-    """The input check on every rank (the backend: ``"auto"`` or ``"reference"``)."""
-    problem = None
-    if call.cfg.backend not in ("auto", "reference"):
-        problem = (ValueError, f"backend must be 'auto' or 'reference' (the score matrix is built with plain "
-                               f"PyTorch matmuls, the 'reference' backend, which is the baseline), got "
-                               f"{call.cfg.backend!r}")
-        call = replace(call, cfg=replace(call.cfg, backend="reference"))
-    check_call(call, q, k, v, problem, group_plan=False)
+    """The input check on every rank (the backend was checked by :func:`run`)."""
+    check_call(call, q, k, v, group_plan=False)
     return call
 
 
@@ -210,8 +203,12 @@ def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto") -> tor
         ValueError / TypeError on every rank: invalid inputs (see ``check_inputs``), or a
         ``backend`` other than ``"auto"`` / ``"reference"``.
     """
+    problem = None
+    if backend not in ("auto", "reference"):
+        problem = (ValueError, f"backend must be 'auto' or 'reference' (the score matrix is built with plain "
+                               f"PyTorch matmuls, the 'reference' backend, which is the baseline), got {backend!r}")
     return strategy_call("rsa", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
-                         backend=backend)
+                         backend="reference", problem=problem)
 
 
 def bytes_formula(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,

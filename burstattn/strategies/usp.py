@@ -26,12 +26,12 @@ sub-groups are built on the first call and reused (:func:`burstattn.groups.usp_s
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
-from ..api import resolved
 from ..autograd import backward_pass, forward_pass
 from ..comm.collectives import Collectives
 from ..comm.stats import active_stats
@@ -40,11 +40,11 @@ from ..formulas import accum_dtype, byte_totals, choose_backward, meta_bytes, ri
 from ..groups import UspGroups, group_context, group_name, mesh_usp_groups, resolve_group, usp_subgroups
 from ..layout import local_positions
 from ..masks.setup import plan_for
-from ..ops import checked_plan
 from .base import check_call
+from ..validate import check_inputs
 from .heads import a2a_bytes, heads_problem, heads_to_seq, kv_repeats, repeat_kv, seq_to_heads, unrepeat_kv
 from .local import ALONE
-from .op import strategy_call
+from .op import resolve_backward, strategy_call
 
 
 def usp_positions(seq_len: int, *, ring_rank: int, ring_degree: int, ulysses_rank: int, ulysses_degree: int,
@@ -137,7 +137,7 @@ def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backwa
     group, as :func:`burstattn.shard_sequence` gives it) -> ``[B, n, Hq, D]`` in q's dtype.
     ``backend``/``backward``: as in :func:`burst_attn_func`. Given only degrees, the sub-groups are
     built on the first call and reused (:func:`burstattn.groups.usp_subgroups`). Runs as the custom op
-    ``torch.ops.burstattn.strategy_fwd`` (:mod:`.op`; the sub-groups travel by name).
+    ``torch.ops.burstattn.attention_fwd`` (:mod:`.op`; the sub-groups travel by name).
 
     Raises:
         ValueError / TypeError on every rank: invalid inputs (``check_inputs``), degrees that do
@@ -194,8 +194,8 @@ class _Inner:
     def cfg(self, call, qh, kh, vh) -> AttnConfig:
         c = call.cfg
         inner = AttnConfig(causal=c.causal, softmax_scale=c.softmax_scale, layout=self.layout, backend=c.backend,
-                           backward=c.backward)
-        return resolved(inner, qh, kh, vh, self.where.world_size)
+                           backward=c.backward, grad=c.grad)
+        return replace(inner, backward=resolve_backward(inner, qh, kh, vh, self.where.world_size))
 
     def sort(self, x: torch.Tensor) -> torch.Tensor:  # rank order -> increasing global positions
         return x if self.order is None else x.index_select(1, self.order.to(x.device))
@@ -228,7 +228,8 @@ def forward(call, q, k, v):
     qh, kh, vh = (inner.sort(x).contiguous() for x in heads)
     del heads
     cfg = inner.cfg(call, qh, kh, vh)
-    plan = checked_plan(qh, kh, vh, inner.where, cfg, "burst_attn_func")
+    plan, problem = plan_for(qh, cfg, inner.where.rank, inner.where.world_size, kh.shape[1])
+    check_inputs(qh, kh, vh, cfg, inner.where.group, inner.where.world_size, fn="burst_attn_func", problem=problem)
     oh, lse = forward_pass(inner.where, cfg, plan, qh, kh, vh)
     (out,) = heads_to_seq([inner.unsort(oh)], coll, inner.u, "out")  # (B, u*n, Hq/u, D) -> (B, n, Hq, D)
     return out, [qh, kh, vh, oh, lse]

@@ -10,7 +10,7 @@ from tests.dist import op_cases
 
 
 def test_op_handles_and_policy():
-    assert ops.SAVED_OPS == (torch.ops.burstattn.attention_fwd.default, torch.ops.burstattn.strategy_fwd.default)
+    assert ops.SAVED_OPS == (torch.ops.burstattn.attention_fwd.default,)  # one op pair for every strategy
     from torch.utils.checkpoint import CheckpointPolicy
 
     policy = ops.remat_policy()

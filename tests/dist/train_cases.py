@@ -28,7 +28,7 @@ def run_training(rank: int, world: int, cfg: TrainConfig, with_params: bool = Tr
 
 # ---- checkpointing modes ------------------------------------------------------------------------
 class OpCounter:
-    """Counts the executions of the attention ops (``attention_fwd``, ``strategy_fwd``; a dispatch mode: a call that ``remat``'s
+    """Counts the executions of the attention ops (``attention_fwd``, every strategy; a dispatch mode: a call that ``remat``'s
     recomputation answers from its record never reaches it)."""
 
     def __init__(self) -> None:

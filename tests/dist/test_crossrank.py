@@ -1,0 +1,32 @@
+"""Values and gradient requests that differ between ranks are refused on EVERY rank (issue 26, items 5
+and 6): ALiBi slopes or sink logits whose values differ would give each rank another attention (a
+silent wrong answer), and a ``requires_grad`` set on one rank only would leave that rank blocked in the
+backward until the process group's timeout."""
+from __future__ import annotations
+
+import pytest
+
+from tests.dist import crossrank_cases as cc
+
+NEEDLES = {"alibi": "alibi_slopes / sinks shapes and values", "sinks": "alibi_slopes / sinks shapes and values",
+           "requires_grad": "requires_grad"}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("kind", ["alibi", "sinks", "requires_grad"])
+def test_differing_values_raise_on_every_rank(pools, world, kind):
+    results = pools.get(world).run(cc.differing, kind)
+    for rank, (kind_name, message) in enumerate(results):
+        assert kind_name == "ValueError", (rank, kind_name, message)
+        assert NEEDLES[kind] in message and "must be the same on every rank" in message, (rank, message)
+
+
+@pytest.mark.parametrize("strategy", ["ring", "allgather", "ulysses"])
+def test_requires_grad_on_one_rank_raises_on_every_rank_for_each_strategy(pools, strategy):
+    for rank, (kind_name, message) in enumerate(pools.get(2).run(cc.differing, "requires_grad", strategy)):
+        assert kind_name == "ValueError" and "requires_grad" in message, (rank, kind_name, message)
+
+
+@pytest.mark.parametrize("kind", ["same"])
+def test_equal_values_still_run(pools, kind):
+    assert pools.get(2).run(cc.differing, kind) == [("no error", "")] * 2
