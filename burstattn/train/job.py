@@ -133,7 +133,7 @@ def build_job(cfg: TrainConfig) -> Job:
     grid = build_usp_mesh(dims, ulysses, device_type)["ring", "ulysses"] if attn_strategy == "usp" else None
     options = {"schedule": cfg.schedule} if cfg.schedule != "ring" else None
     attn = cp_attention(attn_strategy, mesh.get_group("cp"), layout, backend=cfg.backend, usp_grid=grid,
-                        options=options)
+                        options=options, head_chunks=cfg.head_chunks)
     positions = shard_positions(cfg.seq_len, strategy=attn_strategy, layout=layout, cp_rank=c, cp_size=dims.cp,
                                 ulysses_degree=ulysses)
     torch.manual_seed(cfg.seed)
@@ -143,7 +143,7 @@ def build_job(cfg: TrainConfig) -> Job:
     dtype = torch_dtype(cfg.dtype)
     replica_mesh = flat_mesh(mesh, ("dp", "cp"))
     if cfg.fsdp:
-        apply_fsdp(model, replica_mesh, zero=cfg.zero, mp_policy=mixed_precision(dtype))
+        apply_fsdp(model, replica_mesh, zero=cfg.zero, mp_policy=mixed_precision(dtype), offload=cfg.offload_optimizer)
     elif dtype != torch.float32:
         model.to(dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), eps=cfg.adam_eps,
