@@ -31,12 +31,12 @@ def tp_problem(config, tp: int, seq_len_cp: int, variant: str):
     """Why the model cannot be split ``tp`` ways (``None`` if it can)."""
     if variant not in TP_VARIANTS:
         return f"tp variant must be one of {TP_VARIANTS}, got {variant!r}"
-    kv_problem = replicated_kv_problem(config.n_kv_heads, tp)
-    if kv_problem:
-        return kv_problem
     for name in ("n_heads", "ffn_dim", "vocab_size"):
         if getattr(config, name) % tp:
             return f"tensor parallelism over {tp} ranks needs {name} ({getattr(config, name)}) divisible by {tp}"
+    kv_problem = replicated_kv_problem(config.n_kv_heads, tp)
+    if kv_problem:
+        return kv_problem
     if config.tie_embeddings and tp > 1:
         return "tensor parallelism does not support tied embeddings (tie_embeddings=True)"
     if variant == "v3" and seq_len_cp % tp:
