@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from ..config import torch_dtype
 from ..models import AttnCall, Llama, auto_chunks
-from ..models.offload import offload_problem, offloaded_bytes
+from ..models.offload import offload_problem, offloaded_bytes, optimizer_offload_problem
 from ..parallel import (IGNORE, ParallelDims, apply_fsdp, apply_tp, build_mesh, cp_attention, flat_mesh,
                         mixed_precision, shard_positions, shift_labels, build_usp_mesh)
 from .checks import check_config, model_config
@@ -77,9 +77,10 @@ def with_chunks(mcfg, cfg: TrainConfig, dims: ParallelDims, variant: str):
 
 
 def check_host_memory(cfg: TrainConfig, dims: ParallelDims, variant: str, mcfg, device: torch.device) -> None:
-    """``--offload`` on a GPU: raise ``ValueError`` on every rank when the host memory this host's
-    ranks would hold exceeds what is available (the smallest share over the ranks decides)."""
-    if cfg.offload == "none" or device.type != "cuda":
+    """``--offload`` / ``--offload-optimizer`` on a GPU: raise ``ValueError`` on every rank, naming the
+    flag, when the host memory this host's ranks would hold exceeds what is available (the smallest
+    share over the ranks decides)."""
+    if (cfg.offload == "none" and not cfg.offload_optimizer) or device.type != "cuda":
         return  # on CPU the saved tensors are in host memory already: offload copies nothing
     import socket
 
@@ -92,7 +93,11 @@ def check_host_memory(cfg: TrainConfig, dims: ParallelDims, variant: str, mcfg, 
     need = offloaded_bytes(mcfg, batch=cfg.batch // dims.dp, rows=rows, attn_rows=cfg.seq_len // dims.cp,
                            heads=mcfg.n_heads // dims.tp, checkpointing=cfg.checkpointing, mode=cfg.offload,
                            element_size=torch_dtype(cfg.dtype).itemsize)
+    need = 0.0 if cfg.offload == "none" else need
     problem = offload_problem(cfg.offload, need, float(share))
+    if problem is None and cfg.offload_optimizer:  # float32 shard, gradients, exp_avg, exp_avg_sq
+        state = 16 * mcfg.num_params() / dims.tp / (dims.dp * dims.cp)
+        problem = optimizer_offload_problem(state, need, float(share))
     if problem:
         raise ValueError(problem)
 

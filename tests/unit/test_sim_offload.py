@@ -61,3 +61,11 @@ def test_planner_searches_both_and_meets_the_one_gpu_target():
     one = max_seq_len(L3, 1, H100)["burst"]
     assert one["tokens"] >= 500 * 1024 and one["options"]["offload_optimizer"]
     assert one["host_memory_bytes"] <= host_capacity(H100, 1)
+
+
+def test_train_refusal_names_the_flag():
+    from burstattn.models.offload import optimizer_offload_problem
+
+    assert optimizer_offload_problem(10e9, 0.0, 20e9) is None
+    msg = optimizer_offload_problem(16e9, 8e9, 20e9)
+    assert msg.startswith("--offload-optimizer needs about 14.90 GiB") and "--offload activations" in msg
