@@ -127,7 +127,7 @@ def attention_buffers(strategy: str, *, batch: int, local_seq: int, world: int, 
     unknown strategy. ``head_chunks``: the call over that many groups of heads (:data:`CHUNK_CONCAT`)."""
     if head_chunks > 1:
         group = attention_buffers(strategy, batch=batch, local_seq=local_seq, world=world, q_heads=q_heads // head_chunks,
-                                  kv_heads=kv_heads // head_chunks, head_dim=head_dim, e=e, backward=backward,
+                                  kv_heads=max(1, kv_heads // head_chunks), head_dim=head_dim, e=e, backward=backward,
                                   schedule=schedule, bwd_mode=bwd_mode, ulysses=ulysses)
         whole = (2 + 2 * kv_heads / q_heads) if backward else 1.0  # the earlier groups' outputs (and gradients)
         unit = q_heads * batch * local_seq * head_dim * (e + 4) / 2

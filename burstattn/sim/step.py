@@ -170,18 +170,16 @@ def check(cfg: SimConfig) -> None:
         raise ValueError(f"--offload {cfg.offload} applies to training (--mode train), not --mode {cfg.mode}")
     if cfg.offload_optimizer and (cfg.mode != "train" or not cfg.fsdp):
         raise ValueError("--offload-optimizer is FSDP2's CPUOffloadPolicy: it needs --fsdp and --mode train")
-    kv_heads = max(1, cfg.model.n_kv_heads // cfg.tp)
-    if isinstance(cfg.head_chunks, bool) or not isinstance(cfg.head_chunks, int) or cfg.head_chunks < 1 or \
-            kv_heads % cfg.head_chunks:
-        raise ValueError(f"--head-chunks must be a positive divisor of the kv heads per tp rank ({kv_heads}), "
-                         f"got {cfg.head_chunks!r}")
+    problem = plans.head_chunks_problem(cfg.head_chunks, cfg.model.n_heads // cfg.tp, max(1, cfg.model.n_kv_heads // cfg.tp))
+    if problem:
+        raise ValueError(f"--head-chunks: {problem}")
 
 
 @lru_cache(maxsize=4096)
 def _attention(strategy: str, shape: AttnShape, hw: ClusterHW, cp: int, stride: int, layout, schedule: str,
                ulysses, window, chunks: int = 1) -> tuple[Pass, Pass, str]:
     if chunks > 1:  # --head-chunks: one call per group of heads, one after another (more, smaller messages)
-        group = dataclasses.replace(shape, q_heads=shape.q_heads // chunks, kv_heads=shape.kv_heads // chunks)
+        group = dataclasses.replace(shape, q_heads=shape.q_heads // chunks, kv_heads=max(1, shape.kv_heads // chunks))
         fwd, bwd, mode = _attention(strategy, group, hw, cp, stride, layout, schedule, ulysses, window)
         return _repeat(fwd, chunks), _repeat(bwd, chunks), mode
     if strategy in ("tp-v1", "tp-v3") or cp == 1:
