@@ -32,6 +32,8 @@ CONTENDERS = {
     "remat": (dict(checkpointing="remat"), "lean"),
     "remat+blockwise": (dict(checkpointing="remat", blockwise=True), "lean"),
     "remat+blockwise+offload": (dict(checkpointing="remat", blockwise=True, offload="all"), "lean"),
+    # the attention over 4 groups of heads, one after another (--head-chunks 4; small-l3: 4 query heads, 1 kv head)
+    "remat+blockwise+heads4": (dict(checkpointing="remat", blockwise=True, head_chunks=4), "lean"),
     "full+blockwise": (dict(checkpointing="full", blockwise=True), "lean"),
     "ulysses:remat+blockwise": (dict(strategy="ulysses", checkpointing="remat", blockwise=True), "lean"),
     "tp-v3:remat+blockwise": (dict(strategy="tp-v3", checkpointing="remat", blockwise=True), "lean"),

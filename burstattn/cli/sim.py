@@ -72,6 +72,16 @@ def _memory_flags(p: argparse.ArgumentParser, searched: bool) -> None:
                    help=f"blockwise loss: tokens per chunk of norm + head + cross-entropy; {how}")
     p.add_argument("--offload", default=None if searched else "none", choices=OFFLOAD,
                    help="saved activations in host memory" + ("; fix it (default: searched)" if searched else ""))
+    if searched:
+        p.add_argument("--offload-optimizer", default=None, choices=("yes", "no"),
+                       help="parameters, gradients and AdamW state in host memory with FSDP (CPUOffloadPolicy); fix "
+                            "it (default: searched, 'no' under --offload none)")
+    else:
+        p.add_argument("--offload-optimizer", action="store_true",
+                       help="with --fsdp: parameters, gradients and AdamW state in host memory, AdamW on the CPU")
+    p.add_argument("--head-chunks", type=int, default=None if searched else 1, metavar="G",
+                   help="the attention over G groups of heads, one after another"
+                        + ("; fix it (default: searched, 1 or one group per kv head)" if searched else " (default 1)"))
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
@@ -134,7 +144,7 @@ def run_sim(ns) -> int:
                         batch=ns.batch, layout=ns.layout, schedule=ns.schedule, checkpointing=ns.checkpointing,
                         fsdp=ns.fsdp, causal=not ns.non_causal, ulysses_degree=ns.ulysses_degree,
                         window=ns.window, mlp_chunk=ns.mlp_chunk, loss_chunk=ns.loss_chunk, offload=ns.offload,
-                        dtype=torch_dtype(ns.dtype))
+                        dtype=torch_dtype(ns.dtype), offload_optimizer=ns.offload_optimizer, head_chunks=ns.head_chunks)
         res = simulate(cfg)
     except ValueError as e:
         print(f"burstattn sim: {e}", file=sys.stderr)
@@ -202,7 +212,9 @@ def run_planner(ns) -> int:
     try:
         _check_gpus(ns.gpus)
         hw, model = _hw(ns), model_preset(ns.model)
-        fixed = MemoryChoice(ns.mlp_chunk, ns.loss_chunk, ns.offload, torch_dtype(ns.dtype))
+        fixed = MemoryChoice(ns.mlp_chunk, ns.loss_chunk, ns.offload, dtype=torch_dtype(ns.dtype),
+                             offload_optimizer=None if ns.offload_optimizer is None else ns.offload_optimizer == "yes",
+                             head_chunks=ns.head_chunks)
         for flag in ("mlp_chunk", "loss_chunk"):
             if getattr(ns, flag) is not None and getattr(ns, flag) < 0:
                 raise ValueError(f"--{flag.replace('_', '-')} must be a non-negative int (0: whole), got {getattr(ns, flag)}")
@@ -212,11 +224,15 @@ def run_planner(ns) -> int:
                 print(json.dumps({"max_seq_len": {k: v["tokens"] for k, v in res.items()},
                                   "degrees": {k: v["degrees"] for k, v in res.items()},
                                   "options": {k: v["options"] for k, v in res.items()},
-                                  "binding": {k: v["binding"] for k, v in res.items()}}))
+                                  "binding": {k: v["binding"] for k, v in res.items()},
+                                  "host_memory_bytes": {k: v["host_memory_bytes"] for k, v in res.items()}}))
                 return 0
             searched = ["checkpointing", "FSDP"] + (["blockwise chunks"] if ns.mlp_chunk is None or ns.loss_chunk is None
-                                                    else []) + (["offload"] if ns.offload is None else [])
-            given = [f"--{k.replace('_', '-')} {getattr(ns, k)}" for k in ("mlp_chunk", "loss_chunk", "offload")
+                                                    else []) + (["offload"] if ns.offload is None else []) \
+                + (["optimizer offload"] if ns.offload_optimizer is None and ns.offload != "none" else []) \
+                + (["head chunks"] if ns.head_chunks is None else [])
+            given = [f"--{k.replace('_', '-')} {getattr(ns, k)}" for k in ("mlp_chunk", "loss_chunk", "offload",
+                                                                           "offload_optimizer", "head_chunks")
                      if getattr(ns, k) is not None]
             print(f"longest sequence that fits, {ns.model} {ns.mode}, global batch {ns.batch}, on {ns.gpus} x {hw.name} ("
                   + (", ".join(searched) + " searched" + (f"; {' '.join(given)}" if given else "")
@@ -225,7 +241,11 @@ def run_planner(ns) -> int:
                 d, o = v["degrees"], v["options"]
                 print(f"  {k:20s} {v['tokens']:>12,} tokens  (dp={d['dp']} cp={d['cp']} tp={d['tp']}"
                       + (f", {o['checkpointing']}, chunks {o['mlp_chunk']}/{o['loss_chunk']}, offload {o['offload']}"
-                         if ns.mode == "train" else "") + f"; binds: {v['binding']})")
+                         + (", optimizer on host" if o.get("offload_optimizer") else "")
+                         + (f", head chunks {o['head_chunks']}" if o.get("head_chunks", 1) > 1 else "")
+                         if ns.mode == "train" else "")
+                      + (f"; host {size(v['host_memory_bytes'])}" if v.get("host_memory_bytes") else "")
+                      + f"; binds: {v['binding']})")
             return 0
         if ns.seq_len is None:
             raise ValueError("--seq-len is required (or --max-seq-len)")

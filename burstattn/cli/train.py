@@ -43,6 +43,8 @@ FLAGS = {
     "loss_chunk": (int, "blockwise loss: TOKENS per chunk of norm + head + cross-entropy (0: whole; default: "
                         "automatic)"),
     "offload": (str, "none | inputs | all: saved activations in host memory until the backward (no-op on CPU)"),
+    "head_chunks": (int, "run each layer's attention over this many groups of heads, one after another (the "
+                         "call's buffers scale with one group; must divide the kv heads per tp rank)"),
     "dtype": (str, "float32 | bfloat16 | float16"),
     "data": (str, "token file (uint16/uint32) or UTF-8 text; default: synthetic passkey task"),
     "data_format": (str, "auto | uint16 | uint32 | text"),
@@ -55,6 +57,8 @@ FLAGS = {
     "pg_timeout_s": (float, "collective timeout in seconds (a dead peer -> error after this long)"),
 }
 SWITCHES = {"fsdp": "shard parameters/gradients/optimizer state with FSDP2 over dp x cp",
+            "offload_optimizer": "with --fsdp: parameters, gradients and optimizer state in host memory, AdamW "
+                                 "on the CPU (FSDP2's CPUOffloadPolicy)",
             "resume": "continue from the newest checkpoint in --ckpt-dir that loads (the directory must exist)",
             "allow_changes": "with --resume: accept another --seed, --lr, --batch ... than the checkpoint's run "
                              "(warned; refused without this)"}

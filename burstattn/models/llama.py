@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..strategies import attention as distributed_attention
+from ..strategies.head_chunks import head_chunked_attention
 from .blockwise import blockwise_cross_entropy, blockwise_rows, merge_shards
 from .checkpointing import LayerRun, check_checkpointing, checkpointed
 from .config import LlamaConfig
@@ -42,17 +43,22 @@ class AttnCall:
     [B, n, Hq, D]`` through ``burstattn.attention(strategy=..., group=..., layout=..., **options)``.
 
     ``group`` is the context-parallel group (``None``: the default group, or one process).
-    ``layout`` must be the layout the tokens were sharded with."""
+    ``layout`` must be the layout the tokens were sharded with. ``head_chunks``: run the call over
+    that many groups of heads, one after another (:mod:`burstattn.strategies.head_chunks`)."""
 
     strategy: str = "burst"
     group: Optional[dist.ProcessGroup] = None
     layout: Optional[str] = None
     options: dict = field(default_factory=dict)
+    head_chunks: int = 1
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         layout = self.layout
         if layout in (None, "zigzag", "striped") and (not dist.is_initialized() or dist.get_world_size(self.group) == 1):
             layout = "contiguous"  # one process: every layout is the sequence in order, any length (an odd one too)
+        if self.head_chunks != 1:
+            return head_chunked_attention(q, k, v, chunks=self.head_chunks, strategy=self.strategy, group=self.group,
+                                          causal=True, layout=layout, **self.options)
         return distributed_attention(q, k, v, strategy=self.strategy, group=self.group, causal=True,
                                      layout=layout, **self.options)
 

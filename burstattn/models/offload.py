@@ -158,6 +158,18 @@ def offload_problem(mode: str, needed_bytes: float, available_bytes: float, flag
             f"this host's ranks); use a shorter --seq-len, --offload inputs, or --offload none")
 
 
+def optimizer_offload_problem(state_bytes: float, activation_bytes: float, available_bytes: float) -> Optional[str]:
+    """Why ``--offload-optimizer`` cannot run when one process's float32 parameter shard, gradients and
+    AdamW state (``state_bytes``) plus its offloaded activations exceed ``available_bytes`` (``None`` if not)."""
+    if state_bytes + activation_bytes <= available_bytes:
+        return None
+    acts = f" plus {activation_bytes / 2**30:.2f} GiB of --offload activations" if activation_bytes else ""
+    return (f"--offload-optimizer needs about {state_bytes / 2**30:.2f} GiB of host memory per process (the float32 "
+            f"parameters, gradients and AdamW state of its shard){acts}, but only {available_bytes / 2**30:.2f} GiB "
+            f"are available (MemAvailable shared by this host's ranks); shard over more ranks (--dp, --cp) or drop "
+            f"--offload-optimizer")
+
+
 def offloaded_bytes(config, *, batch: int, rows: int, attn_rows: int, heads: int, checkpointing: str, mode: str,
                     element_size: int) -> float:
     """Host bytes one process holds at the end of a forward with ``offload=mode``: every layer's

@@ -39,8 +39,9 @@ def shard_positions(seq_len: int, *, strategy: str, layout: str, cp_rank: int, c
 
 
 def cp_attention(strategy: str, cp_group, layout: str, *, backend: str = "auto", usp_grid=None,
-                 options: Optional[dict] = None) -> AttnCall:
-    """The causal attention over the ``cp`` group: an :class:`~burstattn.models.AttnCall`.
+                 options: Optional[dict] = None, head_chunks: int = 1) -> AttnCall:
+    """The causal attention over the ``cp`` group: an :class:`~burstattn.models.AttnCall`
+    (``head_chunks``: over that many groups of heads, one after another).
 
     ``usp`` takes its grid from ``usp_grid`` (a 2-D ``("ring", "ulysses")`` mesh, see
     :func:`burstattn.parallel.mesh.build_usp_mesh`); ``rsa`` only runs the plain-matmul backend."""
@@ -51,4 +52,4 @@ def cp_attention(strategy: str, cp_group, layout: str, *, backend: str = "auto",
         if usp_grid is None:
             raise ValueError("cp_attention: strategy 'usp' needs usp_grid (a ('ring', 'ulysses') DeviceMesh)")
         opts["mesh"] = usp_grid
-    return AttnCall(strategy=strategy, group=cp_group, layout=layout, options=opts)
+    return AttnCall(strategy=strategy, group=cp_group, layout=layout, options=opts, head_chunks=head_chunks)

@@ -6,6 +6,11 @@
   to the backward (one all-gather per block per step, more memory), gradients and optimizer state
   still sharded.
 
+* ``offload=True`` (ZeRO-Offload; DeepSpeed ALST's one-GPU runs): FSDP2's ``CPUOffloadPolicy``: the
+  sharded parameters, their gradients and the optimizer state live in host memory and the
+  optimizer steps on the CPU; each block's shard is copied to the device for its all-gather and its
+  reduced gradient shard copied back.
+
 Context-parallel ranks hold the same weights, so they shard them like data-parallel ranks. The
 loss of each rank is its share of the global mean (see :mod:`.loss`), so gradients must be SUMMED
 over ``dp x cp``: the divide factor is set to 1.
@@ -17,7 +22,7 @@ from typing import Optional
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 
 def mixed_precision(param_dtype: torch.dtype) -> Optional[MixedPrecisionPolicy]:
@@ -29,9 +34,11 @@ def mixed_precision(param_dtype: torch.dtype) -> Optional[MixedPrecisionPolicy]:
 
 
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, zero: int = 3,
-               mp_policy: Optional[MixedPrecisionPolicy] = None) -> nn.Module:
+               mp_policy: Optional[MixedPrecisionPolicy] = None, offload: bool = False) -> nn.Module:
     """Shard ``model`` (a :class:`~burstattn.models.Llama`, possibly tensor-parallel already) over
-    the 1-D ``mesh``: one FSDP unit per block plus the root (embedding, final norm, head).
+    the 1-D ``mesh``: one FSDP unit per block plus the root (embedding, final norm, head);
+    ``offload``: the shards, gradients and optimizer state in host memory (``CPUOffloadPolicy``,
+    pinned when the mesh is on a GPU).
 
     Raises:
         ValueError: ``zero`` is not 2 or 3.
@@ -41,6 +48,8 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, zero: int = 3,
     kwargs = dict(mesh=mesh, reshard_after_forward=zero == 3)
     if mp_policy is not None:
         kwargs["mp_policy"] = mp_policy
+    if offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda")
     for unit in [*model.layers, model]:  # blocks first, the root (embedding, norm, head) last
         fully_shard(unit, **kwargs)
     for unit in [*model.layers, model]:

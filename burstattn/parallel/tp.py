@@ -12,7 +12,8 @@ Two variants, the ones BurstAttention compares with:
 
 The vocabulary embedding is row-parallel (split over the vocabulary), the output head
 column-parallel with replicated logits. Inside attention each rank holds ``Hq/tp`` query heads
-and ``Hkv/tp`` kv heads; with ``cp > 1`` they run the context-parallel strategy over ``cp``.
+and ``Hkv/tp`` kv heads (one replicated kv head when ``tp`` exceeds them: :mod:`.tp_kv`); with
+``cp > 1`` they run the context-parallel strategy over ``cp``.
 """
 from __future__ import annotations
 
@@ -23,15 +24,19 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                SequenceParallel, parallelize_module)
 
 from .mesh import TP_VARIANTS
+from .tp_kv import ReplicatedKV, replicated_kv_problem
 
 
 def tp_problem(config, tp: int, seq_len_cp: int, variant: str):
     """Why the model cannot be split ``tp`` ways (``None`` if it can)."""
     if variant not in TP_VARIANTS:
         return f"tp variant must be one of {TP_VARIANTS}, got {variant!r}"
-    for name in ("n_heads", "n_kv_heads", "ffn_dim", "vocab_size"):
+    for name in ("n_heads", "ffn_dim", "vocab_size"):
         if getattr(config, name) % tp:
             return f"tensor parallelism over {tp} ranks needs {name} ({getattr(config, name)}) divisible by {tp}"
+    kv_problem = replicated_kv_problem(config.n_kv_heads, tp)
+    if kv_problem:
+        return kv_problem
     if config.tie_embeddings and tp > 1:
         return "tensor parallelism does not support tied embeddings (tie_embeddings=True)"
     if variant == "v3" and seq_len_cp % tp:
@@ -39,18 +44,20 @@ def tp_problem(config, tp: int, seq_len_cp: int, variant: str):
     return None
 
 
-def block_plan(variant: str) -> dict:
-    """The per-block plan (module path -> style) of ``variant``."""
+def block_plan(variant: str, kv=None) -> dict:
+    """The per-block plan (module path -> style) of ``variant``; ``kv``: the style of ``wk`` / ``wv``
+    (default column-parallel; :class:`~.tp_kv.ReplicatedKV` when tp exceeds the kv heads)."""
+    kv = kv if kv is not None else ColwiseParallel()
     if variant == "v1":
-        return {"attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
-                "attention.wv": ColwiseParallel(), "attention.wo": RowwiseParallel(),
+        return {"attention.wq": ColwiseParallel(), "attention.wk": kv,
+                "attention.wv": kv, "attention.wo": RowwiseParallel(),
                 "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
                 "feed_forward.w2": RowwiseParallel()}
     return {"attention_norm": SequenceParallel(),
             # Attention.forward(x, positions, attn): only x is a sequence shard
             "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
                                             desired_input_layouts=(Replicate(), None, None)),
-            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+            "attention.wq": ColwiseParallel(), "attention.wk": kv, "attention.wv": kv,
             "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
             "ffn_norm": SequenceParallel(),
             "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
@@ -70,6 +77,8 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, variant: str) -> nn.Module:
     if variant == "v3":
         top["norm"] = SequenceParallel()
     parallelize_module(model, tp_mesh, top)
+    cfg, tp = model.config, tp_mesh.size()
+    kv = ReplicatedKV(cfg.head_dim, cfg.n_kv_heads) if cfg.n_kv_heads % tp else None
     for block in model.layers:
-        parallelize_module(block, tp_mesh, block_plan(variant))
+        parallelize_module(block, tp_mesh, block_plan(variant, kv))
     return model

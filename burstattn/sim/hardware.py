@@ -72,6 +72,9 @@ class ClusterHW:
     """Fixed cost of one blockwise chunk (MLP or loss), forward and backward, beyond its FLOPs and
     weight reads: its kernel launches and dispatch (``None``: :data:`CHUNK_KERNELS` x
     ``kernel_overhead_s``); measured by ``sim calibrate`` (docs/simulation.md)."""
+    host_adam_bw: float = 25e9
+    """Host-memory bytes/s one device's share of the CPUs sustains in AdamW (``--offload-optimizer``:
+    28 bytes per parameter, :mod:`burstattn.sim.offload`)."""
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -141,12 +144,19 @@ _PCIE4 = ("PCIe 4.0 x16 per GPU: 31.5 GB/s raw per direction; 22 GB/s achieved (
           "for pinned host copies; not measured here)")
 _PCIE5 = ("PCIe 5.0 x16 per GPU: 63 GB/s raw per direction; 50 GB/s achieved (assumption: the same 80% of raw "
           "as PCIe 4.0's pinned copies)")
+_ADAM = ("; AdamW on the CPU at half of that (assumption: PyTorch's foreach AdamW makes several passes over "
+         "float32 arrays, not one STREAM-like pass; not measured on such a host)")
+_ADAM_H100 = ("NVIDIA DGX H100 datasheet: 2 x Xeon Platinum 8480C; Intel: 8 channels DDR5-4800 per socket = 307.2 GB/s, "
+              "614.4 GB/s per node, 76.8 GB/s per GPU" + _ADAM)
+_ADAM_A100 = ("NVIDIA DGX A100 datasheet: 2 x AMD EPYC 7742; AMD: 8 channels DDR4-3200 per socket = 204.8 GB/s, "
+              "409.6 GB/s per node, 51.2 GB/s per GPU" + _ADAM)
 _PRESETS = (
     ClusterHW(
         "a100-pcie-roce", 8, 312e12, 0.72, 0.71, 0.63, 0.88, 1.935e12, 80e9,
         intra_bw=12e9, intra_lat=10e-6, inter_bw=25e9, inter_lat=5e-6, inter_shared=True,
-        emulated_attn_flops=300e12, host_bw=22e9, host_mem_bytes=1e12 / 8, fp32_flops=19.5e12,
+        emulated_attn_flops=300e12, host_bw=22e9, host_mem_bytes=1e12 / 8, fp32_flops=19.5e12, host_adam_bw=0.5 * 409.6e9 / 8,
         sources={"fp32_flops": f"A100 {_FP32}: 19.5 TFLOP/s",
+                 "host_adam_bw": _ADAM_A100 + " (assumed: a DGX A100-like host)",
             "host_bw": _PCIE4, "host_mem_bytes": "assumption: 1 TB of host memory per 8-GPU node (as a DGX A100)",
             "devices_per_node": "BurstAttention's testbed: 8 x A100 80GB PCIe per node",
             "peak_flops": "NVIDIA A100 datasheet: 312 TFLOP/s dense bf16",
@@ -164,8 +174,9 @@ _PRESETS = (
     ClusterHW(
         "a100-nvlink-ib", 8, 312e12, 0.72, 0.71, 0.63, 0.88, 2.039e12, 80e9,
         intra_bw=240e9, intra_lat=3e-6, inter_bw=12.5e9 * 0.9, inter_lat=5e-6, inter_shared=True,
-        host_bw=22e9, host_mem_bytes=1e12 / 8, fp32_flops=19.5e12,
+        host_bw=22e9, host_mem_bytes=1e12 / 8, fp32_flops=19.5e12, host_adam_bw=0.5 * 409.6e9 / 8,
         sources={"fp32_flops": f"A100 {_FP32}: 19.5 TFLOP/s",
+                 "host_adam_bw": _ADAM_A100,
             "host_bw": _PCIE4, "host_mem_bytes": "NVIDIA DGX A100 datasheet: 1 TB system memory (2 TB on the 640GB "
                                                  "model) for 8 GPUs",
             "devices_per_node": "DGX A100 (DistFlashAttn's setup)",
@@ -180,8 +191,9 @@ _PRESETS = (
     ClusterHW(
         "h100-nvlink-ib", 8, 989e12, 0.60, 0.55, 0.45, 0.88, 3.35e12, 80e9,
         intra_bw=450e9, intra_lat=2e-6, inter_bw=50e9, inter_lat=5e-6, emulated_attn_flops=700e12,
-        host_bw=50e9, host_mem_bytes=2e12 / 8, fp32_flops=67e12,
+        host_bw=50e9, host_mem_bytes=2e12 / 8, fp32_flops=67e12, host_adam_bw=0.5 * 614.4e9 / 8,
         sources={"fp32_flops": f"H100 SXM {_FP32}: 67 TFLOP/s",
+                 "host_adam_bw": _ADAM_H100,
             "host_bw": _PCIE5, "host_mem_bytes": "NVIDIA DGX H100 datasheet: 2 TB system memory for 8 GPUs",
             "devices_per_node": "DGX H100 / Meta's CP-inference hosts: 8 x H100",
             "peak_flops": "H100 SXM datasheet: 989 TFLOP/s dense bf16",
@@ -196,8 +208,9 @@ _PRESETS = (
     ClusterHW(
         "h200-nvlink-ib", 8, 989e12, 0.60, 0.55, 0.45, 0.88, 4.8e12, 141e9,
         intra_bw=450e9, intra_lat=2e-6, inter_bw=50e9, inter_lat=5e-6, host_bw=50e9, host_mem_bytes=2e12 / 8,
-        fp32_flops=67e12,
+        fp32_flops=67e12, host_adam_bw=0.5 * 614.4e9 / 8,
         sources={"fp32_flops": f"H200 {_FP32}: 67 TFLOP/s (as H100 SXM)",
+                 "host_adam_bw": _ADAM_H100 + " (assumed the same host as DGX H100)",
             "host_bw": _PCIE5, "host_mem_bytes": "assumption: 2 TB per 8-GPU node (as DGX H100; NVIDIA DGX H200: 2 TB)",
             "devices_per_node": "HGX H200: 8 GPUs", "peak_flops": "H200: same compute as H100 SXM, 989 TFLOP/s",
             "matmul_eff": "as h100-nvlink-ib (assumption)", "attn_fwd_eff": "as h100-nvlink-ib (FA3 / Meta)",
@@ -209,8 +222,10 @@ _PRESETS = (
     ClusterHW(
         "tpuv4", 4, 275e12, 0.60, 0.50, 0.45, 0.88, 1.2e12, 32 * 2**30,
         intra_bw=268e9, intra_lat=5e-6, inter_bw=268e9, inter_lat=5e-6, host_bw=16e9, host_mem_bytes=64e9,
-        fp32_flops=275e12 / 6,
+        fp32_flops=275e12 / 6, host_adam_bw=25e9,
         sources={"fp32_flops": "assumption: float32 matmuls as 6 bf16 passes (XLA's 'highest' precision): 275 / 6",
+                 "host_adam_bw": "assumption: burstattn's optimizer offload is FSDP2's, a PyTorch path (not modelled "
+                                 "from a TPU host's figures)",
             "host_bw": "assumption: PCIe 3.0 x16 per chip (16 GB/s); burstattn's offload is a CUDA path",
             "host_mem_bytes": "assumption: 256 GB of host memory per 4-chip TPUv4 host",
             "devices_per_node": "4 chips per TPUv4 host; the ICI torus spans hosts, so both levels are ICI",

@@ -39,6 +39,8 @@ class Memory:
     host_capacity: float = float("inf")
     gathered: float = 0.0
     """Of ``params``: what FSDP all-gathers during the step (allocated in it)."""
+    host_state: float = 0.0
+    """Of ``host``: the offloaded optimizer's parameters, gradients and AdamW state (``offload_optimizer``)."""
     phase_totals: Optional[dict] = None
     """Training: the bytes of every phase beyond the weights and optimizer state (:mod:`.activations`)."""
     peak_grads: Optional[float] = None
@@ -68,13 +70,14 @@ class Memory:
     def binding(self) -> str:
         """The largest part of the peak (``"host memory"`` when the host copies do not fit)."""
         if self.host > self.host_capacity:
-            return "host memory (offloaded activations)"
+            what = "optimizer state" if self.host_state > self.host - self.host_state else "activations"
+            return f"host memory (offloaded {what})"
         parts = self.parts()
         return max(parts, key=parts.get)
 
     def to_dict(self) -> dict:
         out = {k: int(getattr(self, k)) for k in ("params", "grads", "optimizer", "activations", "attention",
-                                                 "kv_cache", "host")}
+                                                 "kv_cache", "host", "host_state")}
         if self.phase:
             out["phase"], out["binding"] = self.phase, self.binding()
         return out
@@ -86,7 +89,7 @@ def growing(fits: Memory, over: Memory) -> str:
     sequence (weights, optimizer state) cannot be it unless nothing grows. ``"host memory"`` when
     the host copies stop it."""
     if over.host > over.host_capacity >= fits.host:
-        return "host memory (offloaded activations)"
+        return over.binding()
     a, b = fits.parts(), over.parts()
     grew = {k: v - a.get(k, 0.0) for k, v in b.items()}
     top = max(grew, key=grew.get)
@@ -122,16 +125,32 @@ CALL_UNITS = {
 GROUP_UNITS = {"burst": (6.8, 10.0), "ring": (6.8, 10.0), "distflash": (7.45, 6.75)}  # ``(g_q, g_kv)`` per group
 GROUP_FORWARD = (1.0, 8.0)  # forward-only peak of the head-grouped strategies: ``1.0 + 8.0 / G`` (section 13)
 FORWARD_SHARE = 0.55  # forward-only peak over fwd+bwd peak of the others (no gradients, no backward ring)
+# ``head_chunks`` (the call over G groups of heads, one after another): one group's call, plus what stays
+# whole across the groups (the earlier groups' outputs and dQ, dK, dV: (2 + 2 Hkv/Hq) (G-1)/G query
+# shards) and the concatenations (the output, and the gradients' at the end): CHUNK_CONCAT query shards.
+# Read off ``bench.memory.measure_peak`` (tests/dist/head_chunk_cases.call_peak: float32, world 2, causal
+# zigzag, n = 1024 per rank, 8/8 heads, d = 32, G = 2, 4, 8; burst, ring, ulysses, allgather): the rule
+# is within +2% .. +10% of the measured peaks for burst and ring, -10% .. +10% for allgather; ulysses
+# -16% .. -21%, as its whole call (22.1 measured there against 16.8 modelled: gloo's late frees, see
+# CALL_UNITS) (the larger rank; docs/simulation.md, "Head chunks").
+CHUNK_CONCAT = 2.3
 
 
 def attention_buffers(strategy: str, *, batch: int, local_seq: int, world: int, q_heads: int, kv_heads: int,
                       head_dim: int, e: int, backward: bool, schedule: str = "ring", bwd_mode: str = "burst",
-                      ulysses: int = 1) -> float:
+                      ulysses: int = 1, head_chunks: int = 1) -> float:
     """Peak bytes one attention call allocates on one device beyond q, k, v and dO (:data:`CALL_UNITS`,
     :data:`GROUP_UNITS` over the library's ``head_groups``; 16-bit inputs with float32 accumulators count
     ``(e + 4) / 2`` bytes per element). ``q_heads`` / ``kv_heads`` are this tp rank's; for ``tp-v1`` /
     ``tp-v3`` (no sequence split) ``local_seq`` is the whole sequence. Raises ``ValueError`` for an
-    unknown strategy."""
+    unknown strategy. ``head_chunks``: the call over that many groups of heads (:data:`CHUNK_CONCAT`)."""
+    if head_chunks > 1:
+        group = attention_buffers(strategy, batch=batch, local_seq=local_seq, world=world, q_heads=q_heads // head_chunks,
+                                  kv_heads=max(1, kv_heads // head_chunks), head_dim=head_dim, e=e, backward=backward,
+                                  schedule=schedule, bwd_mode=bwd_mode, ulysses=ulysses)
+        whole = (2 + 2 * kv_heads / q_heads) if backward else 1.0  # the earlier groups' outputs (and gradients)
+        unit = q_heads * batch * local_seq * head_dim * (e + 4) / 2
+        return group + unit * (whole * (head_chunks - 1) / head_chunks + (CHUNK_CONCAT if backward else 1.0))
     key = "distflash" if (strategy == "burst" and schedule == "distflash") else strategy
     if key not in CALL_UNITS:
         raise ValueError(f"no memory model for strategy {strategy!r}; known: {sorted(CALL_UNITS)}")

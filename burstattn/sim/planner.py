@@ -8,7 +8,9 @@ train``: every configuration of a plan does the same work per step, so the ranki
 :func:`plan` enumerates ``tp`` (a divisor of the GPU count that divides the heads and fits in a
 node), ``cp`` (a divisor of what is left; ``dp`` takes the rest), every strategy that can run at
 those degrees (burst with each schedule, ring, rsa, ulysses, allgather, usp, and Megatron ``tp-v1`` /
-``tp-v3`` at ``cp = 1``), checkpointing ``none | full | remat`` and FSDP on or off (training); a
+``tp-v3`` at ``cp = 1``), checkpointing ``none | full | remat`` and FSDP on or off (training), with FSDP
+the optimizer offloaded to the host or not, and the attention whole or over one group per kv head
+(``head_chunks``); a
 configuration ``burstattn train`` would refuse (:func:`burstattn.train.checks.check_parallel`: the
 model's kv heads, MLP or vocabulary not divisible by ``tp``, a sequence that does not split) is not
 offered. Configurations over the memory limit are kept in the ranking, after every one that fits,
@@ -135,6 +137,10 @@ class MemoryChoice:
     dtype: torch.dtype = torch.bfloat16
     """The training / inference dtype (not searched): float32 keeps float32 weights and two moments,
     bfloat16 / float16 16-bit weights with float32 master weights (:func:`.memory.state_bytes`)."""
+    offload_optimizer: Optional[bool] = None
+    """FSDP2's CPUOffloadPolicy (``None``: searched with FSDP, off when ``offload`` is fixed to ``none``)."""
+    head_chunks: Optional[int] = None
+    """The attention over groups of heads (``None``: 1 and the most groups the kv heads allow, searched)."""
 
 
 def chunk_pair(model: LlamaConfig, seq_len: int, cp: int, tp: int, strategy: str, blockwise: bool,
@@ -161,9 +167,26 @@ def memory_choices(mode: str, fixed: MemoryChoice, hw: Optional[ClusterHW] = Non
     for ck in ("none", "full", "remat"):
         offloads = (fixed.offload,) if fixed.offload is not None else (
             ("none",) if ck == "none" or same_memory else OFFLOAD)
-        out += [dict(checkpointing=ck, fsdp=f, blockwise=b, offload=o)
-                for f in (False, True) for b in blockwise for o in offloads]
+        out += [dict(checkpointing=ck, fsdp=f, blockwise=b, offload=o, offload_optimizer=oo)
+                for f in (False, True) for b in blockwise for o in offloads for oo in optimizer_offloads(f, fixed)]
     return out
+
+
+def optimizer_offloads(fsdp: bool, fixed: MemoryChoice) -> tuple[bool, ...]:
+    """``offload_optimizer`` values tried: only with FSDP; fixed, or off under ``--offload none``."""
+    if not fsdp:
+        return (False,)
+    if fixed.offload_optimizer is not None:
+        return (fixed.offload_optimizer,)
+    return (False,) if fixed.offload == "none" else (False, True)
+
+
+def head_chunk_values(model: LlamaConfig, tp: int, fixed: MemoryChoice) -> tuple[int, ...]:
+    """``head_chunks`` tried: the fixed value, else 1 and the kv heads per tp rank (one kv head per group)."""
+    if fixed.head_chunks is not None:
+        return (fixed.head_chunks,)
+    kv = max(1, model.n_kv_heads // tp)
+    return (1, kv) if kv > 1 else (1,)
 
 
 def _sim_config(model, seq_len, hw, strategy, opts, cp, tp, gpus, mode, batch, choice: dict,
@@ -173,7 +196,9 @@ def _sim_config(model, seq_len, hw, strategy, opts, cp, tp, gpus, mode, batch, c
     mlp, loss = chunk_pair(model, seq_len, cp, tp, strategy, choice["blockwise"], fixed)
     cfg = SimConfig(model, seq_len, hw, strategy, mode, cp=cp, tp=tp, dp=gpus // (cp * tp), batch=batch,
                     checkpointing=choice["checkpointing"], fsdp=choice["fsdp"], mlp_chunk=mlp, loss_chunk=loss,
-                    offload=choice["offload"], dtype=fixed.dtype, **opts)
+                    offload=choice["offload"], dtype=fixed.dtype,
+                    offload_optimizer=choice.get("offload_optimizer", False),
+                    head_chunks=choice.get("head_chunks", 1), **opts)
     if not choice["blockwise"] or (fixed.mlp_chunk is not None and fixed.loss_chunk is not None):
         return cfg
     rows = max(1, seq_len // cp // (tp if tp > 1 and strategy != "tp-v1" else 1))
@@ -183,6 +208,15 @@ def _sim_config(model, seq_len, hw, strategy, opts, cp, tp, gpus, mode, batch, c
         pair = search_chunks(lambda m, x: simulate(with_chunks(m, x), memory_only=True).fits, rows, fixed.mlp_chunk,
                              fixed.loss_chunk)
     return with_chunks(*(pair or frugal(rows, fixed.mlp_chunk, fixed.loss_chunk)))
+
+
+def _with_chunks(choices: list[dict], model: LlamaConfig, tp: int, strategy: str, opts: dict, cp: int,
+                 fixed: MemoryChoice) -> list[dict]:
+    """``choices`` times the head chunks of :func:`head_chunk_values` that ``burstattn train`` takes
+    (each group's query heads still split over ulysses' cp degree, usp's Ulysses degree)."""
+    degree = cp if strategy == "ulysses" else opts.get("ulysses_degree", 1) if strategy == "usp" else 1
+    values = [c for c in head_chunk_values(model, tp, fixed) if (model.n_heads // tp // c) % degree == 0]
+    return [{**choice, "head_chunks": c} for choice in choices for c in values]
 
 
 def candidates(model: LlamaConfig, seq_len: int, gpus: int, hw: ClusterHW, mode: str = "train",
@@ -195,7 +229,7 @@ def candidates(model: LlamaConfig, seq_len: int, gpus: int, hw: ClusterHW, mode:
     for strategy, opts, cp, tp in _options(model, gpus, hw, seq_len, mode, batch):
         if not _runs(model, seq_len, batch, strategy, opts, gpus // (cp * tp), cp, tp):
             continue
-        for choice in choices:
+        for choice in _with_chunks(choices, model, tp, strategy, opts, cp, fixed):
             cfg = _sim_config(model, seq_len, hw, strategy, opts, cp, tp, gpus, mode, batch, choice, fixed)
             out.append(Candidate(cfg, simulate(cfg), _label(strategy, opts)))
     return out
@@ -205,6 +239,8 @@ def _why(c: Candidate, best: Candidate) -> str:
     """Why ``c`` ranks where it does: out of memory, the best, a tie, or the part of the step (exposed
     communication, idle, compute) that grew most against the best."""
     r, b = c.result, best.result
+    if not r.fits and r.memory.host > r.memory.host_capacity:
+        return f"out of host memory: {size(r.memory.host)} > {size(r.memory.host_capacity)} per device ({r.memory.binding()})"
     if not r.fits:
         return f"out of memory: {size(r.peak_memory_bytes)} > {size(c.cfg.hw.mem_bytes)} per device"
     if c is best:
@@ -244,6 +280,7 @@ def plan(model: LlamaConfig, seq_len: int, gpus: int, hw: ClusterHW, mode: str =
                      "why": _why(c, best) if best is not None else _why(c, c),
                      "checkpointing": c.cfg.checkpointing, "fsdp": c.cfg.fsdp, "mlp_chunk": c.cfg.mlp_chunk,
                      "loss_chunk": c.cfg.loss_chunk, "offload": c.cfg.offload, "host_memory_bytes": int(r.memory.host),
+                     "offload_optimizer": c.cfg.offload_optimizer, "head_chunks": c.cfg.head_chunks,
                      "binding": r.memory.binding(), "compute_s": r.compute_s,
                      "exposed_comm_s": r.exposed_comm_s, "idle_s": r.idle_s, "config": configuration(c.cfg, model_name)})
     return rows
@@ -270,7 +307,9 @@ def configuration(cfg: SimConfig, model_name: Optional[str] = None) -> dict:
              f"--world-size {cfg.gpus}", f"--dp {cfg.dp}", f"--cp {cfg.cp}", f"--tp {cfg.tp}",
              f"--checkpointing {cfg.checkpointing}", f"--mlp-chunk {cfg.mlp_chunk}", f"--loss-chunk {cfg.loss_chunk}",
              f"--offload {cfg.offload}", f"--dtype {str(cfg.dtype).replace('torch.', '')}"] + \
-        (["--fsdp"] if cfg.fsdp else [])
+        (["--fsdp"] if cfg.fsdp else []) \
+        + (["--offload-optimizer"] if cfg.offload_optimizer else []) \
+        + ([f"--head-chunks {cfg.head_chunks}"] if cfg.head_chunks > 1 else [])
     if cfg.layout:
         flags.append(f"--layout {cfg.layout}")
     if cfg.strategy == "burst" and cfg.schedule == "distflash":
@@ -306,7 +345,7 @@ def max_seq_len(model: LlamaConfig, gpus: int, hw: ClusterHW, mode: str = "train
             continue
         seen.add((label, cp, tp))
         step = granularity * (2 * cp // _gcd(2 * cp, granularity) if cp > 1 else 1)
-        for choice in choices:
+        for choice in _with_chunks(choices, model, tp, strategy, opts, cp, fixed):
             def sim(n: int, chunks: str = "frugal"):
                 cfg = _sim_config(model, n, hw, strategy, opts, cp, tp, gpus, mode, batch, choice, fixed, chunks)
                 return cfg, simulate(cfg, memory_only=True)
@@ -329,7 +368,8 @@ def max_seq_len(model: LlamaConfig, gpus: int, hw: ClusterHW, mode: str = "train
                 binding = growing(sim(lo)[1].memory, over) if lo else over.binding()
                 best[label] = {"tokens": lo, "degrees": {"dp": gpus // (cp * tp), "cp": cp, "tp": tp},
                                "options": {"checkpointing": cfg.checkpointing, "fsdp": cfg.fsdp, "mlp_chunk": cfg.mlp_chunk,
-                                           "loss_chunk": cfg.loss_chunk, "offload": cfg.offload},
+                                           "loss_chunk": cfg.loss_chunk, "offload": cfg.offload,
+                                           "offload_optimizer": cfg.offload_optimizer, "head_chunks": cfg.head_chunks},
                                "binding": binding, "peak_memory_bytes": int(res.memory.peak),
                                "host_memory_bytes": int(res.memory.host)}
     return best

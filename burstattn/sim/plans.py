@@ -43,6 +43,7 @@ from ..masks.spec import AttnMask
 from ..formulas import (accum_dtype, choose_backward, distflash_bytes, double_bytes, element_size, meta_bytes,
                         ring_bytes)
 from ..strategies import STRATEGIES
+from ..strategies.head_chunks import head_chunks_problem
 from ..strategies.heads import kv_repeats
 
 EXACT_P = 32
@@ -50,7 +51,7 @@ EXACT_P = 32
 __all__ = ["StepWork", "ring_work", "mask_work", "window_mask", "mask_bytes", "mask_plan", "distflash_work",
            "double_work", "bytes_formula", "choose_backward", "element_size", "accum_dtype", "meta_bytes",
            "kv_repeats", "ring_bytes", "distflash_bytes", "double_bytes", "EXACT_P", "STRATEGY_LAYOUTS",
-           "head_groups", "plan_len"]
+           "head_groups", "plan_len", "head_chunks_problem"]
 
 STRATEGY_LAYOUTS = {name: (spec.layouts, spec.default_layout) for name, spec in STRATEGIES.items()}
 

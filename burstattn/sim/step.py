@@ -39,6 +39,7 @@ from ..models.offload import check_offload
 from . import memory as mem
 from .activations import ATTENTION, GRADIENTS, ActivationShape, training_activations
 from . import net, plans
+from . import offload as host_offload
 from .attention import AttnShape, Pass, attention_timeline
 from .chunks import count as chunk_count
 from .hardware import ClusterHW
@@ -75,6 +76,12 @@ class SimConfig:
     """Blockwise loss: tokens per chunk of the fused norm + head + cross-entropy (0: whole logits)."""
     offload: str = "none"
     """Saved activations in host memory: ``none``, ``inputs`` (layer inputs) or ``all``."""
+    offload_optimizer: bool = False
+    """With ``fsdp``: parameters, gradients and AdamW state in host memory, the step on the CPU
+    (``burstattn train --offload-optimizer``; :mod:`.offload`)."""
+    head_chunks: int = 1
+    """The attention over this many groups of heads, one after another (``--head-chunks``): the
+    call's buffers scale with one group (:func:`burstattn.sim.memory.attention_buffers`)."""
 
     @property
     def gpus(self) -> int:
@@ -162,11 +169,20 @@ def check(cfg: SimConfig) -> None:
     check_offload(cfg.offload, "--offload")
     if cfg.offload != "none" and cfg.mode != "train":
         raise ValueError(f"--offload {cfg.offload} applies to training (--mode train), not --mode {cfg.mode}")
+    if cfg.offload_optimizer and (cfg.mode != "train" or not cfg.fsdp):
+        raise ValueError("--offload-optimizer is FSDP2's CPUOffloadPolicy: it needs --fsdp and --mode train")
+    problem = plans.head_chunks_problem(cfg.head_chunks, cfg.model.n_heads // cfg.tp, max(1, cfg.model.n_kv_heads // cfg.tp))
+    if problem:
+        raise ValueError(f"--head-chunks: {problem}")
 
 
 @lru_cache(maxsize=4096)
 def _attention(strategy: str, shape: AttnShape, hw: ClusterHW, cp: int, stride: int, layout, schedule: str,
-               ulysses, window) -> tuple[Pass, Pass, str]:
+               ulysses, window, chunks: int = 1) -> tuple[Pass, Pass, str]:
+    if chunks > 1:  # --head-chunks: one call per group of heads, one after another (more, smaller messages)
+        group = dataclasses.replace(shape, q_heads=shape.q_heads // chunks, kv_heads=max(1, shape.kv_heads // chunks))
+        fwd, bwd, mode = _attention(strategy, group, hw, cp, stride, layout, schedule, ulysses, window)
+        return _repeat(fwd, chunks), _repeat(bwd, chunks), mode
     if strategy in ("tp-v1", "tp-v3") or cp == 1:
         name = "burst"  # one rank: the local kernel over the whole sequence
         t = attention_timeline(name, shape, hw, 1)
@@ -174,6 +190,13 @@ def _attention(strategy: str, shape: AttnShape, hw: ClusterHW, cp: int, stride: 
         t = attention_timeline(strategy, shape, hw, cp, stride, layout=layout, schedule=schedule,
                                ulysses_degree=ulysses, window=window)
     return t.forward, t.backward, t.backward_mode
+
+
+def _repeat(p: Pass, times: int) -> Pass:
+    out = Pass()
+    for _ in range(times):
+        out.add(p)
+    return out
 
 
 def simulate(cfg: SimConfig, memory_only: bool = False) -> SimResult:
@@ -201,7 +224,7 @@ def simulate(cfg: SimConfig, memory_only: bool = False) -> SimResult:
     tokens = b * cfg.seq_len // cp
     shape = AttnShape(b, cfg.seq_len, m.n_heads // tp, kv_heads, m.head_dim, cfg.dtype, cfg.causal)
     fwd, bwd, bmode = _attention(cfg.strategy, shape, hw, cp, tp, cfg.layout, cfg.schedule, cfg.ulysses_degree,
-                                 cfg.window)
+                                 cfg.window, cfg.head_chunks)
     mm_f = 2 * tokens * layer_w / hw.matmul_rate
     elem_f = tokens * 24 * h * e / (tp if sp else 1) / hw.mem_bw
     act = tokens * h * e
@@ -237,10 +260,16 @@ def simulate(cfg: SimConfig, memory_only: bool = False) -> SimResult:
     head = head_f * (4 if cfg.loss_chunk else 3) if train else (2 * b * h * m.vocab_size / tp / hw.matmul_rate)
     optimizer = (16 * 2 * m.num_params() / tp / (shard_pl.size if cfg.fsdp else 1) / hw.mem_bw) if train else 0.0
     chunks_s = chunk_overhead(cfg, hw, e) if train else 0.0
+    link = (0.0, 0.0)
+    if cfg.offload_optimizer:
+        optimizer = host_offload.cpu_step_seconds(m, tp=tp, shards=shard_pl.size, host_adam_bw=hw.host_adam_bw)
+        link = host_offload.host_link_bytes(m, tp=tp, shards=shard_pl.size)
     compute = m.n_layers * comp + head + optimizer + chunks_s
     memory = memory_model(cfg, bmode)
-    offload_s = offload_exposed(memory.host, hw.host_bw, forward_s=m.n_layers * (mm_f + elem_f + fwd.compute),
-                                backward_s=compute - m.n_layers * (mm_f + elem_f + fwd.compute)) if train else 0.0
+    acts_host = memory.host - memory.host_state
+    offload_s = offload_exposed(acts_host, hw.host_bw, forward_s=m.n_layers * (mm_f + elem_f + fwd.compute),
+                                backward_s=compute - optimizer - m.n_layers * (mm_f + elem_f + fwd.compute),
+                                extra=link) if train else 0.0
     exposed = m.n_layers * comm + dp_comm + offload_s
     idle_s = m.n_layers * idle
     breakdown = {**{f"layer_fwd_{k}_s": v for k, v in layer.items()}, "layer_bwd_attention_s": bwd.compute,
@@ -264,12 +293,21 @@ def chunk_overhead(cfg: SimConfig, hw: ClusterHW, e: int) -> float:
     return m.n_layers * extra(cfg.mlp_chunk) * per_mlp + extra(cfg.loss_chunk) * per_loss
 
 
-def offload_exposed(host_bytes: float, host_bw: float, *, forward_s: float, backward_s: float) -> float:
+def offload_exposed(host_bytes: float, host_bw: float, *, forward_s: float, backward_s: float,
+                    extra: tuple = (0.0, 0.0)) -> float:
     """Seconds of host-link traffic that compute does not hide: the copies to host memory run under
     the forward's compute (a side stream), the copies back under the backward's; what a phase's
-    compute cannot cover sticks out."""
+    compute cannot cover sticks out. ``extra``: more ``(forward, backward)`` bytes on the same link
+    (the offloaded optimizer's parameter and gradient shards)."""
     copy = host_bytes / host_bw
-    return max(0.0, copy - forward_s) + max(0.0, copy - backward_s)
+    return max(0.0, copy + extra[0] / host_bw - forward_s) + max(0.0, copy + extra[1] / host_bw - backward_s)
+
+
+def host_capacity(hw: ClusterHW, gpus: int) -> float:
+    """Host memory one device may fill: its share of the node's (``host_mem_bytes``), the node's memory
+    over the devices the job uses on it when it uses fewer than the node has (a one-GPU job has the whole
+    host, as DeepSpeed ALST's one-GPU runs)."""
+    return hw.host_mem_bytes * hw.devices_per_node / max(1, min(gpus, hw.devices_per_node))
 
 
 THROUGH_OP = ("burst", "ring", "tp-v1", "tp-v3")  # attention as the registered op: the lean remat keeps its outputs
@@ -289,11 +327,15 @@ def memory_model(cfg: SimConfig, bwd_mode: Optional[str] = None) -> mem.Memory:
             batch=b, local_seq=cfg.seq_len // cp, world_size=cp, q_heads=m.n_heads // tp, kv_heads=kv_heads,
             head_dim=m.head_dim, dtype=cfg.dtype)
     params, grads, opt = mem.state_bytes(m, tp=tp, shards=cfg.dp * cp, fsdp=cfg.fsdp, train=train, e=e)
+    host_state = 0.0
+    if cfg.offload_optimizer:
+        params, grads, opt, host_state = host_offload.offloaded_state(
+            m, tp=tp, shards=cfg.dp * cp, e=e, gathered=mem.gathered_bytes(m, tp=tp, e=e))
     if cfg.mode == "decode":
         cache = mem.kv_cache_bytes(m, batch=b, tokens=tokens, tp=tp, e=e)
         return mem.Memory(params, 0.0, 0.0, b * h * 16 * e, 0.0, cache, hw.mem_bytes)
     call = dict(batch=b, local_seq=cfg.seq_len // cp, world=cp, q_heads=m.n_heads // tp, kv_heads=kv_heads,
-                head_dim=m.head_dim, e=e, schedule=cfg.schedule, bwd_mode=bwd_mode)
+                head_dim=m.head_dim, e=e, schedule=cfg.schedule, bwd_mode=bwd_mode, head_chunks=cfg.head_chunks)
     if not train:
         acts = tokens * (4 * h + 2 * (h + 2 * kvd) / tp + 3 * f / tp) * e  # one layer's transient activations
         cache = mem.kv_cache_bytes(m, batch=b, tokens=tokens, tp=tp, e=e)
@@ -307,14 +349,15 @@ def memory_model(cfg: SimConfig, bwd_mode: Optional[str] = None) -> mem.Memory:
                                  e=e, seq_len=cfg.seq_len, ulysses=cfg.ulysses_degree or 1)
     acts = training_activations(m, shape, checkpointing=cfg.checkpointing, eager_units=eager,
                                 through_op=cfg.strategy in THROUGH_OP, mlp_chunk=cfg.mlp_chunk,
-                                loss_chunk=cfg.loss_chunk, attention_fwd=attn_fwd,
-                                offload="none" if hw.host_is_device else cfg.offload,  # host = device: nothing moves
-                                attention_bwd=attn_bwd, grads=grads,
-                                param_fp32=4 * m.num_params() / tp / (cfg.dp * cp if cfg.fsdp else 1))
+                               loss_chunk=cfg.loss_chunk, attention_fwd=attn_fwd,
+                               offload="none" if hw.host_is_device else cfg.offload,  # host = device: nothing moves
+                               attention_bwd=attn_bwd, grads=0.0 if cfg.offload_optimizer else grads,
+                               param_fp32=0.0 if cfg.offload_optimizer else 4 * m.num_params() / tp / (cfg.dp * cp if cfg.fsdp else 1))
     t = acts.terms
     rest = sum(v for k, v in t.items() if k not in (GRADIENTS, ATTENTION))
-    return mem.Memory(params, grads, opt, rest, t.get(ATTENTION, 0.0), 0.0, hw.mem_bytes, host=acts.host,
-                      host_capacity=hw.host_mem_bytes, peak_grads=t.get(GRADIENTS, 0.0), phase=acts.phase,
+    return mem.Memory(params, grads, opt, rest, t.get(ATTENTION, 0.0), 0.0, hw.mem_bytes, host=acts.host + host_state,
+                      host_state=host_state,
+                      host_capacity=host_capacity(hw, cfg.gpus), peak_grads=t.get(GRADIENTS, 0.0), phase=acts.phase,
                       terms=dict(t), gathered=mem.gathered_bytes(m, tp=tp, e=e) if cfg.fsdp else 0.0,
                       phase_totals=dict(acts.totals))
 

@@ -15,6 +15,7 @@ from typing import Optional
 from ..models.config import LlamaConfig, preset
 from ..parallel import TP_STRATEGIES, ParallelDims, default_layout, resolve_dims, shard_positions, tp_problem
 from ..strategies import STRATEGIES
+from ..strategies.head_chunks import head_chunks_problem
 from ..strategies.heads import heads_problem
 from .config import TrainConfig
 from .data import PasskeyData, scan_tokens
@@ -91,6 +92,7 @@ def check_parallel(cfg: TrainConfig, world_size: int, model: Optional[LlamaConfi
                              f"tp rank ({heads})")
     elif cfg.ulysses_degree:
         raise ValueError(f"--ulysses-degree is an option of --strategy usp, not {cfg.strategy!r}")
+    head_chunks_check(cfg, model, dims, strategy, ulysses)
     for rank in (0, dims.cp - 1):  # the sequence must split as the layout needs
         try:
             shard_positions(cfg.seq_len, strategy=strategy, layout=layout, cp_rank=rank, cp_size=dims.cp,
@@ -98,6 +100,21 @@ def check_parallel(cfg: TrainConfig, world_size: int, model: Optional[LlamaConfi
         except ValueError as exc:
             raise ValueError(f"--seq-len {cfg.seq_len}: {exc}") from None
     return Plan(dims, strategy, variant, layout, ulysses)
+
+
+def head_chunks_check(cfg: TrainConfig, model: LlamaConfig, dims: ParallelDims, strategy: str, ulysses: int) -> None:
+    """``--head-chunks`` must split this tp rank's heads into whole GQA groups, and each group's query
+    heads must still split over a head-parallel strategy's degree. Raises ``ValueError``."""
+    if cfg.head_chunks == 1:
+        return
+    heads, kv_heads = model.n_heads // dims.tp, max(1, model.n_kv_heads // dims.tp)
+    problem = head_chunks_problem(cfg.head_chunks, heads, kv_heads)
+    degree = dims.cp if strategy == "ulysses" else ulysses if strategy == "usp" else 1
+    if problem is None and (heads // cfg.head_chunks) % degree:
+        problem = (f"head_chunks ({cfg.head_chunks}) leaves {heads // cfg.head_chunks} query heads per group, not "
+                   f"divisible by {strategy}'s degree ({degree})")
+    if problem:
+        raise ValueError(f"--head-chunks: {problem}")
 
 
 def check_config(cfg: TrainConfig, world_size: int, device_type: str = "cpu") -> Plan:

@@ -79,6 +79,14 @@ class TrainConfig:
     offload: str = "none"
     """Saved activations in host memory between forward and backward: ``none``, ``inputs`` (the
     layer inputs) or ``all`` (also, under ``remat``, the attention outputs and LSE). A no-op on CPU."""
+    offload_optimizer: bool = False
+    """With ``fsdp``: FSDP2's ``CPUOffloadPolicy``: the sharded parameters, their gradients and the
+    optimizer state live in host memory and AdamW steps on the CPU (ZeRO-Offload; DeepSpeed ALST's
+    one-GPU runs); the device holds only the parameters gathered for the layer computing."""
+    head_chunks: int = 1
+    """Run each layer's distributed attention over this many groups of heads, one group after another
+    (:mod:`burstattn.strategies.head_chunks`): the call's buffers scale with one group. Must divide
+    the kv heads per tensor-parallel rank."""
     dtype: str = "float32"
     """Compute dtype (with ``fsdp``: FSDP's param dtype; master weights and reductions stay float32)."""
     data: Optional[str] = None
@@ -113,6 +121,10 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not isinstance(self.head_chunks, int) or isinstance(self.head_chunks, bool) or self.head_chunks < 1:
+            raise ValueError(f"head_chunks (--head-chunks) must be a positive int, got {self.head_chunks!r}")
+        if self.offload_optimizer and not self.fsdp:
+            raise ValueError("offload_optimizer (--offload-optimizer) is FSDP2's CPUOffloadPolicy: it needs --fsdp")
         for name in ("warmup", "ckpt_every", "ulysses_degree"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {getattr(self, name)!r}")

@@ -17,7 +17,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from ..config import torch_dtype
 from ..models import AttnCall, auto_chunks
 from ..models.hybrid import model_class
-from ..models.offload import offload_problem, offloaded_bytes
+from ..models.offload import offload_problem, offloaded_bytes, optimizer_offload_problem
 from ..parallel import (IGNORE, ParallelDims, apply_fsdp, apply_tp, build_mesh, cp_attention, flat_mesh,
                         mixed_precision, shard_positions, shift_labels, build_usp_mesh)
 from .checks import check_config, model_config
@@ -78,9 +78,10 @@ def with_chunks(mcfg, cfg: TrainConfig, dims: ParallelDims, variant: str):
 
 
 def check_host_memory(cfg: TrainConfig, dims: ParallelDims, variant: str, mcfg, device: torch.device) -> None:
-    """``--offload`` on a GPU: raise ``ValueError`` on every rank when the host memory this host's
-    ranks would hold exceeds what is available (the smallest share over the ranks decides)."""
-    if cfg.offload == "none" or device.type != "cuda":
+    """``--offload`` / ``--offload-optimizer`` on a GPU: raise ``ValueError`` on every rank, naming the
+    flag, when the host memory this host's ranks would hold exceeds what is available (the smallest
+    share over the ranks decides)."""
+    if (cfg.offload == "none" and not cfg.offload_optimizer) or device.type != "cuda":
         return  # on CPU the saved tensors are in host memory already: offload copies nothing
     import socket
 
@@ -93,7 +94,11 @@ def check_host_memory(cfg: TrainConfig, dims: ParallelDims, variant: str, mcfg, 
     need = offloaded_bytes(mcfg, batch=cfg.batch // dims.dp, rows=rows, attn_rows=cfg.seq_len // dims.cp,
                            heads=mcfg.n_heads // dims.tp, checkpointing=cfg.checkpointing, mode=cfg.offload,
                            element_size=torch_dtype(cfg.dtype).itemsize)
+    need = 0.0 if cfg.offload == "none" else need
     problem = offload_problem(cfg.offload, need, float(share))
+    if problem is None and cfg.offload_optimizer:  # float32 shard, gradients, exp_avg, exp_avg_sq
+        state = 16 * mcfg.num_params() / dims.tp / (dims.dp * dims.cp)
+        problem = optimizer_offload_problem(state, need, float(share))
     if problem:
         raise ValueError(problem)
 
@@ -147,7 +152,7 @@ def build_job(cfg: TrainConfig) -> Job:
     grid = build_usp_mesh(dims, ulysses, device_type)["ring", "ulysses"] if attn_strategy == "usp" else None
     options = {"schedule": cfg.schedule} if cfg.schedule != "ring" else None
     attn = cp_attention(attn_strategy, mesh.get_group("cp"), layout, backend=cfg.backend, usp_grid=grid,
-                        options=options)
+                        options=options, head_chunks=cfg.head_chunks)
     positions = shard_positions(cfg.seq_len, strategy=attn_strategy, layout=layout, cp_rank=c, cp_size=dims.cp,
                                 ulysses_degree=ulysses)
     torch.manual_seed(cfg.seed)
@@ -159,7 +164,7 @@ def build_job(cfg: TrainConfig) -> Job:
     dtype = torch_dtype(cfg.dtype)
     replica_mesh = flat_mesh(mesh, ("dp", "cp"))
     if cfg.fsdp:
-        apply_fsdp(model, replica_mesh, zero=cfg.zero, mp_policy=mixed_precision(dtype))
+        apply_fsdp(model, replica_mesh, zero=cfg.zero, mp_policy=mixed_precision(dtype), offload=cfg.offload_optimizer)
     elif dtype != torch.float32:
         cast_parameters(model, dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), eps=cfg.adam_eps,

@@ -34,6 +34,8 @@ def run_torchrun(cfg: TrainConfig, progress: bool = True) -> list[dict]:
     check_config(cfg, int(os.environ["WORLD_SIZE"]), "cuda" if backend == "nccl" else "cpu")
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
+    if backend == "nccl" and cfg.offload_optimizer:  # the gradient norm of host-resident shards: gloo (torchtitan's)
+        backend = "cuda:nccl,cpu:gloo"
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.pg_timeout_s))
     try:
         return train(cfg, progress=progress)
