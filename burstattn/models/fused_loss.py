@@ -61,10 +61,13 @@ def _head_inputs(x: torch.Tensor, weight: torch.Tensor):
     return rows, local, group, dist.get_rank(group) * local.shape[0]
 
 
-def _chunk(logits: torch.Tensor, labels: torch.Tensor, offset: int, group, scale: float,
-           answer: Optional[torch.Tensor]):
-    """One chunk's ``(ce [c] float32, grad_logits [c, V_local] float32, stats [2] float64)`` from
-    ``logits [c, V_local]`` (float32), ``labels [c]`` (global vocabulary ids or ``IGNORE``)."""
+def _chunk(raw: torch.Tensor, labels: torch.Tensor, offset: int, group, scale: float,
+           answer: Optional[torch.Tensor], softcap: Optional[float] = None):
+    """One chunk's ``(ce [c] float32, grad [c, V_local] float32, stats [2] float64)`` from the head's
+    output ``raw [c, V_local]`` (float32; the logits are ``softcap * tanh(raw / softcap)`` when
+    ``softcap``, else ``raw``), ``labels [c]`` (global vocabulary ids or ``IGNORE``); ``grad`` is
+    the gradient with respect to ``raw`` of ``scale * sum(ce)``."""
+    logits = raw if not softcap else softcap * torch.tanh(raw / softcap)
     vl = logits.shape[1]
     mx = logits.max(-1).values
     if group is not None:
@@ -85,6 +88,8 @@ def _chunk(logits: torch.Tensor, labels: torch.Tensor, offset: int, group, scale
     rows = inside.nonzero().squeeze(1)
     grad[rows, local[rows]] -= 1.0
     grad.mul_((valid.to(grad.dtype) * scale)[:, None])
+    if softcap:  # d(softcap * tanh(raw / softcap)) / d(raw) = 1 - tanh^2
+        grad.mul_(1.0 - (logits / softcap).square())
     if answer is None:
         return ce, grad, torch.zeros(2, dtype=torch.float64, device=ce.device)
     with torch.no_grad():
@@ -104,7 +109,8 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     the detached answer stats; the gradients are computed in the forward (see the module)."""
 
     @staticmethod
-    def forward(ctx, x, w, labels, answer, chunk: int, divisor: float, group, offset: int):
+    def forward(ctx, x, w, labels, answer, chunk: int, divisor: float, group, offset: int,
+                softcap: Optional[float] = None):
         b, n, dim = x.shape
         grad_x = torch.empty_like(x)
         grad_w = torch.zeros(w.shape, dtype=torch.promote_types(w.dtype, torch.float32), device=w.device)
@@ -115,7 +121,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             xc = x[:, a:e].reshape(-1, dim)  # [B * c, dim]
             logits = (xc @ w.t()).to(grad_w.dtype)  # [B * c, V_local], in at least float32
             ans = None if answer is None else answer[:, a:e].reshape(-1)
-            ce, grad, st = _chunk(logits, labels[:, a:e].reshape(-1), offset, group, scale, ans)
+            ce, grad, st = _chunk(logits, labels[:, a:e].reshape(-1), offset, group, scale, ans, softcap)
             del logits
             total = total + ce.sum()
             stats = stats + st
@@ -132,8 +138,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, _grad_stats):
         grad_x, grad_w = ctx.saved_tensors
-        return grad_x * grad_loss.to(grad_x.dtype), (grad_w * grad_loss).to(ctx.w_dtype), None, None, None, None, \
-            None, None
+        return (grad_x * grad_loss.to(grad_x.dtype), (grad_w * grad_loss).to(ctx.w_dtype)) + (None,) * 7
 
 
 def fused_cross_entropy(norm, weight: torch.Tensor, hidden: torch.Tensor, labels: torch.Tensor, *, chunk: int,
@@ -154,3 +159,14 @@ def fused_cross_entropy(norm, weight: torch.Tensor, hidden: torch.Tensor, labels
     loss, stats = _FusedLinearCrossEntropy.apply(rows, w, labels, answer, chunk * shards, float(divisor), group,
                                                  offset)
     return loss, stats
+
+
+def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *, chunk: int,
+                               divisor: float = 1.0, softcap: Optional[float] = None) -> torch.Tensor:
+    """``sum(CE of the targets of labels [B, n]) / divisor`` of the logits ``x [B, n, dim] @ weight.T``
+    (``weight [vocab, dim]`` plain; logits in at least float32, capped by ``softcap * tanh(. / softcap)``
+    when ``softcap``) over chunks of ``chunk`` rows (0: one chunk), the gradients computed in the
+    forward: a differentiable float32 scalar (the Hugging Face path's fused head,
+    :func:`burstattn.hf.causal_lm_loss`)."""
+    loss, _ = _FusedLinearCrossEntropy.apply(x, weight, labels, None, chunk, float(divisor), None, 0, softcap)
+    return loss

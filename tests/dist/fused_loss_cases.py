@@ -31,28 +31,16 @@ def _accumulated_step(job, step: int, micro: int) -> float:
     return float(loss)
 
 
-def _head_grad_calls(job) -> list[int]:
-    """Count the gradients accumulated into the output weight during each backward (FSDP2's
-    reduce-scatter takes what is accumulated there; the fused loss hands it one tensor)."""
-    calls = [0]
-    weight = job.model.output.weight
-    if hasattr(weight, "register_post_accumulate_grad_hook") and not hasattr(job.model, "reshard"):
-        weight.register_hook(lambda g: calls.__setitem__(0, calls[0] + 1))
-    return calls
-
-
 def run_cases(rank: int, world: int, cases: list) -> list[dict]:
     """Every ``(cfg, tie, micro)`` in turn: ``cfg.steps`` optimizer steps (``micro`` > 1: gradient
     accumulation over that many data steps each) with the preset's embeddings tied when ``tie``.
-    Returns per case the global losses, the answer hits, the full parameters (rank 0) and, without
-    FSDP, how many gradients reached the output weight in one backward."""
+    Returns per case the global losses, the answer hits and the full parameters (rank 0)."""
     out = []
     original = job_module.model_config
     for cfg, tie, micro in cases:
         with mock.patch.object(job_module, "model_config",
                                lambda c: original(c).with_overrides(tie_embeddings=tie)):
             job = build_job(cfg)
-        calls = _head_grad_calls(job) if not cfg.fsdp else [0]
         if micro == 1:
             results = [train_step(job, s) for s in range(cfg.steps)]
             losses, hits = [r.loss for r in results], [r.answer_correct for r in results]
@@ -60,5 +48,5 @@ def run_cases(rank: int, world: int, cases: list) -> list[dict]:
             losses, hits = [_accumulated_step(job, s, micro) for s in range(cfg.steps)], []
         params = full_params(job.model)
         out.append(dict(losses=losses, hits=hits, params=params if rank == 0 else None,
-                        fused=job.model.config.fused_loss, head_grads=calls[0] / cfg.steps / micro))
+                        fused=job.model.config.fused_loss))
     return out

@@ -66,14 +66,3 @@ def test_fused_loss_equals_the_unchunked_loss(results, world, i, j):
     assert got["hits"] == want["hits"]
     worst = max((_rel(got["params"][n], want["params"][n]), n) for n in want["params"])
     assert worst[0] <= TOL, worst
-
-
-@pytest.mark.parametrize("world,i", [(1, 0), (2, 2)])
-def test_the_head_weight_gets_one_gradient_per_backward(results, world, i):
-    """The fused loss hands the output weight one gradient per backward whatever the chunks (the
-    unfused chunks one each: 13-token chunks of 120 tokens give 10), so a sharded weight's gradient
-    reaches FSDP2's reduce-scatter once."""
-    runs, refs = results[world], GRID[world]
-    first = len(refs) + sum(len(r[3]) for r in refs[:i])
-    assert runs[i]["head_grads"] == 1  # unchunked
-    assert runs[first]["head_grads"] == 1 and runs[first + 1]["head_grads"] == 1  # 13-token and 1-token chunks
