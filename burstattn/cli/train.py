@@ -59,6 +59,8 @@ FLAGS = {
 SWITCHES = {"fsdp": "shard parameters/gradients/optimizer state with FSDP2 over dp x cp",
             "offload_optimizer": "with --fsdp: parameters, gradients and optimizer state in host memory, AdamW "
                                  "on the CPU (FSDP2's CPUOffloadPolicy)",
+            "fused_loss": "the loss chunks' gradients computed in the forward (no recomputation; keeps a "
+                          "float32 vocab x dim weight gradient until the backward)",
             "resume": "continue from the newest checkpoint in --ckpt-dir that loads (the directory must exist)",
             "allow_changes": "with --resume: accept another --seed, --lr, --batch ... than the checkpoint's run "
                              "(warned; refused without this)"}

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ..models.fused_loss import fused_linear_cross_entropy
+
 IGNORE_INDEX = -100
 
 
@@ -28,9 +30,24 @@ def _chunk_loss(head: Callable, h: torch.Tensor, labels: torch.Tensor, softcap: 
     return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
 
 
+def _chunked_loss(head: Callable, hidden_states: torch.Tensor, labels: torch.Tensor, chunk_size: int,
+                  softcap: Optional[float]) -> torch.Tensor:
+    """The sum of the targets' cross-entropy over chunks of ``chunk_size`` rows, each recomputed."""
+    n = hidden_states.shape[1]
+    sizes = [min(chunk_size, n - a) for a in range(0, n, chunk_size)]
+    total = None
+    for h, lab in zip(hidden_states.split(sizes, dim=1), labels.split(sizes, dim=1)):
+        if len(sizes) == 1:
+            part = _chunk_loss(head, h, lab, softcap)
+        else:
+            part = checkpoint(_chunk_loss, head, h, lab, softcap, use_reentrant=False, preserve_rng_state=False)
+        total = part if total is None else total + part
+    return total
+
+
 def causal_lm_loss(model: torch.nn.Module, hidden_states: torch.Tensor, labels: torch.Tensor,
                    num_items_in_batch=None, *, chunk_size: int = 1024,
-                   head: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
+                   head: Optional[Callable[[torch.Tensor], torch.Tensor]] = None, fused: bool = False) -> torch.Tensor:
     """The next-token cross-entropy of a causal LM from its last hidden states, chunk by chunk.
 
     Args:
@@ -44,12 +61,18 @@ def causal_lm_loss(model: torch.nn.Module, hidden_states: torch.Tensor, labels: 
             ``None`` (this rank's own target count: a local mean).
         chunk_size: tokens of the sequence per chunk (a positive int).
         head: the output projection (default ``model.get_output_embeddings()``).
+        fused: compute each chunk's gradients (with respect to the hidden states and the head's
+            weight) in the forward and only scale them in the backward, instead of recomputing the
+            chunk's projection there (:mod:`burstattn.models.fused_loss`; Liger-Kernel's fused linear
+            cross-entropy). Keeps a float32 ``vocab x hidden`` weight gradient and the hidden states'
+            gradient until the backward. The head must be a bias-free ``nn.Linear``.
 
     Returns:
         A float32 scalar: ``sum of the targets' cross-entropy / num_items_in_batch``.
 
     Raises:
-        ValueError: ``chunk_size`` not a positive int, or shapes that do not match.
+        ValueError: ``chunk_size`` not a positive int, shapes that do not match, or ``fused`` with
+            a head that is not a bias-free ``nn.Linear``.
     """
     if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
         raise ValueError(f"causal_lm_loss: chunk_size must be a positive int (tokens per chunk), got {chunk_size!r}")
@@ -58,15 +81,12 @@ def causal_lm_loss(model: torch.nn.Module, hidden_states: torch.Tensor, labels: 
                          f"{tuple(hidden_states.shape)} and {tuple(labels.shape)}")
     head = head if head is not None else model.get_output_embeddings()
     softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
-    n = hidden_states.shape[1]
-    sizes = [min(chunk_size, n - a) for a in range(0, n, chunk_size)]
-    total = None
-    for h, lab in zip(hidden_states.split(sizes, dim=1), labels.split(sizes, dim=1)):
-        if len(sizes) == 1:
-            part = _chunk_loss(head, h, lab, softcap)
-        else:
-            part = checkpoint(_chunk_loss, head, h, lab, softcap, use_reentrant=False, preserve_rng_state=False)
-        total = part if total is None else total + part
+    if fused:
+        if not isinstance(head, torch.nn.Linear) or head.bias is not None:
+            raise ValueError(f"causal_lm_loss: fused=True needs the head to be a bias-free nn.Linear, got {head!r}")
+        total = fused_linear_cross_entropy(hidden_states, head.weight, labels, chunk=chunk_size, softcap=softcap)
+    else:
+        total = _chunked_loss(head, hidden_states, labels, chunk_size, softcap)
     if num_items_in_batch is None:
         num_items_in_batch = (labels != IGNORE_INDEX).sum().clamp(min=1)
     return total / num_items_in_batch

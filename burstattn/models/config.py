@@ -53,12 +53,18 @@ class LlamaConfig:
     """Blockwise loss: tokens per chunk of the fused final norm + output projection + cross-entropy,
     recomputed in the backward, so ``[n, vocab_size]`` logits never exist (0: whole logits at once).
     Used when the model is called with labels; changes memory, not the result."""
+    fused_loss: bool = False
+    """The fused loss (:mod:`.fused_loss`): each loss chunk's gradients (the head's input rows and the
+    output weight, a float32 ``vocab x dim`` accumulator) computed in the forward, nothing recomputed
+    in the backward. Changes time and memory, not the result."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in CHUNK_FIELDS:
                 check_chunk(f"LlamaConfig.{f.name}", value)
+            elif f.type == "bool" and not isinstance(value, bool):
+                raise ValueError(f"LlamaConfig.{f.name} must be a bool, got {value!r}")
             elif f.type in ("int",) and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
                 raise ValueError(f"LlamaConfig.{f.name} must be a positive int, got {value!r}")
         if self.dim % self.n_heads:

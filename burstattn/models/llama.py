@@ -29,6 +29,7 @@ from ..strategies.head_chunks import head_chunked_attention
 from .blockwise import blockwise_cross_entropy, blockwise_rows, merge_shards
 from .checkpointing import LayerRun, check_checkpointing, checkpointed
 from .config import LlamaConfig
+from .fused_loss import fused_cross_entropy
 from .norms import RMSNorm
 from .offload import HostOffload, check_offload
 from .rope import apply_rotary
@@ -243,6 +244,12 @@ class Llama(nn.Module):
             if labels is None:
                 return self.head(h)
             shards = tokens.shape[1] // h.shape[1]  # Megatron-V3: the residual stream is a 1/tp shard
-            ce, stats = blockwise_cross_entropy(self.head, off.mark(h), labels, chunk=self.config.loss_chunk,
-                                                answer=answer, shards=shards)
-        return LossOutput(ce / total_targets, stats[0], stats[1], off.bytes_on_host)
+            if self.config.fused_loss:  # the gradients computed in the forward (.fused_loss)
+                loss, stats = fused_cross_entropy(self.norm, self.output.weight, off.mark(h), labels,
+                                                  chunk=self.config.loss_chunk, divisor=total_targets,
+                                                  answer=answer, shards=shards)
+            else:
+                ce, stats = blockwise_cross_entropy(self.head, off.mark(h), labels, chunk=self.config.loss_chunk,
+                                                    answer=answer, shards=shards)
+                loss = ce / total_targets
+        return LossOutput(loss, stats[0], stats[1], off.bytes_on_host)

@@ -76,6 +76,10 @@ class TrainConfig:
     """Blockwise loss: tokens per chunk of the fused final norm + output projection + cross-entropy,
     so the ``[tokens, vocab]`` logits never exist (0: whole; ``None``: automatic, about 16M logits
     per chunk once the local logits exceed twice that)."""
+    fused_loss: bool = False
+    """The fused blockwise loss: each loss chunk's gradients computed in its forward (the head's input
+    and a float32 ``vocab x dim`` weight-gradient accumulator kept until the backward), nothing
+    recomputed (see :mod:`burstattn.models.fused_loss`). The same result."""
     offload: str = "none"
     """Saved activations in host memory between forward and backward: ``none``, ``inputs`` (the
     layer inputs) or ``all`` (also, under ``remat``, the attention outputs and LSE). A no-op on CPU."""

@@ -74,7 +74,8 @@ def with_chunks(mcfg, cfg: TrainConfig, dims: ParallelDims, variant: str):
     """``mcfg`` with the run's blockwise chunks (``None`` resolved by :func:`~burstattn.models.auto_chunks`)."""
     auto_mlp, auto_loss = auto_chunks(mcfg.dim, mcfg.vocab_size, local_rows(cfg, dims, variant))
     return mcfg.with_overrides(mlp_chunk=auto_mlp if cfg.mlp_chunk is None else cfg.mlp_chunk,
-                               loss_chunk=auto_loss if cfg.loss_chunk is None else cfg.loss_chunk)
+                               loss_chunk=auto_loss if cfg.loss_chunk is None else cfg.loss_chunk,
+                               fused_loss=cfg.fused_loss)
 
 
 def check_host_memory(cfg: TrainConfig, dims: ParallelDims, variant: str, mcfg, device: torch.device) -> None:

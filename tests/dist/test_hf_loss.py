@@ -16,3 +16,13 @@ def test_blockwise_loss_equals_transformers_loss(pools, world, chunk, seq):
         assert r["loss"] == pytest.approx(r["ref"], rel=1e-6)
         assert r["grad_err"] < 1e-6
         assert "chunk_size" in r["refused"]
+
+
+@pytest.mark.parametrize("world,chunk,seq", [(1, 5, 23), (2, 3, 24), (2, 1024, 24)])
+def test_fused_loss_equals_transformers_loss(pools, world, chunk, seq):
+    """``fused=True``: each chunk's gradients computed in the forward; the same loss and gradients
+    (float32, 1e-6), also with a final logit softcap against the unfused chunks."""
+    for r in pools.get(world).run(blockwise_hf_loss, chunk, seq, True):
+        assert r["loss"] == pytest.approx(r["ref"], rel=1e-6)
+        assert r["grad_err"] < 1e-6
+        assert r["softcap"][0] < 1e-6 and r["softcap"][1] < 1e-6, r["softcap"]
