@@ -20,7 +20,7 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                     cu_seqlens_k=None, max_seqlen=None, max_seqlen_q=None, max_seqlen_k=None,
                     softcap: Optional[float] = None, alibi_slopes: Optional[torch.Tensor] = None,
                     sinks: Optional[torch.Tensor] = None, dropout_p: float = 0.0, deterministic: bool = False,
-                    grad_partials: str = "float32"):
+                    grad_partials: str = "float32", window_size=None):
     """Exact softmax attention over a sequence sharded across the ranks of ``group``.
 
     Every rank passes its own shard (see :func:`burstattn.shard_sequence`); K/V circulate
@@ -66,6 +66,8 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         window: ``(left, right)`` sliding window: query i sees keys ``i - left <= j <= i + right``
             (``None`` or ``-1`` for an unbounded side, ``(-1, -1)``: no window, as flash-attn's
             ``window_size``); with ``causal=True`` right is cut at i. Aligned like ``causal``.
+        window_size: flash-attn's spelling of ``window`` (``(left, right)``, ``-1`` unbounded); give
+            one of the two.
         cu_seqlens: packed documents as cumulative lengths (flash-attn varlen style, global
             positions, starting at 0 and ending at ``Nq``): a token sees its own document only.
             Excludes ``document_ids``.
@@ -114,6 +116,7 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         invalid or the ranks disagree on shapes or options (or on the mask).
         RuntimeError: a second-order gradient (double backward) is asked for.
     """
+    window = window_spelling("burst_attn_func", window, window_size)
     call = prepare("burst", q, k, v, fn="burst_attn_func", group=group, causal=causal, softmax_scale=softmax_scale,
                    layout=layout, backend=backend, backward=backward, schedule=schedule, topology=topology,
                    mask_args=dict(window=window, cu_seqlens=cu_seqlens, document_ids=document_ids,
@@ -124,6 +127,17 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                    dropout_p=dropout_p, deterministic=deterministic, grad_partials=grad_partials)
     out, lse = run_call(call, q, k, v)
     return (out, lse) if return_lse else out
+
+
+def window_spelling(fn: str, window, window_size):
+    """``window`` from either spelling: burstattn's ``window`` or flash-attn's ``window_size`` (the same
+    ``(left, right)`` convention); both at once is refused."""
+    if window_size is None:
+        return window
+    if window is not None:
+        raise ValueError(f"{fn}: give window or window_size (flash-attn's spelling of the same "
+                         f"(left, right)), not both: got window={window!r}, window_size={window_size!r}")
+    return window_size
 
 
 class BurstAttention(nn.Module):
@@ -140,8 +154,9 @@ class BurstAttention(nn.Module):
                  cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen=None, max_seqlen_q=None, max_seqlen_k=None,
                  softcap: Optional[float] = None, alibi_slopes: Optional[torch.Tensor] = None,
                  sinks: Optional[torch.Tensor] = None, dropout_p: float = 0.0, deterministic: bool = False,
-                 grad_partials: str = "float32") -> None:
+                 grad_partials: str = "float32", window_size=None) -> None:
         super().__init__()
+        window = window_spelling("BurstAttention", window, window_size)
         self.group, self.causal, self.softmax_scale = group, causal, softmax_scale
         self.layout, self.backend, self.backward, self.schedule = layout, backend, backward, schedule
         self.return_lse, self.topology = return_lse, topology

@@ -52,3 +52,17 @@ def test_module_repr_and_forward():
     q, k, v = (torch.randn(1, 6, 2, 8) for _ in range(3))
     assert torch.equal(mod(q, k, v), burstattn.burst_attn_func(q, k, v, causal=True, layout="striped"))
     assert "striped" in repr(mod)
+
+
+def test_window_size_is_flash_attn_spelling_of_window():
+    """flash-attn's ``window_size=(left, right)`` gives exactly ``window=``'s result (function and
+    module); both at once is refused, naming both."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 64, 2, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    want = burstattn.burst_attn_func(q, k, v, causal=True, window=(7, 0))
+    got = burstattn.burst_attn_func(q, k, v, causal=True, window_size=(7, 0))
+    assert torch.equal(got, want)
+    assert not torch.equal(burstattn.burst_attn_func(q, k, v, causal=True), want)  # the window matters here
+    assert torch.equal(burstattn.BurstAttention(causal=True, window_size=(7, -1))(q, k, v), want)
+    with pytest.raises(ValueError, match="window or window_size"):
+        burstattn.burst_attn_func(q, k, v, causal=True, window=(7, 0), window_size=(7, 0))
