@@ -108,6 +108,9 @@ class MemoryChoice:
     mlp_chunk: Optional[int] = None
     loss_chunk: Optional[int] = None
     offload: Optional[str] = None
+    fused_loss: Optional[bool] = None
+    """The fused blockwise loss (``None``: tried with the blockwise chunks, beside the unfused one,
+    so that the longest context never shrinks for it)."""
 
 
 def chunk_pair(model: LlamaConfig, seq_len: int, cp: int, tp: int, strategy: str, blockwise: bool,
@@ -131,9 +134,16 @@ def memory_choices(mode: str, fixed: MemoryChoice) -> list[dict]:
     out = []
     for ck in ("none", "full", "remat"):
         offloads = (fixed.offload,) if fixed.offload is not None else (("none",) if ck == "none" else OFFLOAD)
-        out += [dict(checkpointing=ck, fsdp=f, blockwise=b, offload=o)
-                for f in (False, True) for b in blockwise for o in offloads]
+        out += [dict(checkpointing=ck, fsdp=f, blockwise=b, offload=o, fused_loss=fu)
+                for f in (False, True) for b in blockwise for o in offloads for fu in _fused(b, fixed)]
     return out
+
+
+def _fused(blockwise: bool, fixed: MemoryChoice) -> tuple[bool, ...]:
+    """The fused-loss settings a candidate tries: the fixed one, else both with the blockwise chunks."""
+    if fixed.fused_loss is not None:
+        return (fixed.fused_loss,)
+    return (False, True) if blockwise else (False,)
 
 
 def _sim_config(model, seq_len, hw, strategy, opts, cp, tp, gpus, mode, batch, choice: dict,
@@ -141,7 +151,7 @@ def _sim_config(model, seq_len, hw, strategy, opts, cp, tp, gpus, mode, batch, c
     mlp, loss = chunk_pair(model, seq_len, cp, tp, strategy, choice["blockwise"], fixed)
     return SimConfig(model, seq_len, hw, strategy, mode, cp=cp, tp=tp, dp=gpus // (cp * tp), batch=batch,
                      checkpointing=choice["checkpointing"], fsdp=choice["fsdp"], mlp_chunk=mlp, loss_chunk=loss,
-                     offload=choice["offload"], **opts)
+                     offload=choice["offload"], fused_loss=choice.get("fused_loss", False), **opts)
 
 
 def candidates(model: LlamaConfig, seq_len: int, gpus: int, hw: ClusterHW, mode: str = "train",
@@ -202,7 +212,8 @@ def plan(model: LlamaConfig, seq_len: int, gpus: int, hw: ClusterHW, mode: str =
                      "tokens_per_step": c.cfg.tokens_per_step, "batch": c.cfg.batch, "peak_memory_bytes": r.peak_memory_bytes, "fits": r.fits,
                      "why": _why(c, best) if best is not None else _why(c, c),
                      "checkpointing": c.cfg.checkpointing, "fsdp": c.cfg.fsdp, "mlp_chunk": c.cfg.mlp_chunk,
-                     "loss_chunk": c.cfg.loss_chunk, "offload": c.cfg.offload, "host_memory_bytes": int(r.memory.host),
+                     "loss_chunk": c.cfg.loss_chunk, "fused_loss": c.cfg.fused_loss, "offload": c.cfg.offload,
+                     "host_memory_bytes": int(r.memory.host),
                      "binding": r.memory.binding(), "compute_s": r.compute_s,
                      "exposed_comm_s": r.exposed_comm_s, "idle_s": r.idle_s, "config": configuration(c.cfg, model_name)})
     return rows
@@ -228,7 +239,8 @@ def configuration(cfg: SimConfig, model_name: Optional[str] = None) -> dict:
     flags = [f"--model {model_name}", f"--seq-len {cfg.seq_len}", f"--batch {cfg.batch}", f"--strategy {cfg.strategy}",
              f"--world-size {cfg.gpus}", f"--dp {cfg.dp}", f"--cp {cfg.cp}", f"--tp {cfg.tp}",
              f"--checkpointing {cfg.checkpointing}", f"--mlp-chunk {cfg.mlp_chunk}", f"--loss-chunk {cfg.loss_chunk}",
-             f"--offload {cfg.offload}", "--dtype bfloat16"] + (["--fsdp"] if cfg.fsdp else [])
+             f"--offload {cfg.offload}", "--dtype bfloat16"] + (["--fsdp"] if cfg.fsdp else []) + \
+        (["--fused-loss"] if cfg.fused_loss else [])
     if cfg.layout:
         flags.append(f"--layout {cfg.layout}")
     if cfg.strategy == "burst" and cfg.schedule == "distflash":
@@ -286,7 +298,8 @@ def max_seq_len(model: LlamaConfig, gpus: int, hw: ClusterHW, mode: str = "train
                 over = sim(lo + step)[1].memory  # what stops it one step further
                 best[label] = {"tokens": lo, "degrees": {"dp": gpus // (cp * tp), "cp": cp, "tp": tp},
                                "options": {"checkpointing": cfg.checkpointing, "fsdp": cfg.fsdp, "mlp_chunk": cfg.mlp_chunk,
-                                           "loss_chunk": cfg.loss_chunk, "offload": cfg.offload},
+                                           "loss_chunk": cfg.loss_chunk, "offload": cfg.offload,
+                                           "fused_loss": cfg.fused_loss},
                                "binding": over.binding(), "peak_memory_bytes": int(res.memory.peak),
                                "host_memory_bytes": int(res.memory.host)}
     return best
