@@ -136,7 +136,7 @@ def sim_config(cfg, world: int, hw=None):
     return SimConfig(model_config(cfg), cfg.seq_len, hw or hw_preset("h100-nvlink-ib"), cfg.strategy, "train", cp=dims.cp,
                      tp=dims.tp, dp=dims.dp, batch=cfg.batch, checkpointing=cfg.checkpointing, fsdp=cfg.fsdp,
                      dtype=getattr(torch, cfg.dtype), mlp_chunk=mcfg.mlp_chunk, loss_chunk=mcfg.loss_chunk,
-                     offload=cfg.offload)
+                     offload=cfg.offload, fused_loss=cfg.fused_loss)
 
 
 def fresh_probe(world: int, cfg, variant: str = "lean", threads: int = 1,

@@ -97,20 +97,37 @@ def layer_kept(m: LlamaConfig, s: ActivationShape, checkpointing: str, eager_uni
     return r * 2 * norm_kept(h, e) + a * 2 * h * e + attention + a * 4 * f * e
 
 
-def head_kept(m: LlamaConfig, s: ActivationShape, loss_chunk: int) -> float:
+def head_kept(m: LlamaConfig, s: ActivationShape, loss_chunk: int, fused: bool = False) -> float:
     """Bytes the final norm and the loss keep: the float32 log-probabilities of every row, or, in
-    chunks, only the final hidden state."""
+    chunks, only the final hidden state; the fused loss (``burstattn.models.fused_loss``) keeps the
+    norm's input and rsqrt, the gradient of the head's (gathered) input and the float32 weight
+    gradient ``vocab / tp x dim``."""
+    if fused:
+        return s.rows * norm_kept(m.dim, s.e) + fused_gradients(m, s)
     if loss_chunk:
         return s.rows * m.dim * s.e
     return s.rows * norm_kept(m.dim, s.e) + s.attn_rows * (m.dim * s.e + 4 * m.vocab_size)
 
 
-def head_transient(m: LlamaConfig, s: ActivationShape, loss_chunk: int, backward: bool) -> float:
+def fused_gradients(m: LlamaConfig, s: ActivationShape) -> float:
+    """What the fused loss holds from its forward to its backward beyond its input: the gradient of
+    the head's (gathered) input and the float32 weight gradient ``vocab / tp x dim`` (freed by the
+    loss's backward, before any layer's)."""
+    return s.attn_rows * m.dim * s.e + 4 * m.vocab_size // s.tp * m.dim
+
+
+def head_transient(m: LlamaConfig, s: ActivationShape, loss_chunk: int, backward: bool, fused: bool = False) -> float:
     """The loss head's extra bytes: one chunk's logits (16-bit and float32) and log-probabilities in
-    the forward; in the backward their gradients too (a chunk also recomputes its forward)."""
+    the forward; in the backward their gradients too (a chunk also recomputes its forward). The fused
+    loss: in the forward the normed input (gathered over tp) and one chunk's logits and their
+    float32 gradient over the local vocabulary; in the backward the two scaled gradients."""
     v, e = m.vocab_size, s.e
     up = 4 if e < 4 else 0
     rows = s.attn_rows if not loss_chunk else min(loss_chunk, s.rows) * s.attn_rows // max(s.rows, 1)
+    if fused:
+        if backward:
+            return s.attn_rows * m.dim * e + v // s.tp * m.dim * (4 + e)
+        return s.attn_rows * m.dim * e + rows * v // s.tp * (e + up + 4 + 4)
     fwd = rows * v * (e + up + 4)
     grads = rows * v * (4 + 4 + (e if e < 4 else 0))
     if not loss_chunk:
@@ -157,7 +174,8 @@ def param_bytes(m: LlamaConfig, tp: int, e: int) -> tuple[float, float, float]:
 
 def training_activations(m: LlamaConfig, s: ActivationShape, *, checkpointing: str, eager_units: float,
                          through_op: bool, mlp_chunk: int, loss_chunk: int, offload: str,
-                         attention_fwd: float, attention_bwd: float, grads: float, param_fp32: float) -> Activations:
+                         attention_fwd: float, attention_bwd: float, grads: float, param_fp32: float,
+                         fused_loss: bool = False) -> Activations:
     """The bytes at the step's peak phase, by term (``kept activations``, :data:`ATTENTION`,
     :data:`GRADIENTS` and the phase's transient), of the phases: the forward (kept + the attention
     call's forward or a loss chunk), the loss's backward (kept + the head's gradients + logits and
@@ -168,15 +186,16 @@ def training_activations(m: LlamaConfig, s: ActivationShape, *, checkpointing: s
     attention call's forward peak and its backward buffers beyond its output and LSE; ``grads``:
     every gradient (sharded, with FSDP)."""
     layer = layer_kept(m, s, checkpointing, eager_units, through_op, mlp_chunk)
-    kept = m.n_layers * layer + head_kept(m, s, loss_chunk)
-    inputs = (m.n_layers + (1 if loss_chunk else 0)) * s.rows * m.dim * s.e
+    kept = m.n_layers * layer + head_kept(m, s, loss_chunk, fused_loss)
+    inputs = (m.n_layers + (1 if loss_chunk or fused_loss else 0)) * s.rows * m.dim * s.e
     host = {"all": kept, "inputs": min(kept, inputs)}.get(offload, 0.0)
     dev = kept - host
     one = layer * (dev / kept if kept else 0.0)
+    after_loss = dev - (fused_gradients(m, s) if fused_loss else 0.0)  # the fused loss's gradients are handed on
     at_attention, at_mlp = layer_backward(m, s, checkpointing, mlp_chunk, eager_units, through_op)
     transient, name = (at_attention + attention_bwd, None) if at_attention + attention_bwd >= at_mlp else (at_mlp, "MLP chunk")
     g_layer, g_head, g_emb = param_bytes(m, s.tp, s.e)
-    logits = head_transient(m, s, loss_chunk, False)
+    logits = head_transient(m, s, loss_chunk, False, fused_loss)
     k = "kept activations"
 
     def backward(kept_now: float, grads_now: float) -> dict:
@@ -186,8 +205,8 @@ def training_activations(m: LlamaConfig, s: ActivationShape, *, checkpointing: s
 
     phases = {
         "forward": {k: dev, ATTENTION: attention_fwd} if attention_fwd >= logits else {k: dev, "logits": logits},
-        "loss backward": {k: dev, "logits": head_transient(m, s, loss_chunk, True)},  # before any weight gradient
-        "first layer's backward": backward(dev, g_head + g_layer),
+        "loss backward": {k: dev, "logits": head_transient(m, s, loss_chunk, True, fused_loss)},  # before any weight gradient
+        "first layer's backward": backward(after_loss, g_head + g_layer),
         "last layer's backward": backward(one, max(g_head + g_layer, grads - g_emb)),
         "optimizer": {GRADIENTS: grads, "optimizer temporary": param_fp32},
     }

@@ -141,6 +141,9 @@ class MemoryChoice:
     """FSDP2's CPUOffloadPolicy (``None``: searched with FSDP, off when ``offload`` is fixed to ``none``)."""
     head_chunks: Optional[int] = None
     """The attention over groups of heads (``None``: 1 and the most groups the kv heads allow, searched)."""
+    fused_loss: Optional[bool] = None
+    """The fused blockwise loss (``None``: tried with the blockwise chunks, beside the unfused one,
+    so that the longest context never shrinks for it)."""
 
 
 def chunk_pair(model: LlamaConfig, seq_len: int, cp: int, tp: int, strategy: str, blockwise: bool,
@@ -167,8 +170,9 @@ def memory_choices(mode: str, fixed: MemoryChoice, hw: Optional[ClusterHW] = Non
     for ck in ("none", "full", "remat"):
         offloads = (fixed.offload,) if fixed.offload is not None else (
             ("none",) if ck == "none" or same_memory else OFFLOAD)
-        out += [dict(checkpointing=ck, fsdp=f, blockwise=b, offload=o, offload_optimizer=oo)
-                for f in (False, True) for b in blockwise for o in offloads for oo in optimizer_offloads(f, fixed)]
+        out += [dict(checkpointing=ck, fsdp=f, blockwise=b, offload=o, offload_optimizer=oo, fused_loss=fu)
+                for f in (False, True) for b in blockwise for o in offloads for oo in optimizer_offloads(f, fixed)
+                for fu in _fused(b, fixed)]
     return out
 
 
@@ -189,6 +193,13 @@ def head_chunk_values(model: LlamaConfig, tp: int, fixed: MemoryChoice) -> tuple
     return (1, kv) if kv > 1 else (1,)
 
 
+def _fused(blockwise: bool, fixed: MemoryChoice) -> tuple[bool, ...]:
+    """The fused-loss settings a candidate tries: the fixed one, else both with the blockwise chunks."""
+    if fixed.fused_loss is not None:
+        return (fixed.fused_loss,)
+    return (False, True) if blockwise else (False,)
+
+
 def _sim_config(model, seq_len, hw, strategy, opts, cp, tp, gpus, mode, batch, choice: dict,
                 fixed: MemoryChoice, chunks: str = "search") -> SimConfig:
     """The candidate's config; blockwise chunks not fixed are searched (``chunks="search"``: the fewest
@@ -198,7 +209,7 @@ def _sim_config(model, seq_len, hw, strategy, opts, cp, tp, gpus, mode, batch, c
                     checkpointing=choice["checkpointing"], fsdp=choice["fsdp"], mlp_chunk=mlp, loss_chunk=loss,
                     offload=choice["offload"], dtype=fixed.dtype,
                     offload_optimizer=choice.get("offload_optimizer", False),
-                    head_chunks=choice.get("head_chunks", 1), **opts)
+                    head_chunks=choice.get("head_chunks", 1), fused_loss=choice.get("fused_loss", False), **opts)
     if not choice["blockwise"] or (fixed.mlp_chunk is not None and fixed.loss_chunk is not None):
         return cfg
     rows = max(1, seq_len // cp // (tp if tp > 1 and strategy != "tp-v1" else 1))
@@ -279,7 +290,8 @@ def plan(model: LlamaConfig, seq_len: int, gpus: int, hw: ClusterHW, mode: str =
                      "tokens_per_step": c.cfg.tokens_per_step, "batch": c.cfg.batch, "peak_memory_bytes": r.peak_memory_bytes, "fits": r.fits,
                      "why": _why(c, best) if best is not None else _why(c, c),
                      "checkpointing": c.cfg.checkpointing, "fsdp": c.cfg.fsdp, "mlp_chunk": c.cfg.mlp_chunk,
-                     "loss_chunk": c.cfg.loss_chunk, "offload": c.cfg.offload, "host_memory_bytes": int(r.memory.host),
+                     "loss_chunk": c.cfg.loss_chunk, "fused_loss": c.cfg.fused_loss, "offload": c.cfg.offload,
+                     "host_memory_bytes": int(r.memory.host),
                      "offload_optimizer": c.cfg.offload_optimizer, "head_chunks": c.cfg.head_chunks,
                      "binding": r.memory.binding(), "compute_s": r.compute_s,
                      "exposed_comm_s": r.exposed_comm_s, "idle_s": r.idle_s, "config": configuration(c.cfg, model_name)})
@@ -309,7 +321,8 @@ def configuration(cfg: SimConfig, model_name: Optional[str] = None) -> dict:
              f"--offload {cfg.offload}", f"--dtype {str(cfg.dtype).replace('torch.', '')}"] + \
         (["--fsdp"] if cfg.fsdp else []) \
         + (["--offload-optimizer"] if cfg.offload_optimizer else []) \
-        + ([f"--head-chunks {cfg.head_chunks}"] if cfg.head_chunks > 1 else [])
+        + ([f"--head-chunks {cfg.head_chunks}"] if cfg.head_chunks > 1 else []) \
+        + (["--fused-loss"] if cfg.fused_loss else [])
     if cfg.layout:
         flags.append(f"--layout {cfg.layout}")
     if cfg.strategy == "burst" and cfg.schedule == "distflash":
@@ -369,7 +382,8 @@ def max_seq_len(model: LlamaConfig, gpus: int, hw: ClusterHW, mode: str = "train
                 best[label] = {"tokens": lo, "degrees": {"dp": gpus // (cp * tp), "cp": cp, "tp": tp},
                                "options": {"checkpointing": cfg.checkpointing, "fsdp": cfg.fsdp, "mlp_chunk": cfg.mlp_chunk,
                                            "loss_chunk": cfg.loss_chunk, "offload": cfg.offload,
-                                           "offload_optimizer": cfg.offload_optimizer, "head_chunks": cfg.head_chunks},
+                                           "offload_optimizer": cfg.offload_optimizer, "head_chunks": cfg.head_chunks,
+                                           "fused_loss": cfg.fused_loss},
                                "binding": binding, "peak_memory_bytes": int(res.memory.peak),
                                "host_memory_bytes": int(res.memory.host)}
     return best

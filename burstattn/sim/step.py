@@ -74,6 +74,9 @@ class SimConfig:
     """Blockwise MLP: tokens per chunk of the local sequence (0: whole)."""
     loss_chunk: int = 0
     """Blockwise loss: tokens per chunk of the fused norm + head + cross-entropy (0: whole logits)."""
+    fused_loss: bool = False
+    """The fused loss: the chunks' gradients computed in the forward (no recomputed head; keeps the
+    head input's gradient and a float32 ``vocab / tp x dim`` weight gradient until the backward)."""
     offload: str = "none"
     """Saved activations in host memory: ``none``, ``inputs`` (layer inputs) or ``all``."""
     offload_optimizer: bool = False
@@ -257,7 +260,7 @@ def simulate(cfg: SimConfig, memory_only: bool = False) -> SimResult:
             ar = net.all_reduce_time(shard_pl, layer_w * e * m.n_layers)
             dp_comm = max(ar / m.n_layers, ar - m.n_layers * (mm_f * 2 + bwd.compute))
     head_f = 2 * tokens * h * m.vocab_size / tp / hw.matmul_rate
-    head = head_f * (4 if cfg.loss_chunk else 3) if train else (2 * b * h * m.vocab_size / tp / hw.matmul_rate)
+    head = head_f * (4 if cfg.loss_chunk and not cfg.fused_loss else 3) if train else (2 * b * h * m.vocab_size / tp / hw.matmul_rate)
     optimizer = (16 * 2 * m.num_params() / tp / (shard_pl.size if cfg.fsdp else 1) / hw.mem_bw) if train else 0.0
     chunks_s = chunk_overhead(cfg, hw, e) if train else 0.0
     link = (0.0, 0.0)
@@ -349,7 +352,7 @@ def memory_model(cfg: SimConfig, bwd_mode: Optional[str] = None) -> mem.Memory:
                                  e=e, seq_len=cfg.seq_len, ulysses=cfg.ulysses_degree or 1)
     acts = training_activations(m, shape, checkpointing=cfg.checkpointing, eager_units=eager,
                                 through_op=cfg.strategy in THROUGH_OP, mlp_chunk=cfg.mlp_chunk,
-                               loss_chunk=cfg.loss_chunk, attention_fwd=attn_fwd,
+                               loss_chunk=cfg.loss_chunk, attention_fwd=attn_fwd, fused_loss=cfg.fused_loss,
                                offload="none" if hw.host_is_device else cfg.offload,  # host = device: nothing moves
                                attention_bwd=attn_bwd, grads=0.0 if cfg.offload_optimizer else grads,
                                param_fp32=0.0 if cfg.offload_optimizer else 4 * m.num_params() / tp / (cfg.dp * cp if cfg.fsdp else 1))
