@@ -197,12 +197,21 @@ def eager_kept_units(strategy: str, *, world: int, q_heads: int, kv_heads: int, 
     return 1.0
 
 
+def replicated_kv_params(model: LlamaConfig, tp: int) -> float:
+    """Parameters one tp rank holds beyond ``num_params / tp`` when ``tp`` exceeds the kv heads:
+    ``wk`` and ``wv`` whole on every rank (``burstattn.parallel.tp_kv``) instead of a 1/tp column split."""
+    if tp <= model.n_kv_heads:
+        return 0.0
+    return 2 * model.n_layers * model.dim * model.n_kv_heads * model.head_dim * (1 - 1 / tp)
+
+
 def gathered_bytes(model: LlamaConfig, *, tp: int, e: int) -> float:
     """What FSDP holds all-gathered during a step: two blocks (the one computing and the one
     prefetched) and the root unit (embedding, final norm, output head), unsharded."""
     h = model.dim
     head = model.vocab_size * h * (1 if model.tie_embeddings else 2) / tp + h
-    layer = (model.num_params() - model.vocab_size * h * (1 if model.tie_embeddings else 2) - h) / model.n_layers / tp
+    layer = (model.num_params() - model.vocab_size * h * (1 if model.tie_embeddings else 2) - h) / model.n_layers / tp \
+        + replicated_kv_params(model, tp) / model.n_layers
     return (2 * layer + head) * e
 
 
@@ -210,7 +219,7 @@ def state_bytes(model: LlamaConfig, *, tp: int, shards: int, fsdp: bool, train: 
     """``(params, grads, optimizer)`` bytes on one device (``shards`` = dp * cp ranks; with FSDP the
     parameters' shard plus :func:`gathered_bytes`). Adam's two float32 moments, and float32 master
     weights when the weights are 16-bit (``e < 4``): 12 bytes per parameter, 8 in float32."""
-    n = model.num_params() / tp
+    n = model.num_params() / tp + replicated_kv_params(model, tp)
     if not train:
         return n * e, 0.0, 0.0
     opt = n * (8 + (4 if e < 4 else 0))

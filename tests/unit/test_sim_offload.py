@@ -69,3 +69,11 @@ def test_train_refusal_names_the_flag():
     assert optimizer_offload_problem(10e9, 0.0, 20e9) is None
     msg = optimizer_offload_problem(16e9, 8e9, 20e9)
     assert msg.startswith("--offload-optimizer needs about 14.90 GiB") and "--offload activations" in msg
+
+
+def test_replicated_kv_heads_are_counted():
+    l3 = model_preset("small-l3")  # 1 kv head: at tp 2 both ranks hold the whole wk, wv
+    extra = 2 * l3.n_layers * l3.dim * l3.head_dim * 0.5
+    assert mem.replicated_kv_params(l3, 2) == extra and mem.replicated_kv_params(L3, 8) == 0
+    params = mem.state_bytes(l3, tp=2, shards=1, fsdp=False, train=True, e=4)[0]
+    assert params == pytest.approx(4 * (l3.num_params() / 2 + extra))
