@@ -244,7 +244,8 @@ def plan(model: LlamaConfig, seq_len: int, gpus: int, hw: ClusterHW, mode: str =
                      "why": _why(c, best) if best is not None else _why(c, c),
                      "checkpointing": c.cfg.checkpointing, "fsdp": c.cfg.fsdp, "mlp_chunk": c.cfg.mlp_chunk,
                      "loss_chunk": c.cfg.loss_chunk, "offload": c.cfg.offload, "host_memory_bytes": int(r.memory.host),
-                     "binding": r.memory.binding(), "compute_s": r.compute_s,
+                     "binding": r.memory.binding(), "peak_by_term": r.memory.by_term(),
+                     "capacity_bytes": r.memory.capacity, "compute_s": r.compute_s,
                      "exposed_comm_s": r.exposed_comm_s, "idle_s": r.idle_s, "config": configuration(c.cfg, model_name)})
     return rows
 
