@@ -89,6 +89,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     _memory_flags(p, searched=True)
     p.add_argument("--max-seq-len", action="store_true", help="per strategy, the longest sequence that fits")
     p.add_argument("--top", type=int, default=15, help="rows of the table (all of them with --json)")
+    p.add_argument("--verify", type=int, nargs="?", const=3, default=None, metavar="K",
+                   help="dry-run the K best plans (default 3; `burstattn train --dry-run`) and print the predicted "
+                        "peak beside the dry run's, term by term")
 
 
 def _hw(ns):
@@ -203,6 +206,20 @@ def _calibrate(ns) -> int:
     return 0
 
 
+def _verified(ns, rows) -> int:
+    """``--verify``: dry-run the first K plans and print (or ``--json``: ``{"verified": [...]}``) them."""
+    from ..train.dryrun import DryRunError
+    from .verify import format_verified, verify_rows
+
+    try:
+        done = verify_rows(rows, ns.verify, rows[0]["capacity_bytes"] if rows else None)
+    except (ValueError, DryRunError) as e:
+        print(f"burstattn plan --verify: {e}", file=sys.stderr)
+        return 2 if isinstance(e, ValueError) else 1
+    print(json.dumps({"verified": done}) if ns.json else format_verified(done))
+    return 0
+
+
 def run_planner(ns) -> int:
     from ..config import torch_dtype
     from ..models.config import preset as model_preset
@@ -218,8 +235,14 @@ def run_planner(ns) -> int:
         for flag in ("mlp_chunk", "loss_chunk"):
             if getattr(ns, flag) is not None and getattr(ns, flag) < 0:
                 raise ValueError(f"--{flag.replace('_', '-')} must be a non-negative int (0: whole), got {getattr(ns, flag)}")
+        if ns.verify is not None and (ns.verify < 1 or ns.mode != "train"):
+            raise ValueError(f"--verify takes K >= 1 plans of --mode train, got K={ns.verify}, mode {ns.mode}")
         if ns.max_seq_len:
             res = max_seq_len(model, ns.gpus, hw, ns.mode, ns.batch, fixed=fixed)
+            if ns.verify:
+                from .verify import max_len_rows
+                return _verified(ns, max_len_rows(res, ns.verify, lambda n: plan(
+                    model, n, ns.gpus, hw, ns.mode, ns.batch, model_name=ns.model, fixed=fixed)))
             if ns.json:
                 print(json.dumps({"max_seq_len": {k: v["tokens"] for k, v in res.items()},
                                   "degrees": {k: v["degrees"] for k, v in res.items()},
@@ -254,6 +277,8 @@ def run_planner(ns) -> int:
     except ValueError as e:
         print(f"burstattn plan: {e}", file=sys.stderr)
         return 2
+    if ns.verify:
+        return _verified(ns, rows)
     if ns.json:
         print(json.dumps({"ranking": rows, "excluded": [x.to_dict() for x in out]}))
         return 0

@@ -75,6 +75,14 @@ class Memory:
         parts = self.parts()
         return max(parts, key=parts.get)
 
+    def by_term(self) -> dict:
+        """The peak in the dry run's categories (``burstattn train --dry-run``): parameters, gradients
+        alive at the peak, optimizer state, activations (with the KV cache) and temporaries (the
+        attention call's buffers). They sum to :attr:`peak`."""
+        return {"parameters": self.params, "gradients": self.grads if self.peak_grads is None else self.peak_grads,
+                "optimizer": self.optimizer, "activations": self.activations + self.kv_cache,
+                "temporaries": self.attention}
+
     def to_dict(self) -> dict:
         out = {k: int(getattr(self, k)) for k in ("params", "grads", "optimizer", "activations", "attention",
                                                  "kv_cache", "host", "host_state")}

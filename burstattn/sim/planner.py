@@ -293,7 +293,8 @@ def plan(model: LlamaConfig, seq_len: int, gpus: int, hw: ClusterHW, mode: str =
                      "loss_chunk": c.cfg.loss_chunk, "fused_loss": c.cfg.fused_loss, "offload": c.cfg.offload,
                      "host_memory_bytes": int(r.memory.host),
                      "offload_optimizer": c.cfg.offload_optimizer, "head_chunks": c.cfg.head_chunks,
-                     "binding": r.memory.binding(), "compute_s": r.compute_s,
+                     "binding": r.memory.binding(), "peak_by_term": r.memory.by_term(),
+                     "capacity_bytes": r.memory.capacity, "compute_s": r.compute_s,
                      "exposed_comm_s": r.exposed_comm_s, "idle_s": r.idle_s, "config": configuration(c.cfg, model_name)})
     return rows
 
