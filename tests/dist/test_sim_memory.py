@@ -30,7 +30,7 @@ SIZES = {2: [dict(batch=2), dict(batch=4)], 4: [dict(seq_len=4096, batch=1), dic
 # worker thread releases late (burstattn/sim/memory.py, tests/dist/test_sim_library.py): up to each input
 # and its contiguous copy of one layer's all-to-alls (forward and backward): a term the model does not
 # price (it is no part of the program), so it may only lower the band's floor. FSDP's all-gathers run on gloo
-# too, and their late frees are no term of their own: the measured peak is the smallest of 3 steps
+# too, and their late frees are no term of their own: the measured peak is the smallest of 2 steps
 # (probe_many), never the model's own ``gathered`` term added to the band.
 
 

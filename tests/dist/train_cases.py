@@ -172,9 +172,9 @@ def run_many(rank: int, world: int, cfgs: list) -> list[dict]:
 def probe_many(rank: int, world: int, cfgs: list) -> list[dict]:
     """One steady-state step of every config (:func:`burstattn.bench.train_memory.probe_step`), the
     offload copies made on CPU so that their bytes are counted. Every config takes the smallest peak of
-    3 steps: gloo's worker thread (the ring's sends, ulysses' all-to-alls, FSDP's all-gathers) frees its
+    2 steps: gloo's worker thread (the ring's sends, ulysses' all-to-alls, FSDP's all-gathers) frees its
     buffers late at times, more so on a loaded machine, which a single measurement cannot tell from the
     program's own peak (the band rule in tests/helpers.py)."""
     from burstattn.bench.train_memory import probe_step
 
-    return [probe_step(rank, world, c, copy_offload=True, repeats=3) for c in cfgs]
+    return [probe_step(rank, world, c, copy_offload=True, repeats=2) for c in cfgs]
