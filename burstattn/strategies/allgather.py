@@ -27,6 +27,7 @@ from ..comm.collectives import Collectives
 from ..comm.stats import active_stats
 from ..engine.run import build_plan, gathered_backward, gathered_forward
 from ..formulas import accum_dtype, byte_totals, element_size, meta_bytes
+from ..config import host_side
 from ..layout import local_positions
 from .base import check_call
 from .op import strategy_call
@@ -57,9 +58,10 @@ def _setup(call, q, v):
     """The one-step plan over every rank's gathered K/V and its kernel calls."""
     where, n = call.where, q.shape[1]
     cfg = call.cfg  # its backend resolved once, by prepare
-    pos = [local_positions(n * where.world_size, r, where.world_size, cfg.layout) for r in range(where.world_size)]
-    plan = build_plan(where.rank, where.world_size, positions=pos, causal=cfg.causal, travelling="kv",
-                      schedule="gathered", mask_plan=call.plan)
+    with host_side():  # positions and plans are host-side (real tensors in a dry run too, as engine_pass's)
+        pos = [local_positions(n * where.world_size, r, where.world_size, cfg.layout) for r in range(where.world_size)]
+        plan = build_plan(where.rank, where.world_size, positions=pos, causal=cfg.causal, travelling="kv",
+                          schedule="gathered", mask_plan=call.plan)
     calls = block_calls(cfg, call.plan is not None, call_positions(cfg, where.world_size, n, n), cfg.scale_for(q.shape[3]),
                         q, v)
     return plan, calls

@@ -34,7 +34,7 @@ import torch
 from ..comm.stats import active_stats
 from ..comm.trace import active_trace
 from ..comm.transport import pass_transport
-from ..config import AttnConfig
+from ..config import AttnConfig, host_side
 from ..engine.loop import Partial, Whole, run_plan
 from ..engine.pairs import ops_from_positions
 from ..engine.plan import Channels, Key, Plan, ring
@@ -99,8 +99,9 @@ def _plan(where: GroupContext, cfg: AttnConfig, n: int, channels: Channels) -> P
     """The K/V ring of this rank over positions of ``cfg.layout`` (the pairs a causal mask leaves
     empty have no ops and are not computed)."""
     p = where.world_size
-    pos = [local_positions(n * p, r, p, cfg.layout) for r in range(p)]
-    return ring(where.rank, p, ops_from_positions(pos, pos, cfg.causal), "kv", channels=channels)
+    with host_side():  # positions and plans are host-side (real tensors in a dry run too, as engine_pass's)
+        pos = [local_positions(n * p, r, p, cfg.layout) for r in range(p)]
+        return ring(where.rank, p, ops_from_positions(pos, pos, cfg.causal), "kv", channels=channels)
 
 
 def _ring_of(where: GroupContext, comm, plan: Plan, block: torch.Tensor, compute, accs=_NoAccs()) -> dict:

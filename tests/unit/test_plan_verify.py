@@ -33,7 +33,7 @@ def test_plan_verify_json(capsys):
     rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["verified"]
     assert len(rows) == 3
     done = [r for r in rows if r["dry_run_peak_bytes"] is not None]
-    assert done, rows
+    assert len(done) == 3, rows  # rsa and allgather too: their plans are host-side bookkeeping
     for r in rows:
         assert "predicted_peak_bytes" in r and "dry_run_peak_bytes" in r
     for r in done:
