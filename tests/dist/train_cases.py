@@ -171,10 +171,11 @@ def run_many(rank: int, world: int, cfgs: list) -> list[dict]:
 
 def probe_many(rank: int, world: int, cfgs: list) -> list[dict]:
     """One steady-state step of every config (:func:`burstattn.bench.train_memory.probe_step`), the
-    offload copies made on CPU so that their bytes are counted. Every config takes the smallest peak of
-    2 steps: gloo's worker thread (the ring's sends, ulysses' all-to-alls, FSDP's all-gathers) frees its
-    buffers late at times, more so on a loaded machine, which a single measurement cannot tell from the
+    offload copies made on CPU so that their bytes are counted. Configs whose collectives run through
+    gloo's worker thread in bulk (ulysses' all-to-alls, FSDP's all-gathers) take the smallest peak of 2
+    steps: that thread frees its buffers late at times, which a single measurement cannot tell from the
     program's own peak (the band rule in tests/helpers.py)."""
     from burstattn.bench.train_memory import probe_step
 
-    return [probe_step(rank, world, c, copy_offload=True, repeats=2) for c in cfgs]
+    return [probe_step(rank, world, c, copy_offload=True, repeats=2 if c.fsdp or c.strategy == "ulysses" else 1)
+            for c in cfgs]
