@@ -18,6 +18,7 @@ from __future__ import annotations
 import pytest
 
 from burstattn.train import TrainConfig
+from tests.dist.test_sim_memory import late_buffers
 from tests.dist.train_cases import probe_many
 
 BASE = TrainConfig(model="small-l3", seq_len=1024, batch=1, steps=10, lr=1e-4, warmup=0)
@@ -54,4 +55,8 @@ def both(pools):
 def test_dry_run_peak_equals_allocator_peak(both, world, i):
     real, dry = both
     measured, predicted = real[(world, i)][0], dry[(world, i)]
-    assert predicted == pytest.approx(measured, rel=0.05), (predicted / 2**20, measured / 2**20)
+    # ulysses: the real step may also hold the all-to-alls' buffers that gloo's worker thread frees late,
+    # no part of the program (the same term, and the same rule, as tests/dist/test_sim_memory.py): it
+    # lowers the floor only
+    late = late_buffers(_cfg(world, i), world)
+    assert 0.95 * (measured - late) <= predicted <= 1.05 * measured, (predicted / 2**20, measured / 2**20, late / 2**20)
