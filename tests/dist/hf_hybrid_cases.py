@@ -1,0 +1,103 @@
+"""Rank-side functions of tests/dist/test_hf_hybrid.py: hybrid transformers families (issue 30.2) from tiny
+random configs (no download), their mixers made sequence parallel by burstattn.hf.patch_mixers, against
+the same model on one process (transformers' own mixers and eager attention)."""
+from __future__ import annotations
+
+import torch
+
+import burstattn.hf as bhf
+from tests.dist.hf_guard_cases import MAMBA, SMALL, VOCAB
+from tests.dist.hf_guard_cases import config as guard_config
+
+LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+              linear_conv_kernel_dim=4)
+IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=1)  # configs whose defaults are outside the tiny vocab
+FAMILIES = ("qwen3_next", "qwen3_5", "olmo_hybrid", "kimi_linear", "bamba", "nemotron_h", "granitemoehybrid",
+            "minimax", "lfm2")
+
+
+def config(kind: str):
+    """A tiny config of ``kind``: one attention layer and one (or two) mixer layers, hidden 64."""
+    import transformers as tf
+
+    if kind == "qwen3_next":
+        return tf.Qwen3NextConfig(**SMALL, head_dim=16, layer_types=["linear_attention", "full_attention"],
+                                  num_experts=0, **LINEAR)
+    if kind == "qwen3_5":
+        return tf.Qwen3_5TextConfig(**SMALL, head_dim=16, layer_types=["linear_attention", "full_attention"], **LINEAR)
+    if kind == "olmo_hybrid":
+        return tf.OlmoHybridConfig(**SMALL, **IDS, layer_types=["linear_attention", "full_attention"], **LINEAR,
+                                   linear_allow_neg_eigval=True)
+    if kind == "kimi_linear":
+        return tf.KimiLinearConfig(**{**SMALL, "num_key_value_heads": 4}, **IDS, kv_lora_rank=16, q_lora_rank=None,
+                                   qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, num_local_experts=2,
+                                   num_experts_per_tok=1, moe_intermediate_size=32, n_shared_experts=1,
+                                   mlp_layer_types=["dense", "dense"], layer_types=["linear_attention",
+                                   "full_attention"], linear_head_dim=8, linear_num_heads=4, linear_conv_kernel_dim=4)
+    if kind == "nemotron_h":
+        return tf.NemotronHConfig(**SMALL, head_dim=16, layers_block_type=["mamba", "attention"], **MAMBA,
+                                  n_groups=1, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16)
+    return guard_config(kind)
+
+
+def build(kind: str, dtype=torch.float32, seed: int = 0):
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    model = tf.AutoModelForCausalLM.from_config(config(kind), attn_implementation="eager").to(dtype)
+    return model.eval()
+
+
+def _tokens(batch: int, seq: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(2, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def _grads(model) -> dict:
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Max abs difference over the reference's max magnitude."""
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def _grad_err(grads: dict, ref: dict) -> float:
+    """Every parameter's max abs gradient difference over the model's largest reference gradient entry:
+    transformers runs these recurrences in float32 whatever the model's dtype, so a parameter whose whole
+    gradient is a near-cancelling sum (dt_bias, A_log: ~1e-5 of the largest) carries float32 rounding of
+    the larger terms; the error is judged on the gradient's scale, as the loss's and logits' are on theirs."""
+    scale = max(float(g.abs().max()) for g in ref.values())
+    return max(float((grads[n] - g).abs().max()) for n, g in ref.items()) / scale
+
+
+def exact(rank: int, world: int, kinds, layouts=("zigzag",), dtype=torch.float32, batch: int = 2,
+          seq: int = 24) -> dict:
+    """Per ``kind:layout``: loss, logits and every gradient of a sequence-parallel step (patch_mixers +
+    shard_batch + sync_gradients) against the same model on one process, as relative errors, and the
+    number of gradients compared."""
+    out = {}
+    ids = _tokens(batch, seq)
+    for kind in kinds:
+        model = build(kind, dtype)
+        ref = model(input_ids=ids, labels=ids)
+        ref.loss.backward()
+        ref_grads = _grads(model)
+        model.zero_grad(set_to_none=True)
+        bhf.patch_mixers(model)
+        for layout in layouts:
+            bhf.register(strategy="burst", backend="reference", layout=layout)
+            model.set_attn_implementation("burst")
+            bhf.check_model(model)
+            batch_kw = bhf.shard_batch(ids, ids)
+            res = model(**batch_kw)
+            res.loss.backward()
+            bhf.sync_gradients(model)
+            logits = bhf.gather_logits(res.logits.detach(), shard=batch_kw["burst_shard"])
+            grads = _grads(model)
+            model.zero_grad(set_to_none=True)
+            out[f"{kind}:{layout}"] = dict(
+                loss=_rel(res.loss.detach(), ref.loss.detach()), logits=_rel(logits, ref.logits.detach()),
+                grads=_grad_err(grads, ref_grads), count=len(ref_grads),
+                missing=sorted(set(ref_grads) - set(grads)))
+        model.set_attn_implementation("eager")
+    return out
