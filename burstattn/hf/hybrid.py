@@ -12,9 +12,11 @@ mixer class in :data:`burstattn.hf.mixer_table.SUPPORTED` by a dispatcher:
   (packed documents and padding reset the state and the convolution): exact, as one process;
 * a forward without one on a single process (or under an implementation that is not burstattn's):
   the module's own ``forward``, unchanged;
-* a hand-sharded forward (no ``burst_shard``, a registered group of several ranks) or generation over a
-  :class:`burstattn.hf.ShardedCache`: refused with ``ValueError`` (every rank runs the same code path,
-  so every rank raises).
+* generation over a :class:`burstattn.hf.ShardedCache` (every rank runs the same tokens): the family's
+  computation continuing from the conv window and recurrent state the cache keeps for the layer, the same
+  on every rank (a constant size per layer; the attention layers' K/V stay sharded);
+* a hand-sharded forward (no ``burst_shard``, a registered group of several ranks): refused with
+  ``ValueError`` (every rank runs the same code path, so every rank raises).
 
 Patched modules are accepted by :func:`burstattn.hf.check_model`; a mixer outside the table is still
 refused there by its class name. :class:`burstattn.hf.ContextParallelTrainer` patches its model itself.
@@ -30,10 +32,16 @@ from torch import nn
 from ..groups import group_context
 from .attention import registered_options
 from .guard import CACHE_KEY, calling_model
-from .hybrid_mixers import ADAPTERS
+from .hybrid_mixers import ADAPTERS, CachedOps, ShardedOps
 from .mixer_table import PATCHED, SUPPORTED
 
 SHARD_KEY = "burst_shard"
+STATES = "_burstattn_mixer_states"  # on a ShardedCache: per mixer layer, its conv window and recurrent state
+CONFIG = "_burstattn_model_config"  # on a patched module: the model's config (its attn_implementation)
+
+
+def _sharded_cache(cache) -> bool:
+    return cache is not None and type(cache).__name__ == "ShardedCache"
 
 
 def _shard_of_forward(extra: dict):
@@ -49,11 +57,11 @@ def _shard_of_forward(extra: dict):
 
 def _problem(module, shard, cache) -> Optional[str]:
     name = type(module).__name__
-    if cache is not None and type(cache).__name__ == "ShardedCache":
-        return (f"burstattn.hf: generation over a ShardedCache is not supported for hybrid models yet ({name} "
-                f"keeps a recurrent state); generate on one process")
+    if _sharded_cache(cache):
+        return None if shard is None else f"burstattn.hf: {name}: a shard_batch batch with a ShardedCache"
     if shard is None:
-        impl = getattr(getattr(module, "config", None), "_attn_implementation", None)
+        config = getattr(module, "config", None) or module.__dict__.get(CONFIG)
+        impl = getattr(config, "_attn_implementation", None)
         opts = registered_options(impl)
         if opts is not None and group_context(opts.group).world_size > 1:
             return (f"burstattn.hf: {name} in a forward at world size {group_context(opts.group).world_size} without "
@@ -75,11 +83,16 @@ def _dispatcher(adapter, original):
         problem = _problem(self, shard, cache)
         if problem:
             raise ValueError(problem)
-        if shard is None:
+        if _sharded_cache(cache):  # generation: every rank the same tokens, the state kept in the cache
+            slots = cache.__dict__.setdefault(STATES, {})
+            ops = CachedOps(slots.setdefault(getattr(self, "layer_idx", id(self)), {}))
+        elif shard is None:
             return original(self, *args, **kwargs)
-        opts = registered_options(shard.name)
-        sp = dict(group=None if opts is None else opts.group, layout=shard.layout, cu_seqlens=shard.cu_seqlens)
-        return adapter(self, bound["hidden_states"], bound.get("attention_mask"), sp)
+        else:
+            opts = registered_options(shard.name)
+            ops = ShardedOps(dict(group=None if opts is None else opts.group, layout=shard.layout,
+                                  cu_seqlens=shard.cu_seqlens))
+        return adapter(self, bound["hidden_states"], bound.get("attention_mask"), ops)
 
     return forward
 
@@ -98,6 +111,7 @@ def patch_mixers(model: nn.Module) -> list:
         original = type(module).forward
         module.forward = types.MethodType(_dispatcher(ADAPTERS[entry[1]], original), module)
         module.__dict__[PATCHED] = entry[1]
+        module.__dict__[CONFIG] = getattr(model, "config", None)  # most mixers keep no config of their own
         done.append(path)
     for module in model.modules():  # the forward's guard cached a survey taken before the patch
         module.__dict__.pop(CACHE_KEY, None)

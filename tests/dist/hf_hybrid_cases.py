@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 
 import burstattn.hf as bhf
+from burstattn.layout import local_positions
+from tests.dist.hf_guard_cases import build as guard_build
 from tests.dist.hf_guard_cases import MAMBA, SMALL, VOCAB
 from tests.dist.hf_guard_cases import config as guard_config
 
@@ -100,4 +102,77 @@ def exact(rank: int, world: int, kinds, layouts=("zigzag",), dtype=torch.float32
                 grads=_grad_err(grads, ref_grads), count=len(ref_grads),
                 missing=sorted(set(ref_grads) - set(grads)))
         model.set_attn_implementation("eager")
+    return out
+
+
+def packed(rank: int, world: int, kinds, lens=(9, 7, 8)) -> dict:
+    """Packed documents (``position_ids`` restarting, a document-balanced partition): the recurrences and
+    convolutions restart at every document; loss and gradients against each document run alone."""
+    ids = _tokens(1, sum(lens), 2)
+    pos = torch.cat([torch.arange(n) for n in lens])[None]
+    out = {}
+    for kind in kinds:
+        model = build(kind)
+        total = sum(model(input_ids=doc, labels=doc).loss * (doc.shape[1] - 1) for doc in ids.split(lens, dim=1))
+        ref = total / (sum(lens) - len(lens))
+        ref.backward()
+        ref_grads = _grads(model)
+        model.zero_grad(set_to_none=True)
+        bhf.patch_mixers(model)
+        bhf.register(strategy="burst", backend="reference")  # layout None: shard_batch partitions by documents
+        model.set_attn_implementation("burst")
+        labels = ids.masked_fill(pos == 0, -100)  # DataCollatorWithFlattening: no label across a document start
+        batch = bhf.shard_batch(ids, labels, position_ids=pos)
+        res = model(**batch)
+        res.loss.backward()
+        bhf.sync_gradients(model)
+        out[kind] = dict(loss=_rel(res.loss.detach(), ref.detach()), grads=_grad_err(_grads(model), ref_grads),
+                         layout=type(batch["burst_shard"].layout).__name__)
+    return out
+
+
+def refused(rank: int, world: int, whats) -> dict:
+    """``{case: "<Error>: message"}`` (``"no error"`` when accepted) for ``"<case>:<kind>"`` cases."""
+    out = {}
+    ids = _tokens(1, 6 * world)
+    for what in whats:
+        case, _, kind = what.partition(":")
+        bhf.register(strategy="burst", backend="reference")
+        try:
+            model = guard_build(kind) if kind in ("jamba", "falcon_h1") else build(kind)
+            if case != "unpatched":
+                bhf.patch_mixers(model)
+            model.set_attn_implementation("burst")
+            if case in ("shard", "unpatched"):
+                model(**bhf.shard_batch(ids, ids))
+            elif case == "hand":  # this rank's share by hand, without shard_batch
+                pos = local_positions(ids.shape[1], rank, world, "zigzag")
+                model(input_ids=ids[:, pos], position_ids=pos[None])
+            elif case == "generate":
+                with torch.no_grad():
+                    model.generate(ids[:, :5], max_new_tokens=2, do_sample=False,
+                                   **bhf.cache_kwargs(model, bhf.ShardedCache()))
+            else:
+                raise AssertionError(what)
+            out[what] = "no error"
+        except (ValueError, TypeError, AttributeError, RuntimeError) as e:
+            out[what] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def generate(rank: int, world: int, kinds, prompt: int = 9, new: int = 5) -> dict:
+    """Greedy tokens over a ShardedCache (the mixers' states replicated in the cache, the K/V sharded)
+    against transformers' own generate on one process: ``{kind: (tokens, reference tokens)}``."""
+    ids = _tokens(2, prompt, 5)
+    out = {}
+    for kind in kinds:
+        model = build(kind)
+        ref = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+        bhf.patch_mixers(model)
+        bhf.register(strategy="burst", backend="reference")
+        model.set_attn_implementation("burst")
+        with torch.no_grad():
+            tokens = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                    **bhf.cache_kwargs(model, bhf.ShardedCache()))
+        out[kind] = (tokens.tolist(), ref.tolist())
     return out
