@@ -5,7 +5,8 @@ Float32: the logged losses, gradient norms and the evaluation loss within 1e-5 r
 the steps within 1e-5 (relative Frobenius), the predictions within 1e-4 at real tokens. Covered: packed
 documents of unequal lengths (one longer than a shard, several shorter), right- and left-padded rows
 (batch 3), gradient accumulation 2, dp 2 x cp 2 at world 4, Llama / Qwen2 / Qwen3 / Mistral (sliding
-window 8), burst / ring / ulysses; save_model; refusals on every rank.
+window 8), burst / ring / ulysses; hybrid Qwen3-Next (Gated DeltaNet, packed) and Bamba (Mamba2, right-padded);
+save_model; refusals on every rank.
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from tests.dist.hf_cases import VOCAB  # noqa: E402
 TC = tc.TrainerCase
 CASES = [TC(accumulation=2), TC(kind="qwen3", strategy="ring", data="right"),
          TC(kind="mistral", strategy="ulysses", data="left"),
-         TC(kind="qwen2", world=4, cp=2, per_device=2), TC(kind="llama", world=4, cp=4, data="right", accumulation=2)]
+         TC(kind="qwen2", world=4, cp=2, per_device=2), TC(kind="llama", world=4, cp=4, data="right", accumulation=2),
+         TC(kind="qwen3_next"), TC(kind="bamba", data="right")]  # hybrids (issue 30): patch_mixers by the trainer
 
 
 def _rel(a, b) -> float:
