@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+import burstattn
 import burstattn.hf as bhf
 from burstattn.layout import local_positions
 from tests.dist.hf_guard_cases import build as guard_build
@@ -91,8 +92,9 @@ def exact(rank: int, world: int, kinds, layouts=("zigzag",), dtype=torch.float32
             model.set_attn_implementation("burst")
             bhf.check_model(model)
             batch_kw = bhf.shard_batch(ids, ids)
-            res = model(**batch_kw)
-            res.loss.backward()
+            with burstattn.comm_stats() as stats:
+                res = model(**batch_kw)
+                res.loss.backward()
             bhf.sync_gradients(model)
             logits = bhf.gather_logits(res.logits.detach(), shard=batch_kw["burst_shard"])
             grads = _grads(model)
@@ -100,7 +102,9 @@ def exact(rank: int, world: int, kinds, layouts=("zigzag",), dtype=torch.float32
             out[f"{kind}:{layout}"] = dict(
                 loss=_rel(res.loss.detach(), ref.loss.detach()), logits=_rel(logits, ref.logits.detach()),
                 grads=_grad_err(grads, ref_grads), count=len(ref_grads),
-                missing=sorted(set(ref_grads) - set(grads)))
+                missing=sorted(set(ref_grads) - set(grads)),
+                bytes={op: stats.sent(phase, op) for phase, op in (("forward", "state"), ("backward", "dstate"),
+                                                                   ("forward", "halo"), ("backward", "dhalo"))})
         model.set_attn_implementation("eager")
     return out
 

@@ -26,7 +26,22 @@ def _check(results: list, keys) -> None:
 
 
 def test_families_exact_world_2(pools):
-    _check(pools.get(2).run(hc.exact, hc.FAMILIES), [f"{k}:zigzag" for k in hc.FAMILIES])
+    results = pools.get(2).run(hc.exact, hc.FAMILIES)
+    _check(results, [f"{k}:zigzag" for k in hc.FAMILIES])
+    # the bytes metered in the models' sharded step are the formulas' (one mixer layer each, batch 2 x 24)
+    from burstattn.recurrent import conv_halo_bytes, state_passing_bytes
+
+    lin = hc.LINEAR
+    gdn_state = state_passing_bytes(24, 2, "zigzag", batch=2, heads=lin["linear_num_value_heads"],
+                                    dk=lin["linear_key_head_dim"], dv=lin["linear_value_head_dim"], matrix=True)
+    gdn_halo = conv_halo_bytes(24, 2, "zigzag", batch=2, channels=2 * 2 * 8 + 4 * 8, width=4)
+    ssd_state = state_passing_bytes(24, 2, "zigzag", batch=2, heads=8, dk=16, dv=16, matrix=False)  # MAMBA
+    ssd_halo = conv_halo_bytes(24, 2, "zigzag", batch=2, channels=2 * 64 + 2 * 16, width=4)
+    for res in results:
+        for key, state, halo in (("qwen3_next:zigzag", gdn_state, gdn_halo), ("bamba:zigzag", ssd_state, ssd_halo)):
+            got = res[key]["bytes"]
+            assert (got["state"], got["dstate"], got["halo"], got["dhalo"]) == (
+                state["forward"], state["backward"], halo["forward"], halo["backward"]), (key, got)
 
 
 def test_families_exact_world_3(pools):

@@ -23,7 +23,11 @@ TC = tc.TrainerCase
 CASES = [TC(accumulation=2), TC(kind="qwen3", strategy="ring", data="right"),
          TC(kind="mistral", strategy="ulysses", data="left"),
          TC(kind="qwen2", world=4, cp=2, per_device=2), TC(kind="llama", world=4, cp=4, data="right", accumulation=2),
-         TC(kind="qwen3_next"), TC(kind="bamba", data="right")]  # hybrids (issue 30): patch_mixers by the trainer
+         # hybrids (issue 30; the trainer patches their mixers). Qwen3-Next with SGD: transformers computes the
+         # gated delta rule in float32 whatever the model's dtype, so the decay's small gradients (dt_bias,
+         # in_proj_ba: ~1e-5 of the largest) differ by float32 rounding between one process and the sharded
+         # run, and AdamW's first steps (~ lr * sign(g)) turn rounding into lr-sized parameter differences
+         TC(kind="qwen3_next", optim="sgd"), TC(kind="bamba", data="right")]
 
 
 def _rel(a, b) -> float:
