@@ -135,12 +135,14 @@ def kimi_delta(m, hidden_states: torch.Tensor, attention_mask, ops) -> torch.Ten
 
 
 def mamba2_ssd(m, hidden_states: torch.Tensor, attention_mask, ops) -> torch.Tensor:
-    """Mamba2's mixer (Bamba, Granite 4.0 hybrid, Nemotron-H): conv over ``[x | B | C]``, then the SSD
+    """Mamba2's mixer (Bamba, Granite 4.0 hybrid, Nemotron-H, Falcon-H1 with its muP multipliers): conv over ``[x | B | C]``, then the SSD
     scan ``h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t^T``, ``y_t = C_t h_t + D x_t``, gated norm, out proj."""
     dtype = hidden_states.dtype
-    hs = _masked(hidden_states, attention_mask)
+    hs = _masked(hidden_states, attention_mask) * getattr(m, "ssm_in_multiplier", 1.0)  # Falcon-H1's muP scales
     B, n, _ = hs.shape
-    gate, xbc, dt = m.in_proj(hs).split([m.intermediate_size, m.conv_dim, m.num_heads], dim=-1)
+    proj = m.in_proj(hs)
+    proj = proj * m.mup_vector if hasattr(m, "mup_vector") else proj
+    gate, xbc, dt = proj.split([m.intermediate_size, m.conv_dim, m.num_heads], dim=-1)
     xbc = _masked(_conv(m, xbc, ops, m.activation), attention_mask)
     gs = m.n_groups * m.ssm_state_size
     x, Bm, Cm = torch.split(xbc, [m.intermediate_size, gs, gs], dim=-1)
@@ -153,7 +155,8 @@ def mamba2_ssd(m, hidden_states: torch.Tensor, attention_mask, ops) -> torch.Ten
     y = ops.ssd(x.reshape(B, n, m.num_heads, m.head_dim).to(up), dt.to(up), A,
                 Bm.reshape(B, n, m.n_groups, m.ssm_state_size).to(up),
                 Cm.reshape(B, n, m.n_groups, m.ssm_state_size).to(up), m.D.to(up))
-    y = m.norm(y.reshape(B, n, -1), gate)
+    y = y.reshape(B, n, -1)
+    y = m.norm(y, gate) if getattr(m, "mamba_rms_norm", True) else y * F.silu(gate)
     return m.out_proj(y.to(dtype))
 
 

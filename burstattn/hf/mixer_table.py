@@ -21,6 +21,7 @@ SUPPORTED = {
     "BambaMixer": ("bamba", "ssd"),
     "GraniteMoeHybridMambaLayer": ("granitemoehybrid", "ssd"),
     "NemotronHMamba2Mixer": ("nemotron_h", "ssd"),
+    "FalconH1Mixer": ("falcon_h1", "ssd"),
     "MiniMaxLightningAttention": ("minimax", "lightning"),
     "Lfm2ShortConv": ("lfm2", "conv"),
     "Lfm2MoeShortConv": ("lfm2_moe", "conv"),
@@ -32,8 +33,6 @@ REFUSED = {
                        "or per-key-channel decay that burstattn.recurrent passes between ranks",
     "MambaMixer": "Mamba (v1)'s selective scan (a decay per channel and state)",
     "FalconMambaMixer": "Mamba (v1)'s selective scan (a decay per channel and state)",
-    "FalconH1Mixer": "Falcon-H1's Mamba2 mixer scales its projections by muP multipliers the adapter does not "
-                     "read (not yet adapted)",
     "Zamba2MambaMixer": "Zamba2's Mamba2 mixer is not yet adapted (its layers share blocks)",
     "Mamba2Mixer": "pure Mamba2 models have no attention layer to shard with burstattn",
     "RecurrentGemmaRecurrentBlock": "RG-LRU (a per-channel gated recurrence) is not yet adapted",

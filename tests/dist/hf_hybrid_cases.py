@@ -16,7 +16,7 @@ LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_
               linear_conv_kernel_dim=4)
 IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=1)  # configs whose defaults are outside the tiny vocab
 FAMILIES = ("qwen3_next", "qwen3_5", "olmo_hybrid", "kimi_linear", "bamba", "nemotron_h", "granitemoehybrid",
-            "minimax", "lfm2")
+            "falcon_h1", "minimax", "lfm2")
 
 
 def config(kind: str):
