@@ -10,6 +10,8 @@
 * the model families of today (:mod:`.families`: Gemma 2's softcap, gpt-oss's sinks, DeepSeek-V3's
   MLA head sizes, T5Gemma's encoder and cross-attention; :func:`check_model` refuses a model whose
   attention would not reach burstattn) and :func:`shard_seq2seq_batch` for encoder-decoder models.
+* hybrid models (:func:`patch_mixers`, :mod:`.hybrid`): Gated DeltaNet, KDA, Mamba2, lightning attention
+  and short-convolution mixers made sequence parallel (state passing, conv halos), exactly.
 * :class:`ContextParallelTrainer`, :class:`ContextParallelMixin` — ``transformers.Trainer`` (or any
   subclass, e.g. TRL's ``SFTTrainer``) over a ``dp x cp`` mesh (imported on first use: they need
   ``accelerate``, as the Trainer does).
@@ -27,13 +29,14 @@ from .attention import BurstMask, BurstOptions, register
 from .batch import GlobalItemCount, ShardSpec, gather_logits, shard_batch, shard_inputs, sync_gradients
 from .cache import ShardedCache, cache_kwargs
 from .families import check_model
+from .hybrid import patch_mixers
 from .mixers import sequence_mixers
 from .seq2seq import shard_seq2seq_batch
 from .loss import causal_lm_loss  # noqa: F401  (the blockwise loss, burstattn/hf/loss.py)
 
 __all__ = ["register", "shard_batch", "shard_inputs", "sync_gradients", "gather_logits", "ShardedCache",
            "cache_kwargs", "BurstOptions", "BurstMask", "GlobalItemCount", "ShardSpec", "ContextParallelTrainer",
-           "ContextParallelMixin", "check_model", "sequence_mixers", "shard_seq2seq_batch"]
+           "ContextParallelMixin", "check_model", "sequence_mixers", "patch_mixers", "shard_seq2seq_batch"]
 
 
 def __getattr__(name: str):

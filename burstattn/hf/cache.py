@@ -129,9 +129,17 @@ class ShardedCache(Cache):
         super().__init__(layers=[])
         self.group = group
         _, self.rank, self.world_size = group_context(group)
+        self._first_layer = None  # the first layer with K/V (the token check's)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """The global number of cached tokens (of the first layer with K/V: 0 may be a hybrid's mixer)."""
+        idx = layer_idx if self._first_layer is None or layer_idx != 0 else self._first_layer
+        return self.layers[idx].get_seq_length() if idx < len(self.layers) else 0
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        if layer_idx == 0 and self.world_size > 1:
+        if self._first_layer is None:  # a hybrid model's first layers may hold no K/V (mixers)
+            self._first_layer = layer_idx
+        if layer_idx == self._first_layer and self.world_size > 1:
             self._check_same_tokens(key_states)
         while len(self.layers) <= layer_idx:
             self.layers.append(ShardedLayer(self.rank, self.world_size))

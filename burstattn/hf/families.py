@@ -29,6 +29,7 @@ from typing import Any, Iterable, Optional
 
 import torch
 
+from .mixer_table import hint
 from .mixers import survey
 
 # keyword arguments transformers passes that change nothing about the scores (positions are in the
@@ -157,7 +158,8 @@ def model_problem(model, supported_mixers: Iterable = (), *, implementation: boo
                 f"that reaches burstattn: {_listed(found.mixers)}. Under sequence parallelism each rank would run "
                 f"these layers on its own shard of the tokens only (a silently wrong loss and gradients); burstattn "
                 f"supports models whose layers mix tokens only through attention dispatched through transformers' "
-                f"AttentionInterface (convolutions, SSM / Mamba, linear attention and recurrences are refused)")
+                f"AttentionInterface (convolutions, SSM / Mamba, linear attention and recurrences are refused)"
+                + "".join(f"; {h}" for h in dict.fromkeys(hint(m.cls) for m in found.mixers) if h))
     if implementation:
         bad: dict[str, str] = {}
         for path, module in found.attention:

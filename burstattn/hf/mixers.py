@@ -31,6 +31,8 @@ from typing import Iterable
 
 from torch import nn
 
+from .mixer_table import PATCHED
+
 # torch.nn layers that treat every position on its own
 _POSITIONWISE_TORCH = (nn.Linear, nn.Bilinear, nn.Embedding, nn.EmbeddingBag, nn.LayerNorm, nn.RMSNorm,
                        nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.AlphaDropout, nn.Identity, nn.Flatten, nn.Unflatten)
@@ -92,7 +94,7 @@ def classify(module: nn.Module, supported: frozenset = frozenset()) -> tuple[str
     ``"position-wise"``, ``"mixer"``; ``kind`` says what a mixer is (``"unclassified"`` when the survey
     cannot tell)."""
     cls = type(module)
-    if cls in supported or cls.__name__ in supported:
+    if cls in supported or cls.__name__ in supported or module.__dict__.get(PATCHED):  # PATCHED: hf.patch_mixers
         return "supported", ""
     if dispatches(module):
         return "attention", ""

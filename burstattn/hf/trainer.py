@@ -35,6 +35,7 @@ from transformers import Trainer
 
 from .attention import register
 from .families import check_model
+from .hybrid import patch_mixers
 from .batch import SHARD_KEY, gather_logits, shard_inputs
 
 IGNORE_INDEX = -100
@@ -79,6 +80,7 @@ class ContextParallelMixin:
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # PEFT
         self._original_attn = getattr(base.config, "_attn_implementation", None)
         base.set_attn_implementation(attn_implementation)
+        patch_mixers(base)  # hybrid models: their mixers' recurrences sequence parallel (burstattn/hf/hybrid.py)
         check_model(base)  # a model that never calls the registered attention would train silently wrong
 
     def _refuse_unsupported(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass, replace
+from typing import Optional
 
 import torch
 
@@ -34,10 +35,11 @@ class TrainerCase:
     accumulation: int = 1
     steps: int = 3
     seed: int = 0
+    optim: Optional[str] = None  # TrainingArguments.optim (None: its default, AdamW)
 
     def id(self) -> str:
         return (f"{self.kind}-{self.strategy}-{self.data}-w{self.world}cp{self.cp}-b{self.per_device}"
-                f"-ga{self.accumulation}")
+                f"-ga{self.accumulation}" + (f"-{self.optim}" if self.optim else ""))
 
 
 def dataset(case: TrainerCase) -> list[dict]:
@@ -66,7 +68,8 @@ def _args(case: TrainerCase, out: str, per_device: int, backend=None):
                                 per_device_eval_batch_size=per_device, gradient_accumulation_steps=case.accumulation,
                                 max_steps=case.steps, learning_rate=1e-4, logging_steps=1, save_strategy="no",
                                 report_to="none", use_cpu=True, ddp_backend=backend, seed=case.seed,
-                                disable_tqdm=True, dataloader_num_workers=0)
+                                disable_tqdm=True, dataloader_num_workers=0,
+                                **({} if case.optim is None else {"optim": case.optim}))
 
 
 def _result(trainer, model) -> dict:

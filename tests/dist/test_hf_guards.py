@@ -68,10 +68,12 @@ def test_stablelm_exact_under_shard_batch(pools):
 
 
 def test_context_parallel_trainer_refuses_hybrids_and_router_logits(pools):
-    kinds = ["lfm2", "granitemoehybrid", "minimax", "recurrent_gemma", "qwen2_moe"]
+    """Mixers outside burstattn.hf.mixer_table are refused; the trainer patches those in it (issue 30)."""
+    kinds = ["jamba", "recurrent_gemma", "lfm2", "granitemoehybrid", "qwen2_moe"]
     for res in pools.get(2).run(gc.trainer_refusals, kinds):
-        for kind in kinds[:4]:
+        for kind in kinds[:2]:
             assert MIXES in res[kind] and HYBRIDS[kind] in res[kind], (kind, res[kind])
+        assert res["lfm2"] == res["granitemoehybrid"] == "no error", res
         assert "output_router_logits=True" in res["qwen2_moe"], res["qwen2_moe"]
 
 
