@@ -6,9 +6,10 @@ plan gives sequence ``i`` a degree ``d`` (a divisor of the world P: the aligned 
 ``[g d, (g + 1) d)``, created once, :func:`burstattn.groups.degree_groups`) and one of the ``P / d``
 groups. A rank's cost is the sum over the sequences it shares of :meth:`DispatchCost.per_rank`:
 
-    attention  pairs(L) / d * pair_s          (causal pairs L (L + 1) / 2, forward + backward)
+    attention  a = pairs(L) / d * pair_s      (causal pairs L (L + 1) / 2, forward + backward)
     linear     L / d * token_s                (projections, MLP, loss: per token)
-    exposed    max(0, ring_bytes(L, d) * byte_s - attention)   (the ring hides under the attention)
+    exposed    (d - 1) * max(0, hop - a / d)  (each of the d - 1 ring hops hides under one block of
+               hop = hop_s + L / d * kv_bytes * byte_s    attention, or shows its excess)
 
 ``dynamic``: each sequence takes the smallest degree whose shard fits ``budget`` tokens per rank and
 whose per-rank cost fits the mean rank load (short sequences on one rank, no traffic; long ones over
@@ -38,6 +39,8 @@ class DispatchCost:
     token_s: float
     byte_s: float = 0.0
     kv_bytes: float = 0.0
+    hop_s: float = 0.0
+    """Fixed seconds of one ring hop, all layers and passes (latency, per-step overhead)."""
 
     def pairs(self, length: int) -> float:
         return length * (length + 1) / 2
@@ -45,22 +48,23 @@ class DispatchCost:
     def per_rank(self, length: int, degree: int) -> float:
         """One rank's estimated seconds for a sequence of ``length`` tokens over ``degree`` ranks."""
         attn = self.pairs(length) / degree * self.pair_s
-        comm = (degree - 1) * length / degree * self.kv_bytes * self.byte_s
-        return attn + length / degree * self.token_s + max(0.0, comm - attn)
+        hop = self.hop_s + length / degree * self.kv_bytes * self.byte_s
+        return attn + length / degree * self.token_s + (degree - 1) * max(0.0, hop - attn / degree)
 
     @classmethod
     def for_model(cls, dim: int, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, ffn_dim: int,
                   vocab_size: int, *, matmul_flops: float = 1e10, attn_flops: float = 1e10,
-                  link_bytes_per_s: float = 2e9, element_size: int = 4) -> "DispatchCost":
+                  link_bytes_per_s: float = 2e9, element_size: int = 4, hop_latency_s: float = 3e-4) -> "DispatchCost":
         """The cost of a LLaMA-shaped model from its FLOPs: per pair ``4 Hq hd`` forward, 2.5x that
         backward; per token ``6 x`` the linear weights (forward + backward); per hop K and V of every
-        layer, forward, and K, V, dK, dV backward. Rates in FLOP/s and bytes/s (defaults: a CPU core
-        and a loopback gloo link, order of magnitude)."""
+        layer, forward, and K, V, dK, dV backward, and ``hop_latency_s`` per layer and pass (3: the
+        forward ring and the backward's two). Rates in FLOP/s and bytes/s (defaults: a CPU core, a
+        loopback gloo link and the engine's per-step overhead on it, order of magnitude)."""
         pair = 4 * n_heads * head_dim * 3.5 * n_layers
         weights = n_layers * (dim * (n_heads + 2 * n_kv_heads) * head_dim + n_heads * head_dim * dim
                               + 3 * dim * ffn_dim) + dim * vocab_size
         kv = 2 * n_kv_heads * head_dim * element_size * n_layers * 3
-        return cls(pair / attn_flops, 6 * weights / matmul_flops, 1.0 / link_bytes_per_s, kv)
+        return cls(pair / attn_flops, 6 * weights / matmul_flops, 1.0 / link_bytes_per_s, kv, 3 * n_layers * hop_latency_s)
 
 
 @dataclass(frozen=True)
@@ -147,13 +151,24 @@ def plan_dispatch(lengths: Sequence[int], world_size: int, cost: DispatchCost, *
         raise ValueError(f"dispatch must be one of {MODES}, got {mode!r}")
     if mode == "static":
         return _static(lengths, world_size, cost, world_size if cp is None else cp, budget)
-    degrees = divisors(world_size)
     mean = sum(cost.per_rank(n, 1) for n in lengths) / world_size
+    # a sequence's share must fit a fraction of a rank's fair load: the coarser the fraction, the
+    # fewer rings (traffic) but the harder to pack; the best of a few, by the slowest rank
+    plans = [_dynamic(lengths, world_size, cost, budget, mean * f) for f in THRESHOLDS]
+    return min(plans, key=lambda p: (max(p.loads), -p.degrees.get(1, 0)))
+
+
+THRESHOLDS = (1.0, 0.5, 0.25, 0.125, 0.0625)
+
+
+def _dynamic(lengths: Sequence[int], world_size: int, cost: DispatchCost, budget: Optional[int],
+             share: float) -> DispatchPlan:
+    """Degrees: the smallest whose share fits ``share`` (and the budget); LPT placement."""
+    degrees = divisors(world_size)
     chosen = []
     for n in lengths:
         fits = [d for d in degrees if budget is None or -(-n // d) <= budget]
-        # the smallest group whose share of this sequence fits a rank's fair load
-        chosen.append(next((d for d in fits if cost.per_rank(n, d) <= mean), fits[-1]))
+        chosen.append(next((d for d in fits if cost.per_rank(n, d) <= share), fits[-1]))
     loads = [0.0] * world_size
     order = sorted(range(len(lengths)), key=lambda i: (-cost.per_rank(lengths[i], chosen[i]), i))
     placed = []
@@ -163,7 +178,7 @@ def plan_dispatch(lengths: Sequence[int], world_size: int, cost: DispatchCost, *
         for r in range(g * d, (g + 1) * d):
             loads[r] += c
         placed.append(Placement(i, lengths[i], d, g, c))
-    return DispatchPlan(world_size, mode, tuple(placed), tuple(loads))
+    return DispatchPlan(world_size, "dynamic", tuple(placed), tuple(loads))
 
 
 def _static(lengths: Sequence[int], world_size: int, cost: DispatchCost, cp: int,
