@@ -1,0 +1,166 @@
+"""``burstattn bench dispatch``: dynamic against static dispatch of long-tailed documents, in real
+processes, and the planner's figures at scale.
+
+Measured (``run``): two jobs in the same ranks, one ``--dispatch static`` (every document over the
+fixed cp = P ring), one ``--dispatch dynamic``, the SAME documents (``--doc-lengths``, one seed) and
+the same model. Each step runs both arms, alternating which goes first, so load drifts hit them alike.
+Per rank and step: the CPU seconds of the rank's own thread (``time.thread_time``): a cluster waits
+for its slowest rank, and here the ranks share cores, so the wall clock cannot show the imbalance.
+Reported: median over the steps of the slowest rank's CPU seconds, and tokens per second.
+
+Simulated (``simulate``): :class:`~burstattn.parallel.dispatch.DispatchCost` from a model and a
+cluster preset of :mod:`burstattn.sim.hardware` (bf16 GEMM and attention rates, the inter-node link
+for rings beyond one node); the best static cp (fitting the memory budget) against dynamic dispatch,
+over steps of documents drawn from a long-tailed distribution.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..parallel.dispatch import DispatchCost, divisors, plan_dispatch
+from ..train.documents import DocLengths
+
+
+@dataclass(frozen=True)
+class DispatchBenchConfig:
+    """One measured run."""
+
+    world_size: int = 4
+    model: str = "small"
+    seq_len: int = 8192
+    batch: int = 4
+    doc_lengths: str = "lognormal:512,1.5,32768"
+    steps: int = 20
+    strategy: str = "burst"
+
+
+def _train_cfg(cfg: DispatchBenchConfig, dispatch: str):
+    from ..train import TrainConfig
+
+    return TrainConfig(model=cfg.model, seq_len=cfg.seq_len, batch=cfg.batch, steps=cfg.steps + 1, warmup=1,
+                       strategy=cfg.strategy, doc_lengths=cfg.doc_lengths, dispatch=dispatch, seed=0)
+
+
+def rank_times(rank: int, world: int, cfg: DispatchBenchConfig) -> dict:
+    """Per arm, this rank's thread CPU seconds and wall seconds of every step (after one warm-up)."""
+    from ..train import build_job, train_step
+
+    jobs = {arm: build_job(_train_cfg(cfg, arm)) for arm in ("static", "dynamic")}
+    cpu = {arm: [] for arm in jobs}
+    wall = {arm: [] for arm in jobs}
+    for step in range(cfg.steps + 1):
+        arms = ("static", "dynamic") if step % 2 == 0 else ("dynamic", "static")
+        for arm in arms:
+            t0, w0 = time.thread_time(), time.perf_counter()
+            train_step(jobs[arm], step)
+            if step:  # step 0 warms both arms up
+                cpu[arm].append(time.thread_time() - t0)
+                wall[arm].append(time.perf_counter() - w0)
+    return dict(cpu=cpu, wall=wall)
+
+
+def run(cfg: DispatchBenchConfig) -> dict:
+    """Both arms on ``cfg.world_size`` local ranks; per arm the median over steps of the slowest rank's
+    CPU seconds, the mean rank's, and tokens per second (wall clock of the step, slowest rank)."""
+    from ..testing.launch import LocalPool
+
+    pool = LocalPool(cfg.world_size, backend="gloo", threads_per_rank=1, timeout_s=7200.0, pg_timeout_s=1200.0)
+    try:
+        per_rank = pool.run(rank_times, cfg)
+    finally:
+        pool.close()
+    out = {}
+    tokens = cfg.batch * cfg.seq_len
+    for arm in ("static", "dynamic"):
+        steps = range(cfg.steps)
+        slowest = [max(r["cpu"][arm][s] for r in per_rank) for s in steps]
+        mean = [statistics.fmean(r["cpu"][arm][s] for r in per_rank) for s in steps]
+        walls = [max(r["wall"][arm][s] for r in per_rank) for s in steps]
+        out[arm] = dict(slowest_cpu_s=statistics.median(slowest), mean_cpu_s=statistics.median(mean),
+                        tokens_per_s=tokens / statistics.median(walls))
+    return out
+
+
+def hw_cost(model, hw, *, element_size: int = 2) -> DispatchCost:
+    """:class:`DispatchCost` of ``model`` (a LlamaConfig) on cluster ``hw`` (a ClusterHW): GEMMs at
+    ``peak x matmul_eff``, attention at ``peak x attn_fwd_eff`` (causal blocks at ``causal_eff``),
+    rings on the inter-node link (with its latency and one kernel launch per hop)."""
+    attn_rate = hw.peak_flops * hw.attn_fwd_eff * hw.causal_eff
+    return DispatchCost.for_model(model.dim, model.n_layers, model.n_heads, model.n_kv_heads, model.head_dim,
+                                  model.ffn_dim, model.vocab_size, matmul_flops=hw.peak_flops * hw.matmul_eff,
+                                  attn_flops=attn_rate, link_bytes_per_s=hw.inter_bw, element_size=element_size,
+                                  hop_latency_s=hw.inter_lat + hw.kernel_overhead_s)
+
+
+def simulate(model, hw, world: int, doc_lengths: str, *, tokens_per_gpu: int, budget: int, steps: int = 8,
+             seed: int = 0) -> dict:
+    """Mean step time (the slowest rank's estimate) of the best static cp and of dynamic dispatch over
+    ``steps`` global batches of ``world x tokens_per_gpu`` tokens drawn from ``doc_lengths``; a static cp
+    must hold its longest document under ``budget`` tokens per GPU."""
+    cost = hw_cost(model, hw)
+    spec = DocLengths.parse(doc_lengths)
+    batches = [spec.sample(world * tokens_per_gpu, torch.Generator().manual_seed(seed * 1000 + s)) for s in range(steps)]
+    longest = max(max(b) for b in batches)
+    static = {}
+    for cp in divisors(world):
+        if -(-longest // cp) <= budget:
+            static[cp] = statistics.fmean(max(plan_dispatch(b, world, cost, mode="static", cp=cp).loads) for b in batches)
+    plans = [plan_dispatch(b, world, cost, budget=budget) for b in batches]
+    dynamic = statistics.fmean(max(p.loads) for p in plans)
+    best = min(static, key=static.get)
+    return dict(world=world, best_static_cp=best, static_s=static[best], dynamic_s=dynamic,
+                speedup=static[best] / dynamic, longest=longest, static_by_cp=static,
+                dynamic_balance=statistics.fmean(p.balance for p in plans))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = DispatchBenchConfig()
+    p.add_argument("--world-size", type=int, default=d.world_size)
+    p.add_argument("--model", default=d.model)
+    p.add_argument("--seq-len", type=int, default=d.seq_len)
+    p.add_argument("--batch", type=int, default=d.batch)
+    p.add_argument("--doc-lengths", default=d.doc_lengths)
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--simulate", action="store_true", help="print the simulated table (llama3-8b, h100-nvlink-ib)")
+
+
+def run_cli(ns: argparse.Namespace) -> int:
+    if ns.simulate:
+        print(simulated_table())
+        return 0
+    cfg = DispatchBenchConfig(ns.world_size, ns.model, ns.seq_len, ns.batch, ns.doc_lengths, ns.steps)
+    res = run(cfg)
+    print(f"world {cfg.world_size}, {cfg.model}, {cfg.batch} x {cfg.seq_len} tokens per step of --doc-lengths "
+          f"{cfg.doc_lengths}, {cfg.steps} steps after one warm-up, arms alternating")
+    print("| dispatch | slowest rank CPU s / step | mean rank CPU s / step | tokens/s |")
+    print("|---|---:|---:|---:|")
+    for arm, r in res.items():
+        print(f"| {arm} | {r['slowest_cpu_s']:.3f} | {r['mean_cpu_s']:.3f} | {r['tokens_per_s']:.0f} |")
+    print(f"slowest rank: static / dynamic = {res['static']['slowest_cpu_s'] / res['dynamic']['slowest_cpu_s']:.2f}x")
+    return 0
+
+
+SIM_CASES = (("lognormal:2048,1.5,131072", 64), ("lognormal:2048,2.0,1048576", 64),
+             ("lognormal:2048,1.5,131072", 256), ("lognormal:2048,2.0,1048576", 256),
+             ("lognormal:2048,2.0,1048576", 1024), ("lognormal:16384,0.0,16384", 256))
+
+
+def simulated_table(tokens_per_gpu: int = 16384, budget: int = 32768) -> str:
+    """The docs table: llama3-8b on h100-nvlink-ib, 16K tokens per GPU per step, 32K tokens per GPU
+    budget (so a static cp must be at least longest / 32K)."""
+    from ..models import preset
+    from ..sim.hardware import preset as hw_preset
+
+    model, hw = preset("llama3-8b"), hw_preset("h100-nvlink-ib")
+    lines = ["| GPUs | document lengths | longest | best static cp | static step s | dynamic step s | speedup |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
+    for spec, world in SIM_CASES:
+        r = simulate(model, hw, world, spec, tokens_per_gpu=tokens_per_gpu, budget=budget)
+        lines.append(f"| {world} | {spec} | {r['longest']} | {r['best_static_cp']} | {r['static_s']:.2f} | "
+                     f"{r['dynamic_s']:.2f} | {r['speedup']:.2f}x |")
+    return "\n".join(lines)
