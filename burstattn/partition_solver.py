@@ -37,7 +37,9 @@ from .masks.blocks import CAUSAL, EMPTY, FULL, PARTIAL, STRICT, classify
 from .masks.spec import AttnMask
 from .partition import Partition, _cut, _stream, balance
 
-CANDIDATES = ("contiguous", "zigzag", "documents", "sorted")
+CANDIDATES = ("layout-contiguous", "layout-zigzag", "contiguous", "zigzag", "documents", "sorted")
+# the named layouts themselves (no cut): so the kept partition is never worse than them on the score
+NAMED = {"layout-contiguous": "contiguous", "layout-zigzag": "zigzag"}
 _CHUNK_ROWS = 1 << 16  # query rows per classify call (bounds its [rows, key tiles] temporaries)
 
 
@@ -174,6 +176,17 @@ def _block_docs(mask: AttnMask, block: int, nb: int) -> torch.Tensor:
     return torch.tensor(sorted(edges), dtype=torch.int64)
 
 
+def _named_owner(name: str, nb: int, world_size: int) -> Optional[torch.Tensor]:
+    """Block owners ``[B]`` of a named layout, or None when its chunks are not whole blocks."""
+    b = torch.arange(nb)
+    if NAMED[name] == "contiguous":
+        return b // (nb // world_size)
+    if nb % (2 * world_size):
+        return None
+    k = b // (nb // (2 * world_size))  # zigzag: chunk k on rank k, chunk 2P-1-k on rank k too
+    return torch.where(k < world_size, k, 2 * world_size - 1 - k)
+
+
 def _streams(name: str, cost: torch.Tensor, docs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """One candidate's block order, its boundaries and whether the cut may swap whole units."""
     nb = cost.numel()
@@ -217,17 +230,27 @@ def solve_partition(mask: AttnMask, seq_len: int, world_size: int, *, causal: bo
     docs = _block_docs(mask, block, nb)
     tried = {}  # name -> (balance, owner [B], parts)
     for name in dict.fromkeys(candidates):
-        stream, boundary, swaps = _streams(name, summary.cost, docs)
-        same = [n for n in tried if torch.equal(tried[n][3], stream)]
-        if same:  # e.g. "documents" without block-aligned documents is "zigzag"
-            tried[name] = tried[same[0]]
-            continue
-        parts = _cut(stream, summary.cost[stream], boundary, world_size, tolerance, allow_swaps=swaps)
-        owner = torch.empty(nb, dtype=torch.int64)
-        for r, p in enumerate(parts):
-            owner[p] = r
+        if name in NAMED:
+            owner = _named_owner(name, nb, world_size)
+            if owner is None:
+                continue
+            stream = owner.argsort(stable=True)
+            parts = list(stream.view(world_size, per))
+        else:
+            stream, boundary, swaps = _streams(name, summary.cost, docs)
+            same = [n for n in tried if n not in NAMED and torch.equal(tried[n][3], stream)]
+            if same:  # e.g. "documents" without block-aligned documents is "zigzag"
+                tried[name] = tried[same[0]]
+                continue
+            parts = _cut(stream, summary.cost[stream], boundary, world_size, tolerance, allow_swaps=swaps)
+            owner = torch.empty(nb, dtype=torch.int64)
+            for r, p in enumerate(parts):
+                owner[p] = r
         work = torch.zeros(world_size, dtype=torch.float64).index_add_(0, owner, summary.cost)
         tried[name] = (balance(work), owner, parts, stream)
+    if not tried:
+        raise ValueError(f"candidates {tuple(candidates)}: none applies ({world_size} ranks, {nb} blocks of {block}: "
+                         "zigzag's chunks are not whole blocks)")
     within = [n for n in tried if tried[n][0] <= target]
     scores = {n: (tried[n][0], None) for n in tried}
     for n in within if len(within) > 1 else []:  # traffic decides among the balanced ones only
