@@ -158,12 +158,17 @@ def touching_pairs(summary: BlockSummary, owner_q: torch.Tensor, owner_k: torch.
         by_rank = torch.zeros(p, ne.shape[1]).index_add_(0, owner_q, ne)  # [P, Bk]
         need = torch.zeros(p, p).index_add_(1, owner_k, by_rank) > 0
     else:
-        onehot = torch.zeros(p, owner_k.numel() + 1, dtype=torch.int32)
-        onehot[owner_k, torch.arange(owner_k.numel()) + 1] = 1
-        cnt = onehot.cumsum(1)  # [P, Bk + 1]: key tiles of s before j
+        # [Bk + 1, P] (rows contiguous: the gathers below read whole rows): key tiles of s before j
+        onehot = torch.zeros(owner_k.numel() + 1, p, dtype=torch.int32)
+        onehot[torch.arange(owner_k.numel()) + 1, owner_k] = 1
+        cnt = onehot.cumsum(0)
         lo, hi = summary.lo.clamp(max=owner_k.numel()), summary.hi.clamp(min=-1)
-        hits = ((cnt[:, hi + 1] - cnt[:, lo]) > 0) & (lo <= hi)[None, :]  # [P, B]
-        need = torch.zeros(p, p).index_add_(0, owner_q, hits.T.to(torch.float32)) > 0
+        hits = (cnt[hi + 1] > cnt[lo]) & (lo <= hi)[:, None]  # [B, P]
+        order = torch.argsort(owner_q, stable=True)
+        if owner_q.numel() % p == 0 and bool((owner_q[order] == torch.arange(p).repeat_interleave(owner_q.numel() // p)).all()):
+            need = hits[order].view(p, -1, p).any(1)  # every rank holds B / P query blocks
+        else:
+            need = torch.zeros(p, p).index_add_(0, owner_q, hits.to(torch.float32)) > 0
     need.fill_diagonal_(False)
     return int(need.sum())
 
@@ -246,6 +251,10 @@ def solve_partition(mask: AttnMask, seq_len: int, world_size: int, *, causal: bo
             owner = torch.empty(nb, dtype=torch.int64)
             for r, p in enumerate(parts):
                 owner[p] = r
+        same = [n for n in tried if torch.equal(tried[n][1], owner)]
+        if same:  # the same placement scores the same: count its pairs once
+            tried[name] = tried[same[0]]
+            continue
         work = torch.zeros(world_size, dtype=torch.float64).index_add_(0, owner, summary.cost)
         tried[name] = (balance(work), owner, parts, stream)
     if not tried:
@@ -253,10 +262,12 @@ def solve_partition(mask: AttnMask, seq_len: int, world_size: int, *, causal: bo
                          "zigzag's chunks are not whole blocks)")
     within = [n for n in tried if tried[n][0] <= target]
     scores = {n: (tried[n][0], None) for n in tried}
+    counted: dict[int, int] = {}  # id of a tried entry -> its pairs (shared entries counted once)
     for n in within if len(within) > 1 else []:  # traffic decides among the balanced ones only
         owner = tried[n][1]
-        scores[n] = (tried[n][0], touching_pairs(summary, owner, owner if k_len == seq_len else owner_kc,
-                                                 world_size))
+        if id(tried[n]) not in counted:
+            counted[id(tried[n])] = touching_pairs(summary, owner, owner if k_len == seq_len else owner_kc, world_size)
+        scores[n] = (tried[n][0], counted[id(tried[n])])
     name = min(within, key=lambda n: (scores[n][1], scores[n][0])) if within else min(tried, key=lambda n: tried[n][0])
     if scores[name][1] is None:
         owner = tried[name][1]
