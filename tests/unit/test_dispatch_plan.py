@@ -71,3 +71,13 @@ def test_parse_errors_name_the_flag_file_and_line(tmp_path):
     with pytest.raises(ValueError, match=rf"{bad}:2: cannot parse '2048 x'") as info:
         load_histogram(str(bad))
     assert "\n" not in str(info.value)
+
+
+def test_hf_trainer_dispatch_keyword():
+    pytest.importorskip("transformers")
+    from burstattn.hf.trainer import ContextParallelTrainer
+
+    with pytest.raises(ValueError, match=r"dispatch='dynamic' is not supported by the Trainer integration yet"):
+        ContextParallelTrainer(dispatch="dynamic")
+    with pytest.raises(ValueError, match=r"dispatch='sometimes' must be 'static' or 'dynamic'"):
+        ContextParallelTrainer(dispatch="sometimes")
