@@ -81,3 +81,17 @@ def test_hf_trainer_dispatch_keyword():
         ContextParallelTrainer(dispatch="dynamic")
     with pytest.raises(ValueError, match=r"dispatch='sometimes' must be 'static' or 'dynamic'"):
         ContextParallelTrainer(dispatch="sometimes")
+
+
+@pytest.mark.parametrize("argv,text", [
+    (["--dispatch", "sometimes"], "dispatch (--dispatch) must be one of ('static', 'dynamic')"),
+    (["--doc-lengths", "zipf:1"], "--doc-lengths expects lognormal:MEDIAN,SIGMA,MAX"),
+    (["--dispatch", "dynamic", "--fsdp"], "--fsdp and --tp > 1 are not supported"),
+    (["--dispatch", "dynamic", "--cp", "2"], "--dispatch dynamic chooses every sequence's cp degree itself"),
+])
+def test_train_cli_refuses_in_one_line(capsys, argv, text):
+    from burstattn.cli import main
+
+    assert main(["train", "--world-size", "2", "--no-progress", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("burstattn train: error: ") and text in err and err.count("\n") == 1, err
