@@ -103,7 +103,7 @@ def simulate(model, hw, world: int, doc_lengths: str, *, tokens_per_gpu: int, bu
     ``steps`` global batches of ``world x tokens_per_gpu`` tokens drawn from ``doc_lengths``; a static cp
     must hold its longest document under ``budget`` tokens per GPU."""
     cost = hw_cost(model, hw)
-    spec = DocLengths.parse(doc_lengths)
+    spec = DocLengths.parse(doc_lengths) if isinstance(doc_lengths, str) else doc_lengths
     batches = [spec.sample(world * tokens_per_gpu, torch.Generator().manual_seed(seed * 1000 + s)) for s in range(steps)]
     longest = max(max(b) for b in batches)
     static = {}
@@ -112,10 +112,15 @@ def simulate(model, hw, world: int, doc_lengths: str, *, tokens_per_gpu: int, bu
             static[cp] = statistics.fmean(max(plan_dispatch(b, world, cost, mode="static", cp=cp).loads) for b in batches)
     plans = [plan_dispatch(b, world, cost, budget=budget) for b in batches]
     dynamic = statistics.fmean(max(p.loads) for p in plans)
+    if not static:
+        raise ValueError(f"no static cp of {world} GPUs holds the longest document ({longest} tokens) under the "
+                         f"budget of {budget} tokens per GPU")
     best = min(static, key=static.get)
     return dict(world=world, best_static_cp=best, static_s=static[best], dynamic_s=dynamic,
                 speedup=static[best] / dynamic, longest=longest, static_by_cp=static,
-                dynamic_balance=statistics.fmean(p.balance for p in plans))
+                dynamic_balance=statistics.fmean(p.balance for p in plans),
+                static_tokens_per_gpu=-(-longest // best),  # the largest shard one GPU holds (activations)
+                dynamic_tokens_per_gpu=max(-(-q.length // q.degree) for p in plans for q in p.placements))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -127,9 +132,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--doc-lengths", default=d.doc_lengths)
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--simulate", action="store_true", help="print the simulated table (llama3-8b, h100-nvlink-ib)")
+    p.add_argument("--histogram", default=None, help="with --simulate: a document length histogram file "
+                                                     "(LENGTH COUNT per line) instead of the built-in cases")
+    p.add_argument("--gpus", type=int, nargs="+", default=[64, 256, 1024], help="with --histogram: world sizes")
+    p.add_argument("--cluster", default="h100-nvlink-ib", help="with --simulate: a cluster preset or spec file")
+    p.add_argument("--sim-model", default="llama3-8b", help="with --simulate: the model preset")
+    p.add_argument("--budget", type=int, default=32768, help="with --simulate: tokens per GPU a shard may hold")
 
 
 def run_cli(ns: argparse.Namespace) -> int:
+    if ns.simulate and ns.histogram:
+        print(histogram_table(ns.histogram, ns.gpus, ns.sim_model, ns.cluster, ns.budget))
+        return 0
     if ns.simulate:
         print(simulated_table())
         return 0
@@ -157,10 +171,29 @@ def simulated_table(tokens_per_gpu: int = 16384, budget: int = 32768) -> str:
     from ..sim.hardware import preset as hw_preset
 
     model, hw = preset("llama3-8b"), hw_preset("h100-nvlink-ib")
-    lines = ["| GPUs | document lengths | longest | best static cp | static step s | dynamic step s | speedup |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
-    for spec, world in SIM_CASES:
+    return _table([(spec, world) for spec, world in SIM_CASES], model, hw, tokens_per_gpu, budget)
+
+
+HEADER = ["| GPUs | document lengths | longest | best static cp | static step s | dynamic step s | speedup | "
+          "largest shard static / dynamic (tokens per GPU) |", "|---:|---|---:|---:|---:|---:|---:|---|"]
+
+
+def _table(cases, model, hw, tokens_per_gpu: int, budget: int) -> str:
+    lines = list(HEADER)
+    for spec, world in cases:
         r = simulate(model, hw, world, spec, tokens_per_gpu=tokens_per_gpu, budget=budget)
-        lines.append(f"| {world} | {spec} | {r['longest']} | {r['best_static_cp']} | {r['static_s']:.2f} | "
-                     f"{r['dynamic_s']:.2f} | {r['speedup']:.2f}x |")
+        name = spec if isinstance(spec, str) else "histogram"
+        lines.append(f"| {world} | {name} | {r['longest']} | {r['best_static_cp']} | {r['static_s']:.2f} | "
+                     f"{r['dynamic_s']:.2f} | {r['speedup']:.2f}x | {r['static_tokens_per_gpu']} / "
+                     f"{r['dynamic_tokens_per_gpu']} |")
     return "\n".join(lines)
+
+
+def histogram_table(path: str, gpus, model_name: str, cluster: str, budget: int, tokens_per_gpu: int = 16384) -> str:
+    """The simulated table for a length histogram file on each of ``gpus``."""
+    from ..models import preset
+    from ..sim.hardware import load
+    from ..train.documents import HistogramLengths, load_histogram
+
+    lengths = HistogramLengths(tuple(load_histogram(path)))
+    return _table([(lengths, g) for g in gpus], preset(model_name), load(cluster), tokens_per_gpu, budget)

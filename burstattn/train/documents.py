@@ -63,6 +63,27 @@ class DocLengths:
         return out
 
 
+@dataclass(frozen=True)
+class HistogramLengths:
+    """Lengths drawn from a histogram file's ``(length, count)`` rows (:func:`load_histogram`), with
+    :meth:`DocLengths.sample`'s contract."""
+
+    rows: tuple
+
+    def sample(self, total: int, gen: torch.Generator) -> list[int]:
+        lengths = torch.tensor([r[0] for r in self.rows], dtype=torch.int64)
+        weights = torch.tensor([float(r[1]) for r in self.rows], dtype=torch.float64)
+        out, left = [], total
+        while left > 0:
+            n = min(int(lengths[int(torch.multinomial(weights, 1, generator=gen))]), left)
+            if n < MIN_DOC and out:
+                out[-1] += n
+            else:
+                out.append(n)
+            left -= n
+        return out
+
+
 def _phrase_doc(n: int, gen: torch.Generator) -> torch.Tensor:
     length = int(torch.randint(4, 33, (1,), generator=gen))
     phrase = "".join(LETTERS[int(i)] for i in torch.randint(0, len(LETTERS), (length,), generator=gen)) + ". "
