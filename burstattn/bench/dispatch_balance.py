@@ -19,6 +19,7 @@ import argparse
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -138,6 +139,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", default="h100-nvlink-ib", help="with --simulate: a cluster preset or spec file")
     p.add_argument("--sim-model", default="llama3-8b", help="with --simulate: the model preset")
     p.add_argument("--budget", type=int, default=32768, help="with --simulate: tokens per GPU a shard may hold")
+    p.add_argument("--plot", default=None, metavar="PNG", help="with --simulate: also plot the speedups (matplotlib)")
 
 
 def run_cli(ns: argparse.Namespace) -> int:
@@ -145,7 +147,7 @@ def run_cli(ns: argparse.Namespace) -> int:
         print(histogram_table(ns.histogram, ns.gpus, ns.sim_model, ns.cluster, ns.budget))
         return 0
     if ns.simulate:
-        print(simulated_table())
+        print(simulated_table(plot_path=ns.plot))
         return 0
     cfg = DispatchBenchConfig(ns.world_size, ns.model, ns.seq_len, ns.batch, ns.doc_lengths, ns.steps)
     res = run(cfg)
@@ -164,28 +166,57 @@ SIM_CASES = (("lognormal:2048,1.5,131072", 64), ("lognormal:2048,2.0,1048576", 6
              ("lognormal:2048,2.0,1048576", 1024), ("lognormal:16384,0.0,16384", 256))
 
 
-def simulated_table(tokens_per_gpu: int = 16384, budget: int = 32768) -> str:
+def simulated_table(tokens_per_gpu: int = 16384, budget: int = 32768, plot_path: Optional[str] = None) -> str:
     """The docs table: llama3-8b on h100-nvlink-ib, 16K tokens per GPU per step, 32K tokens per GPU
     budget (so a static cp must be at least longest / 32K)."""
     from ..models import preset
     from ..sim.hardware import preset as hw_preset
 
     model, hw = preset("llama3-8b"), hw_preset("h100-nvlink-ib")
-    return _table([(spec, world) for spec, world in SIM_CASES], model, hw, tokens_per_gpu, budget)
+    return _table([(spec, world) for spec, world in SIM_CASES], model, hw, tokens_per_gpu, budget, plot_path)
 
 
 HEADER = ["| GPUs | document lengths | longest | best static cp | static step s | dynamic step s | speedup | "
           "largest shard static / dynamic (tokens per GPU) |", "|---:|---|---:|---:|---:|---:|---:|---|"]
 
 
-def _table(cases, model, hw, tokens_per_gpu: int, budget: int) -> str:
-    lines = list(HEADER)
+PUBLISHED = {"Megatron-Core dynamic CP (up to)": 1.48, "WLB-LLM (mean)": 1.23, "FlexSP (up to)": 1.98,
+             "Zeppelin (mean)": 2.80}
+
+
+def plot(rows: list[tuple[str, float]], path: str) -> None:
+    """Bars of the simulated speedups (``[(label, speedup)]``) beside the published figures (lines);
+    needs matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    ax.bar(range(len(rows)), [v for _, v in rows], color="tab:blue")
+    ax.set_xticks(range(len(rows)), [k for k, _ in rows], rotation=20, ha="right", fontsize=7)
+    for i, (name, value) in enumerate(PUBLISHED.items()):
+        ax.axhline(value, ls="--", lw=0.8, color=f"C{i + 1}", label=f"{name}: {value}x")
+    ax.axhline(1.0, color="black", lw=0.6)
+    ax.set_ylabel("dynamic / best static cp")
+    ax.set_title("Simulated: llama3-8b, h100-nvlink-ib, 16K tokens per GPU per step")
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _table(cases, model, hw, tokens_per_gpu: int, budget: int, plot_path: Optional[str] = None) -> str:
+    lines, bars = list(HEADER), []
     for spec, world in cases:
         r = simulate(model, hw, world, spec, tokens_per_gpu=tokens_per_gpu, budget=budget)
         name = spec if isinstance(spec, str) else "histogram"
+        bars.append((f"{world} GPUs, {name.replace('lognormal:', 'LN ')}", r["speedup"]))
         lines.append(f"| {world} | {name} | {r['longest']} | {r['best_static_cp']} | {r['static_s']:.2f} | "
                      f"{r['dynamic_s']:.2f} | {r['speedup']:.2f}x | {r['static_tokens_per_gpu']} / "
                      f"{r['dynamic_tokens_per_gpu']} |")
+    if plot_path:
+        plot(bars, plot_path)
     return "\n".join(lines)
 
 

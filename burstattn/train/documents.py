@@ -50,17 +50,23 @@ class DocLengths:
 
     def sample(self, total: int, gen: torch.Generator) -> list[int]:
         """Lengths summing to ``total`` (the last one cut to fit; a remainder below 2 joins the one before)."""
-        out, left = [], total
-        while left > 0:
+        def draw() -> int:
             z = float(torch.randn((), generator=gen, dtype=torch.float64))
-            n = int(min(self.max_len, max(MIN_DOC, round(self.median * math.exp(self.sigma * z)))))
-            n = min(n, left)
-            if n < MIN_DOC and out:
-                out[-1] += n
-            else:
-                out.append(n)
-            left -= n
-        return out
+            return int(min(self.max_len, max(MIN_DOC, round(self.median * math.exp(self.sigma * z)))))
+        return _fill(total, draw)
+
+
+def _fill(total: int, draw) -> list[int]:
+    """Lengths ``draw()`` until they sum to ``total`` (the last cut to fit; a piece below 2 joins the one before)."""
+    out, left = [], total
+    while left > 0:
+        n = min(draw(), left)
+        if n < MIN_DOC and out:
+            out[-1] += n
+        else:
+            out.append(n)
+        left -= n
+    return out
 
 
 @dataclass(frozen=True)
@@ -73,15 +79,7 @@ class HistogramLengths:
     def sample(self, total: int, gen: torch.Generator) -> list[int]:
         lengths = torch.tensor([r[0] for r in self.rows], dtype=torch.int64)
         weights = torch.tensor([float(r[1]) for r in self.rows], dtype=torch.float64)
-        out, left = [], total
-        while left > 0:
-            n = min(int(lengths[int(torch.multinomial(weights, 1, generator=gen))]), left)
-            if n < MIN_DOC and out:
-                out[-1] += n
-            else:
-                out.append(n)
-            left -= n
-        return out
+        return _fill(total, lambda: int(lengths[int(torch.multinomial(weights, 1, generator=gen))]))
 
 
 def _phrase_doc(n: int, gen: torch.Generator) -> torch.Tensor:

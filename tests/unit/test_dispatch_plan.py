@@ -95,3 +95,19 @@ def test_train_cli_refuses_in_one_line(capsys, argv, text):
     assert main(["train", "--world-size", "2", "--no-progress", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("burstattn train: error: ") and text in err and err.count("\n") == 1, err
+
+
+def test_simulated_at_scale_beats_the_best_static_cp_with_a_long_tail(tmp_path):
+    from burstattn.bench.dispatch_balance import histogram_table, simulate
+    from burstattn.models import preset
+    from burstattn.sim.hardware import preset as hw_preset
+
+    model, hw = preset("llama3-8b"), hw_preset("h100-nvlink-ib")
+    r = simulate(model, hw, 16, "lognormal:2048,2.0,131072", tokens_per_gpu=16384, budget=32768, steps=2)
+    assert r["speedup"] > 1.2 and r["dynamic_tokens_per_gpu"] <= 32768
+    assert -(-r["longest"] // r["best_static_cp"]) <= 32768  # the static cp fits the budget too
+    flat = simulate(model, hw, 16, "lognormal:8192,0.0,8192", tokens_per_gpu=16384, budget=32768, steps=1)
+    assert flat["best_static_cp"] == 1 and flat["speedup"] == pytest.approx(1.0, abs=0.01)  # nothing to gain
+    hist = tmp_path / "h.txt"
+    hist.write_text("1024 90\n65536 2\n")
+    assert "| 8 | histogram |" in histogram_table(str(hist), [8], "llama3-8b", "h100-nvlink-ib", 32768)
