@@ -111,3 +111,19 @@ def test_simulated_at_scale_beats_the_best_static_cp_with_a_long_tail(tmp_path):
     hist = tmp_path / "h.txt"
     hist.write_text("1024 90\n65536 2\n")
     assert "| 8 | histogram |" in histogram_table(str(hist), [8], "llama3-8b", "h100-nvlink-ib", 32768)
+
+
+def test_file_documents_cut_at_eod_and_offsets(tmp_path):
+    from burstattn.train.documents import FileDocs
+
+    ids = torch.arange(1, 65, dtype=torch.int64) % 10  # id 0 every 10 tokens: the end of a document
+    path = tmp_path / "t.bin"
+    path.write_bytes(ids.to(torch.int16).numpy().tobytes())
+    docs = FileDocs(str(path), "uint16", 0, 2, 16, eod_id=0).documents(0)
+    assert sum(d.numel() for d in docs) == 32 and all(int(d[-1]) == 0 for d in docs[:-1])
+    offsets = tmp_path / "starts.txt"
+    offsets.write_text("0\n5\n30\n")
+    docs = FileDocs(str(path), "uint16", 0, 1, 64, offsets=str(offsets)).documents(0)
+    assert [d.numel() for d in docs] == [5, 25, 34]
+    with pytest.raises(ValueError, match="exactly one of --eod-id or --doc-offsets"):
+        FileDocs(str(path), "uint16", 0, 1, 64)
