@@ -158,19 +158,50 @@ def touching_pairs(summary: BlockSummary, owner_q: torch.Tensor, owner_k: torch.
         by_rank = torch.zeros(p, ne.shape[1]).index_add_(0, owner_q, ne)  # [P, Bk]
         need = torch.zeros(p, p).index_add_(1, owner_k, by_rank) > 0
     else:
-        # [Bk + 1, P] (rows contiguous: the gathers below read whole rows): key tiles of s before j
-        onehot = torch.zeros(owner_k.numel() + 1, p, dtype=torch.int32)
-        onehot[torch.arange(owner_k.numel()) + 1, owner_k] = 1
-        cnt = onehot.cumsum(0)
         lo, hi = summary.lo.clamp(max=owner_k.numel()), summary.hi.clamp(min=-1)
-        hits = (cnt[hi + 1] > cnt[lo]) & (lo <= hi)[:, None]  # [B, P]
-        order = torch.argsort(owner_q, stable=True)
-        if owner_q.numel() % p == 0 and bool((owner_q[order] == torch.arange(p).repeat_interleave(owner_q.numel() // p)).all()):
-            need = hits[order].view(p, -1, p).any(1)  # every rank holds B / P query blocks
-        else:
-            need = torch.zeros(p, p).index_add_(0, owner_q, hits.to(torch.float32)) > 0
+        need = _pairs_by_runs(owner_q, lo, hi, owner_k, p)
+        if need is None:
+            need = _pairs_by_table(owner_q, lo, hi, owner_k, p)
     need.fill_diagonal_(False)
     return int(need.sum())
+
+
+def _pairs_by_runs(owner_q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, owner_k: torch.Tensor,
+                   p: int) -> Optional[torch.Tensor]:
+    """``need [P, P]`` from the runs of equal key owners each block's key span overlaps (cheap when the
+    owners come in long runs: a contiguous-like placement); None when that would visit more entries
+    than the ``[B, P]`` table of :func:`_pairs_by_table`."""
+    change = torch.ones(owner_k.numel(), dtype=torch.bool)
+    change[1:] = owner_k[1:] != owner_k[:-1]
+    run_start = torch.nonzero(change).flatten()
+    q = torch.nonzero(lo <= hi).flatten()
+    ra = torch.searchsorted(run_start, lo[q], right=True) - 1
+    count = torch.searchsorted(run_start, hi[q], right=True) - ra  # runs overlapped, >= 1
+    total = int(count.sum())
+    if total > owner_q.numel() * p:
+        return None
+    first = torch.repeat_interleave(ra - (count.cumsum(0) - count), count)
+    runs = first + torch.arange(total)
+    flat = torch.repeat_interleave(owner_q[q], count) * p + owner_k[run_start[runs]]
+    need = torch.zeros(p * p, dtype=torch.bool)
+    need[flat] = True
+    return need.view(p, p)
+
+
+def _pairs_by_table(owner_q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, owner_k: torch.Tensor,
+                    p: int) -> torch.Tensor:
+    """``need [P, P]`` from a ``[B, P]`` table: does block i's key span hold a tile of rank s."""
+    # [Bk + 1, P] (rows contiguous: the gathers below read whole rows): key tiles of s before j
+    onehot = torch.zeros(owner_k.numel() + 1, p, dtype=torch.int32)
+    onehot[torch.arange(owner_k.numel()) + 1, owner_k] = 1
+    cnt = onehot.cumsum(0)
+    hits = (cnt[hi + 1] > cnt[lo]) & (lo <= hi)[:, None]  # [B, P]
+    order = torch.argsort(owner_q, stable=True)
+    if owner_q.numel() % p == 0 and bool((owner_q[order] == torch.arange(p).repeat_interleave(owner_q.numel() // p)).all()):
+        need = hits[order].view(p, -1, p).any(1)  # every rank holds B / P query blocks
+    else:
+        need = torch.zeros(p, p).index_add_(0, owner_q, hits.to(torch.float32)) > 0
+    return need
 
 
 def _block_docs(mask: AttnMask, block: int, nb: int) -> torch.Tensor:
