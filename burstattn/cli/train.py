@@ -133,6 +133,9 @@ def run(ns: argparse.Namespace) -> int:
         cfg = config_of(ns)
         dryrun.check_flags(ns)
         if ns.dry_run:
+            if cfg.dispatch == "dynamic" or cfg.doc_lengths or cfg.eod_id is not None or cfg.doc_offsets:
+                raise ValueError("--dry-run models the fixed mesh's rows: not --dispatch dynamic or documents "
+                                 "(--doc-lengths, --eod-id, --doc-offsets); see burstattn bench dispatch --simulate")
             return dryrun.run_dry(ns, cfg)
         records = run_training(cfg, ns.world_size, threads_per_rank=ns.threads, progress=not ns.no_progress)
     except ValueError as exc:

@@ -88,6 +88,7 @@ def test_hf_trainer_dispatch_keyword():
     (["--doc-lengths", "zipf:1"], "--doc-lengths expects lognormal:MEDIAN,SIGMA,MAX"),
     (["--dispatch", "dynamic", "--fsdp"], "--fsdp and --tp > 1 are not supported"),
     (["--dispatch", "dynamic", "--cp", "2"], "--dispatch dynamic chooses every sequence's cp degree itself"),
+    (["--dispatch", "dynamic", "--dry-run"], "--dry-run models the fixed mesh's rows"),
 ])
 def test_train_cli_refuses_in_one_line(capsys, argv, text):
     from burstattn.cli import main
