@@ -21,9 +21,19 @@ REFUSED = [(dict(dispatch="dynamic", fsdp=True), "--fsdp and --tp > 1 are not su
            (dict(dispatch="dynamic", strategy="ulysses"), "--dispatch / documents run --strategy")]
 
 
+# rows of the passkey task (no documents) under --dispatch dynamic: against the fixed mesh at world 1
+ROWS = TrainConfig(model="tiny", seq_len=120, batch=2, steps=3, lr=1e-3, warmup=1, seed=3, adam_eps=1e-6,
+                   targets="answer")
+
+
 @pytest.fixture(scope="module")
-def reference(pools):
-    return pools.get(1).run(run_many, [BASE])[0][0]
+def references(pools):
+    return pools.get(1).run(run_many, [BASE, ROWS])[0]
+
+
+@pytest.fixture(scope="module")
+def reference(references):
+    return references[0]
 
 
 def _rel(a, b) -> float:
@@ -46,6 +56,16 @@ def test_dispatch_matches_world_one(pools, reference, world):
     for i, (_, text) in enumerate(REFUSED if refused else []):
         per_rank = [r[len(cfgs) + i] for r in results]
         assert all(isinstance(m, str) and text in m for m in per_rank), per_rank  # every rank refuses
+
+
+def test_dynamic_rows_match_the_fixed_mesh(pools, references):
+    want = references[1]
+    got = pools.get(2).run(run_many, [ROWS.with_overrides(dispatch="dynamic")])[0][0]
+    assert isinstance(got, dict), got
+    for a, b in zip(got["losses"], want["losses"]):
+        assert abs(a - b) <= TOL * abs(b), (a, b)
+    worst = max((_rel(got["params"][n], want["params"][n]), n) for n in want["params"])
+    assert worst[0] <= TOL, worst
 
 
 def test_differing_batches_refused_on_every_rank(pools):
