@@ -139,9 +139,9 @@ def test_pair_count_by_runs_equals_the_table():
         b = p * per
         owner = torch.randperm(b, generator=g) % p if trial % 2 else torch.arange(b) // per
         lo = torch.randint(0, b, (b,), generator=g)
-        hi = (lo + torch.randint(-2, b, (b,), generator=g)).clamp(max=b - 1)
+        hi = (lo + torch.randint(-2, 3, (b,), generator=g)).clamp(max=b - 1)  # short spans: the runs path
         runs = _pairs_by_runs(owner, lo, hi, owner, p)
         if runs is not None:
             assert torch.equal(runs, _pairs_by_table(owner, lo, hi, owner, p)), trial
             checked += 1
-    assert checked > 50
+    assert checked >= 25  # the contiguous owners at least (random ones have too many runs)
