@@ -208,3 +208,24 @@ def alive(group: Optional[dist.ProcessGroup]) -> bool:
 # The process-wide memo of sub-groups (see usp_subgroups): process groups are themselves process-wide
 # state of torch.distributed, and this only remembers which ones were made.
 SUBGROUPS = LruCache(16)
+
+
+def degree_groups(degrees, group: Optional[dist.ProcessGroup] = None) -> dict:
+    """The aligned sub-groups of dynamic dispatch (:mod:`burstattn.parallel.dispatch`): for every
+    degree d (a divisor of P), the group ``[g d, (g + 1) d)`` holding this rank; created once (every
+    rank creates every group, in one order: ``new_group`` is collective) and reused every step.
+    Degree P is ``group`` itself. Returns ``{degree: ProcessGroup}``."""
+    ctx = group_context(group)
+    ranks = dist.get_process_group_ranks(ctx.group) if ctx.group is not None else [0]
+    out = {}
+    for d in sorted(set(degrees)):
+        if d < 1 or ctx.world_size % d:
+            raise ValueError(f"degree_groups: every degree must divide the world size {ctx.world_size}, got {d}")
+        if d == ctx.world_size:
+            out[d] = ctx.group
+            continue
+        for g in range(ctx.world_size // d):
+            pg = dist.new_group(ranks[g * d:(g + 1) * d])
+            if g == ctx.rank // d:
+                out[d] = pg
+    return out

@@ -37,7 +37,9 @@ from .masks.blocks import CAUSAL, EMPTY, FULL, PARTIAL, STRICT, classify
 from .masks.spec import AttnMask
 from .partition import Partition, _cut, _stream, balance
 
-CANDIDATES = ("contiguous", "zigzag", "documents", "sorted")
+CANDIDATES = ("layout-contiguous", "layout-zigzag", "contiguous", "zigzag", "documents", "sorted")
+# the named layouts themselves (no cut): so the kept partition is never worse than them on the score
+NAMED = {"layout-contiguous": "contiguous", "layout-zigzag": "zigzag"}
 _CHUNK_ROWS = 1 << 16  # query rows per classify call (bounds its [rows, key tiles] temporaries)
 
 
@@ -156,14 +158,50 @@ def touching_pairs(summary: BlockSummary, owner_q: torch.Tensor, owner_k: torch.
         by_rank = torch.zeros(p, ne.shape[1]).index_add_(0, owner_q, ne)  # [P, Bk]
         need = torch.zeros(p, p).index_add_(1, owner_k, by_rank) > 0
     else:
-        onehot = torch.zeros(p, owner_k.numel() + 1, dtype=torch.int32)
-        onehot[owner_k, torch.arange(owner_k.numel()) + 1] = 1
-        cnt = onehot.cumsum(1)  # [P, Bk + 1]: key tiles of s before j
         lo, hi = summary.lo.clamp(max=owner_k.numel()), summary.hi.clamp(min=-1)
-        hits = ((cnt[:, hi + 1] - cnt[:, lo]) > 0) & (lo <= hi)[None, :]  # [P, B]
-        need = torch.zeros(p, p).index_add_(0, owner_q, hits.T.to(torch.float32)) > 0
+        need = _pairs_by_runs(owner_q, lo, hi, owner_k, p)
+        if need is None:
+            need = _pairs_by_table(owner_q, lo, hi, owner_k, p)
     need.fill_diagonal_(False)
     return int(need.sum())
+
+
+def _pairs_by_runs(owner_q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, owner_k: torch.Tensor,
+                   p: int) -> Optional[torch.Tensor]:
+    """``need [P, P]`` from the runs of equal key owners each block's key span overlaps (cheap when the
+    owners come in long runs: a contiguous-like placement); None when that would visit more entries
+    than the ``[B, P]`` table of :func:`_pairs_by_table`."""
+    change = torch.ones(owner_k.numel(), dtype=torch.bool)
+    change[1:] = owner_k[1:] != owner_k[:-1]
+    run_start = torch.nonzero(change).flatten()
+    q = torch.nonzero(lo <= hi).flatten()
+    ra = torch.searchsorted(run_start, lo[q], right=True) - 1
+    count = torch.searchsorted(run_start, hi[q], right=True) - ra  # runs overlapped, >= 1
+    total = int(count.sum())
+    if total * 8 > owner_q.numel() * p:  # an entry here costs several of the table's
+        return None
+    first = torch.repeat_interleave(ra - (count.cumsum(0) - count), count)
+    runs = first + torch.arange(total)
+    flat = torch.repeat_interleave(owner_q[q], count) * p + owner_k[run_start[runs]]
+    need = torch.zeros(p * p, dtype=torch.bool)
+    need[flat] = True
+    return need.view(p, p)
+
+
+def _pairs_by_table(owner_q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, owner_k: torch.Tensor,
+                    p: int) -> torch.Tensor:
+    """``need [P, P]`` from a ``[B, P]`` table: does block i's key span hold a tile of rank s."""
+    # [Bk + 1, P] (rows contiguous: the gathers below read whole rows): key tiles of s before j
+    onehot = torch.zeros(owner_k.numel() + 1, p, dtype=torch.int32)
+    onehot[torch.arange(owner_k.numel()) + 1, owner_k] = 1
+    cnt = onehot.cumsum(0)
+    hits = (cnt[hi + 1] > cnt[lo]) & (lo <= hi)[:, None]  # [B, P]
+    order = torch.argsort(owner_q, stable=True)
+    if owner_q.numel() % p == 0 and bool((owner_q[order] == torch.arange(p).repeat_interleave(owner_q.numel() // p)).all()):
+        need = hits[order].view(p, -1, p).any(1)  # every rank holds B / P query blocks
+    else:
+        need = torch.zeros(p, p).index_add_(0, owner_q, hits.to(torch.float32)) > 0
+    return need
 
 
 def _block_docs(mask: AttnMask, block: int, nb: int) -> torch.Tensor:
@@ -172,6 +210,17 @@ def _block_docs(mask: AttnMask, block: int, nb: int) -> torch.Tensor:
     if mask.bounds is not None:
         edges |= {int(e) // block for e in mask.bounds.tolist() if int(e) % block == 0}
     return torch.tensor(sorted(edges), dtype=torch.int64)
+
+
+def _named_owner(name: str, nb: int, world_size: int) -> Optional[torch.Tensor]:
+    """Block owners ``[B]`` of a named layout, or None when its chunks are not whole blocks."""
+    b = torch.arange(nb)
+    if NAMED[name] == "contiguous":
+        return b // (nb // world_size)
+    if nb % (2 * world_size):
+        return None
+    k = b // (nb // (2 * world_size))  # zigzag: chunk k on rank k, chunk 2P-1-k on rank k too
+    return torch.where(k < world_size, k, 2 * world_size - 1 - k)
 
 
 def _streams(name: str, cost: torch.Tensor, docs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
@@ -217,32 +266,48 @@ def solve_partition(mask: AttnMask, seq_len: int, world_size: int, *, causal: bo
     docs = _block_docs(mask, block, nb)
     tried = {}  # name -> (balance, owner [B], parts)
     for name in dict.fromkeys(candidates):
-        stream, boundary, swaps = _streams(name, summary.cost, docs)
-        same = [n for n in tried if torch.equal(tried[n][3], stream)]
-        if same:  # e.g. "documents" without block-aligned documents is "zigzag"
+        if name in NAMED:
+            owner = _named_owner(name, nb, world_size)
+            if owner is None:
+                continue
+            stream = owner.argsort(stable=True)
+            parts = list(stream.view(world_size, per))
+        else:
+            stream, boundary, swaps = _streams(name, summary.cost, docs)
+            same = [n for n in tried if n not in NAMED and torch.equal(tried[n][3], stream)]
+            if same:  # e.g. "documents" without block-aligned documents is "zigzag"
+                tried[name] = tried[same[0]]
+                continue
+            parts = _cut(stream, summary.cost[stream], boundary, world_size, tolerance, allow_swaps=swaps)
+            owner = torch.empty(nb, dtype=torch.int64)
+            for r, p in enumerate(parts):
+                owner[p] = r
+        same = [n for n in tried if torch.equal(tried[n][1], owner)]
+        if same:  # the same placement scores the same: count its pairs once
             tried[name] = tried[same[0]]
             continue
-        parts = _cut(stream, summary.cost[stream], boundary, world_size, tolerance, allow_swaps=swaps)
-        owner = torch.empty(nb, dtype=torch.int64)
-        for r, p in enumerate(parts):
-            owner[p] = r
         work = torch.zeros(world_size, dtype=torch.float64).index_add_(0, owner, summary.cost)
         tried[name] = (balance(work), owner, parts, stream)
+    if not tried:
+        raise ValueError(f"candidates {tuple(candidates)}: none applies ({world_size} ranks, {nb} blocks of {block}: "
+                         "zigzag's chunks are not whole blocks)")
     within = [n for n in tried if tried[n][0] <= target]
     scores = {n: (tried[n][0], None) for n in tried}
+    counted: dict[int, int] = {}  # id of a tried entry -> its pairs (shared entries counted once)
     for n in within if len(within) > 1 else []:  # traffic decides among the balanced ones only
         owner = tried[n][1]
-        scores[n] = (tried[n][0], touching_pairs(summary, owner, owner if k_len == seq_len else owner_kc,
-                                                 world_size))
+        if id(tried[n]) not in counted:
+            counted[id(tried[n])] = touching_pairs(summary, owner, owner if k_len == seq_len else owner_kc, world_size)
+        scores[n] = (tried[n][0], counted[id(tried[n])])
     name = min(within, key=lambda n: (scores[n][1], scores[n][0])) if within else min(tried, key=lambda n: tried[n][0])
     if scores[name][1] is None:
         owner = tried[name][1]
         scores[name] = (tried[name][0], touching_pairs(summary, owner, owner if k_len == seq_len else owner_kc,
                                                        world_size))
-    parts = tried[name][2]
-    offs = torch.arange(block)
-    positions = tuple((p.sort().values[:, None] * block + offs).flatten() for p in parts)
-    assert all(p.numel() == per * block for p in positions)
+    owner = tried[name][1]
+    # blocks by rank, increasing inside each (a stable sort of the owners): one op for all ranks
+    blocks = torch.argsort(owner, stable=True).view(world_size, per)
+    positions = tuple((blocks[:, :, None] * block + torch.arange(block)).view(world_size, per * block).unbind(0))
     return Solution(Partition(positions, name=f"mask-{name}"), block, scores[name][0], scores[name][1], name, scores)
 
 

@@ -28,6 +28,7 @@ SUITE_HELP = {
     "train": "training steps: cp strategies vs tp-v1/tp-v3, FSDP, checkpointing modes",
     "infer": "first-token latency per strategy, sharded decoding, pass-KV vs pass-Q",
     "partition": "mask_partition vs zigzag/striped/contiguous: work balance, bytes, slowest rank's CPU s",
+    "dispatch": "dynamic vs static dispatch of long-tailed documents: slowest rank's CPU s (or --simulate)",
     "hf": "Hugging Face Trainer steps on packed long documents: context parallel vs one process vs DDP, "
           "longest row under a budget, work balance",
 }
@@ -50,13 +51,14 @@ def add(sub: argparse._SubParsersAction) -> None:
     suites = p.add_subparsers(dest="suite", metavar="SUITE", required=False)
     from .bench_hf import add_hf_arguments, run_hf
     from ..bench.partition_balance import add_arguments as add_partition_arguments, run_cli as run_partition
+    from ..bench.dispatch_balance import add_arguments as add_dispatch_arguments, run_cli as run_dispatch
 
     handlers = {"core": run_core, "grid": run_grid, "maxlen": run_maxlen, "masks": run_masks, "train": run_train,
                 "infer": run_infer, "hf": run_hf,
-                "partition": run_partition}
+                "partition": run_partition, "dispatch": run_dispatch}
     flags = {"core": add_core_arguments, "grid": add_grid_arguments, "maxlen": add_maxlen_arguments,
              "masks": add_masks_arguments, "train": add_train_arguments, "infer": add_infer_arguments,
-             "hf": add_hf_arguments, "partition": add_partition_arguments}
+             "hf": add_hf_arguments, "partition": add_partition_arguments, "dispatch": add_dispatch_arguments}
     for name, text in SUITE_HELP.items():
         s = suites.add_parser(name, help=text)
         flags[name](s)

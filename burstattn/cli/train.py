@@ -49,6 +49,12 @@ FLAGS = {
     "data": (str, "token file (uint16/uint32) or UTF-8 text; default: synthetic passkey task"),
     "data_format": (str, "auto | uint16 | uint32 | text"),
     "targets": (str, "all (every next token) | answer (only the passkey digits are scored)"),
+    "dispatch": (str, "static (every sequence over the fixed dp x cp mesh) | dynamic (every sequence its own cp "
+                      "degree and ranks, chosen each step to balance the ranks' cost)"),
+    "doc_lengths": (str, "synthetic documents of long-tailed lengths: lognormal:MEDIAN,SIGMA,MAX"),
+    "eod_id": (int, "with --data: end-of-document token id (the file is cut into documents after it)"),
+    "doc_offsets": (str, "with --data: text file of document start offsets, one a line"),
+    "dispatch_budget": (int, "tokens one rank may hold of one sequence / micro-batch under dispatch"),
     "ckpt_dir": (str, "directory of step-N checkpoints"),
     "ckpt_every": (int, "save every M steps (and at the end)"),
     "keep": (int, "keep the newest K checkpoints"),
@@ -127,6 +133,9 @@ def run(ns: argparse.Namespace) -> int:
         cfg = config_of(ns)
         dryrun.check_flags(ns)
         if ns.dry_run:
+            if cfg.dispatch == "dynamic" or cfg.doc_lengths or cfg.eod_id is not None or cfg.doc_offsets:
+                raise ValueError("--dry-run models the fixed mesh's rows: not --dispatch dynamic or documents "
+                                 "(--doc-lengths, --eod-id, --doc-offsets); see burstattn bench dispatch --simulate")
             return dryrun.run_dry(ns, cfg)
         records = run_training(cfg, ns.world_size, threads_per_rank=ns.threads, progress=not ns.no_progress)
     except ValueError as exc:

@@ -52,12 +52,20 @@ class ContextParallelMixin:
             strategy's default) or a layout name.
         attn_implementation: the name registered with transformers (default ``"burst_cp"``).
         backend: local attention kernel (default ``"auto"``).
+        dispatch: ``"static"`` (the fixed ``dp x cp`` mesh). ``"dynamic"`` (each sequence its own cp
+            degree) is ``burstattn train --dispatch dynamic``'s; here it is refused with ``ValueError``:
+            the Trainer's DDP step runs one forward per rank, which one group per sequence cannot keep.
         **strategy_options: the strategy's own options (``ulysses_degree``, ``backward``, ...).
     """
 
     def __init__(self, *args, cp_size: Optional[int] = None, strategy: str = "burst", layout=None,
                  attn_implementation: str = "burst_cp", backend: str = "auto", strategy_options: Optional[dict] = None,
-                 **kwargs) -> None:
+                 dispatch: str = "static", **kwargs) -> None:
+        if dispatch != "static":
+            why = ("is not supported by the Trainer integration yet (one DDP forward per rank and step); train with "
+                   "`burstattn train --dispatch dynamic`" if dispatch == "dynamic" else "must be 'static' or 'dynamic'")
+            raise ValueError(f"ContextParallelTrainer: dispatch={dispatch!r} {why}")
+        self.dispatch = dispatch
         super().__init__(*args, **kwargs)
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         cp = world if cp_size is None else cp_size

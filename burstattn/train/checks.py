@@ -19,6 +19,8 @@ from ..strategies.head_chunks import head_chunks_problem
 from ..strategies.heads import heads_problem
 from .config import TrainConfig
 from .data import PasskeyData, scan_tokens
+from .dispatch_step import dispatch_problem, uses_dispatch
+from .documents import DocLengths, load_offsets
 
 TRAIN_SCHEDULES = ("ring", "distflash")
 
@@ -93,7 +95,7 @@ def check_parallel(cfg: TrainConfig, world_size: int, model: Optional[LlamaConfi
     elif cfg.ulysses_degree:
         raise ValueError(f"--ulysses-degree is an option of --strategy usp, not {cfg.strategy!r}")
     head_chunks_check(cfg, model, dims, strategy, ulysses)
-    for rank in (0, dims.cp - 1):  # the sequence must split as the layout needs
+    for rank in (0, dims.cp - 1) if not uses_dispatch(cfg) else ():  # dispatch pads each sequence itself
         try:
             shard_positions(cfg.seq_len, strategy=strategy, layout=layout, cp_rank=rank, cp_size=dims.cp,
                             ulysses_degree=ulysses)
@@ -129,7 +131,10 @@ def check_config(cfg: TrainConfig, world_size: int, device_type: str = "cpu") ->
     plan = check_parallel(cfg, world_size, model)
     if cfg.dtype == "float16" and device_type == "cpu":
         raise ValueError("--dtype float16 needs a GPU (use bfloat16 on CPU)")
-    if cfg.data:
+    dispatch_check(cfg, plan)
+    if cfg.doc_lengths:
+        pass  # synthetic documents: byte ids of letters, any length
+    elif cfg.data:
         tokens, largest = scan_tokens(cfg.data, cfg.data_format)
         if tokens < cfg.seq_len:
             raise ValueError(f"--data: {cfg.data!r} holds {tokens} tokens, fewer than --seq-len {cfg.seq_len}")
@@ -148,3 +153,15 @@ def check_config(cfg: TrainConfig, world_size: int, device_type: str = "cpu") ->
         raise ValueError(f"--resume: --ckpt-dir {cfg.ckpt_dir!r} does not exist (mistyped?); drop --resume to "
                          "start a fresh run there")
     return plan
+
+
+def dispatch_check(cfg: TrainConfig, plan: Plan) -> None:
+    """``--dispatch`` and the documents flags: ``ValueError`` naming the flag (pure but for reading
+    ``--doc-offsets``)."""
+    problem = dispatch_problem(cfg, plan.dims.dp, plan.dims.cp, plan.dims.tp, plan.strategy)
+    if problem:
+        raise ValueError(problem)
+    if cfg.doc_lengths:
+        DocLengths.parse(cfg.doc_lengths)
+    if cfg.doc_offsets:
+        load_offsets(cfg.doc_offsets)

@@ -10,6 +10,7 @@ from ..config import LOW_DTYPES as DTYPES  # names only: no torch at import
 OFFLOAD = ("none", "inputs", "all")  # burstattn.models.offload.OFFLOAD (names only; kept equal by a test)
 DATA_FORMATS = ("auto", "uint16", "uint32", "text")
 TARGETS = ("all", "answer")
+DISPATCH = ("static", "dynamic")  # burstattn.parallel.dispatch.MODES (names only)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,20 @@ class TrainConfig:
     """Which labels the loss scores: ``all`` (every next token: language modelling) or ``answer``
     (only the answer tokens, the passkey digits; the rest is context, as in supervised fine-tuning
     with the prompt masked). Either way the loss is the mean over the targets of the global batch."""
+    dispatch: str = "static"
+    """``static``: every sequence over the fixed ``dp x cp`` mesh (today's behaviour); ``dynamic``: every
+    sequence of each step's global batch gets its own cp degree and group of ranks, balancing the ranks'
+    estimated cost (:mod:`burstattn.parallel.dispatch`; DDP gradient sums, no ``fsdp``/``tp``)."""
+    doc_lengths: Optional[str] = None
+    """Synthetic documents of long-tailed lengths, ``lognormal:MEDIAN,SIGMA,MAX``: ``batch x seq_len``
+    tokens per step cut into documents, each its own causal sequence."""
+    eod_id: Optional[int] = None
+    """With ``data``: the end-of-document token id; the file's windows are cut into documents after it."""
+    doc_offsets: Optional[str] = None
+    """With ``data``: a text file of document start offsets (one token offset a line)."""
+    dispatch_budget: Optional[int] = None
+    """Tokens one rank may hold of one sequence (and of one packed micro-batch) under dispatch
+    (``None``: no limit per sequence; micro-batches of at most ``seq_len`` tokens)."""
     ckpt_dir: Optional[str] = None
     """Directory of ``step-N`` checkpoints (``None``: no checkpoints)."""
     ckpt_every: int = 0
@@ -147,6 +162,15 @@ class TrainConfig:
             raise ValueError(f"targets must be one of {TARGETS}, got {self.targets!r}")
         if self.targets == "answer" and self.data:
             raise ValueError("targets = 'answer' needs the synthetic passkey task (a --data file has no answers)")
+        if self.dispatch not in DISPATCH:
+            raise ValueError(f"dispatch (--dispatch) must be one of {DISPATCH}, got {self.dispatch!r}")
+        if self.doc_lengths and (self.data or self.targets == "answer"):
+            raise ValueError("doc_lengths (--doc-lengths) is a synthetic documents source: it excludes --data and "
+                             "--targets answer")
+        if self.dispatch_budget is not None and (not isinstance(self.dispatch_budget, int)
+                                                 or isinstance(self.dispatch_budget, bool) or self.dispatch_budget < 1):
+            raise ValueError(f"dispatch_budget (--dispatch-budget) must be a positive int (tokens per rank), "
+                             f"got {self.dispatch_budget!r}")
         if self.zero not in (2, 3):
             raise ValueError(f"zero must be 2 or 3, got {self.zero!r}")
         if self.lr <= 0:

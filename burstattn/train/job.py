@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -23,6 +25,7 @@ from ..parallel import (IGNORE, ParallelDims, apply_fsdp, apply_tp, build_mesh, 
 from .checks import check_config, model_config
 from .config import TrainConfig
 from .data import make_data
+from .dispatch_step import Dispatcher, build_dispatcher, uses_dispatch
 
 
 
@@ -47,6 +50,8 @@ class Job:
     attn_strategy: str
     tp_variant: str
     layout: str
+    dispatcher: Optional[Dispatcher] = None
+    """Documents / ``--dispatch dynamic``: the per-step placement of sequences on groups of ranks."""
 
     @property
     def rank(self) -> int:
@@ -154,8 +159,9 @@ def build_job(cfg: TrainConfig) -> Job:
     options = {"schedule": cfg.schedule} if cfg.schedule != "ring" else None
     attn = cp_attention(attn_strategy, mesh.get_group("cp"), layout, backend=cfg.backend, usp_grid=grid,
                         options=options, head_chunks=cfg.head_chunks)
-    positions = shard_positions(cfg.seq_len, strategy=attn_strategy, layout=layout, cp_rank=c, cp_size=dims.cp,
-                                ulysses_degree=ulysses)
+    positions = torch.arange(cfg.seq_len) if uses_dispatch(cfg) else (  # dispatch cuts each sequence itself
+        shard_positions(cfg.seq_len, strategy=attn_strategy, layout=layout, cp_rank=c, cp_size=dims.cp,
+                        ulysses_degree=ulysses))
     torch.manual_seed(cfg.seed)
     model = model_class(mcfg)(mcfg, attn=attn, checkpointing=cfg.checkpointing, offload=cfg.offload)
     if device.type != "cpu":  # built on CPU (the same initial weights on any device), then moved
@@ -172,9 +178,11 @@ def build_job(cfg: TrainConfig) -> Job:
                                   weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     b = cfg.batch // dims.dp
-    data = make_data(cfg.data, cfg.data_format, cfg.seed, cfg.batch, cfg.seq_len)
+    docs = cfg.doc_lengths or cfg.eod_id is not None or cfg.doc_offsets
+    data = None if docs else make_data(cfg.data, cfg.data_format, cfg.seed, cfg.batch, cfg.seq_len)
+    dispatcher = build_dispatcher(cfg, mcfg, dims.cp, attn_strategy, layout, options) if uses_dispatch(cfg) else None
     return Job(cfg, dims, mesh, model, optimizer, scheduler, attn, positions.to(device), slice(d * b, (d + 1) * b),
-               replica_mesh.get_group(), data, device, attn_strategy, variant, layout)
+               replica_mesh.get_group(), data, device, attn_strategy, variant, layout, dispatcher)
 
 
 def local_batch(job: Job, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from ..parallel import IGNORE, sum_grads
+from .dispatch_step import dispatch_forward_backward
 from .job import Job, local_batch
 
 
@@ -49,6 +50,10 @@ def step_tensors(job: Job, step: int, batch=None) -> tuple[torch.Tensor, torch.T
     answer cross-entropy]`` summed over the replicas. ``batch``: :func:`~burstattn.train.job.local_batch`'s
     tuple when the caller made it (the dry run makes it before entering the fake mode)."""
     model, cfg = job.model, job.cfg
+    if job.dispatcher is not None:  # documents / --dispatch dynamic: every sequence on its own group
+        stats, _ = dispatch_forward_backward(job, step)
+        norm, lr = _update(job)
+        return stats, norm, lr, 0
     tokens, labels, answer, total = local_batch(job, step) if batch is None else batch
     answer = answer & (labels != IGNORE)
     # the blockwise loss (LlamaConfig.loss_chunk): [B/dp, N/cp, V] logits exist one chunk at a time
@@ -57,7 +62,18 @@ def step_tensors(job: Job, step: int, batch=None) -> tuple[torch.Tensor, torch.T
     loss.backward()
     if not cfg.fsdp:
         sum_grads(model, job.replicas)
-    params = [p for p in model.parameters() if p.grad is not None]
+    norm, lr = _update(job)
+    with torch.no_grad():
+        stats = torch.stack([loss.detach().double(), out.answer_hits.double(), answer.sum().double(),
+                             out.answer_ce.double()]).to(job.device)
+    dist.all_reduce(stats, group=job.replicas)
+    return stats, norm, lr, out.host_bytes
+
+
+def _update(job: Job) -> tuple[torch.Tensor, float]:
+    """Clip the summed gradients, step AdamW and the schedule: ``(global grad norm, lr used)``."""
+    cfg = job.cfg
+    params = [p for p in job.model.parameters() if p.grad is not None]
     norm = grad_norm(params)
     if cfg.grad_clip > 0:
         # as a tensor (clip_grad_norm_'s way): no host sync, and the same float32 product as a Python coefficient
@@ -68,11 +84,7 @@ def step_tensors(job: Job, step: int, batch=None) -> tuple[torch.Tensor, torch.T
     job.optimizer.step()
     job.scheduler.step()
     job.optimizer.zero_grad(set_to_none=True)
-    with torch.no_grad():
-        stats = torch.stack([loss.detach().double(), out.answer_hits.double(), answer.sum().double(),
-                             out.answer_ce.double()]).to(job.device)
-    dist.all_reduce(stats, group=job.replicas)
-    return stats, norm, lr, out.host_bytes
+    return norm, lr
 
 
 def train_step(job: Job, step: int) -> StepResult:

@@ -109,3 +109,39 @@ def test_bad_input(args, match):
         burstattn.mask_partition(*args)
     with pytest.raises(ValueError, match="candidates"):
         burstattn.mask_partition(AttnMask(window=(4, 0)), 16, 2, candidates=("spiral",))
+
+
+@pytest.mark.parametrize("kw,causal", MASKS)
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_never_worse_than_the_named_layouts(kw, causal, world):
+    """The named contiguous and zigzag layouts are candidates: the kept partition has no more touching
+    pairs than any of them within target, and no worse balance than the best of them otherwise."""
+    n = 16 * 8 * world
+    if "cu_seqlens" in kw:
+        kw = dict(kw, cu_seqlens=[0, 30, 100, 110, n])
+    sol = solve_partition(AttnMask(block_size=16, **kw), n, world, causal=causal)
+    named = {k: v for k, v in sol.scores.items() if k.startswith("layout-")}
+    assert set(named) == {"layout-contiguous", "layout-zigzag"}
+    for bal, pairs in named.values():
+        if bal <= 1.05:
+            assert sol.balance <= 1.05 and sol.pairs <= (pairs if pairs is not None else world * world)
+    assert sol.balance <= max(min(b for b, _ in named.values()), 1.05)
+
+
+def test_pair_count_by_runs_equals_the_table():
+    """The two pair counts of touching_pairs agree (runs of equal owners, used when they are few; the [B, P] table)."""
+    from burstattn.partition_solver import _pairs_by_runs, _pairs_by_table
+
+    g = torch.Generator().manual_seed(0)
+    checked = 0
+    for trial in range(100):
+        p, per = int(torch.randint(1, 9, (1,), generator=g)), int(torch.randint(1, 5, (1,), generator=g))
+        b = p * per
+        owner = torch.randperm(b, generator=g) % p if trial % 2 else torch.arange(b) // per
+        lo = torch.randint(0, b, (b,), generator=g)
+        hi = (lo + torch.randint(-2, 3, (b,), generator=g)).clamp(max=b - 1)  # short spans: the runs path
+        runs = _pairs_by_runs(owner, lo, hi, owner, p)
+        if runs is not None:
+            assert torch.equal(runs, _pairs_by_table(owner, lo, hi, owner, p)), trial
+            checked += 1
+    assert checked >= 25  # the contiguous owners at least (random ones have too many runs)
