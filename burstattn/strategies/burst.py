@@ -34,7 +34,7 @@ def check(call, q, k, v):
 
 def plan_of(call, q, k):
     """This rank's mask plan over the group (``None`` for a dense call); checked in the forward already."""
-    plan, problem = plan_for(q, call.cfg, call.where.rank, call.where.world_size, k.shape[1])
+    plan, problem = plan_for(q, call, call.where.rank, call.where.world_size, k.shape[1])
     if problem:
         raise problem[0](problem[1])
     return plan
@@ -43,7 +43,7 @@ def plan_of(call, q, k):
 def forward(call, q, k, v):
     """``out [B, n, Hq, Dv]`` (q's dtype) and the saved ``[lse [B, Hq, n]]`` (float32; float64 for float64;
     sinks included): :func:`burstattn.autograd.forward_pass`."""
-    out, lse = forward_pass(call.where, call.cfg, call.plan, q, k, v, call.alibi, call.sinks)
+    out, lse = forward_pass(call.where, call, call.plan, q, k, v, call.alibi, call.sinks)
     return out, [lse]
 
 
@@ -51,7 +51,7 @@ def backward(call, dout, q, k, v, out, saved):
     """``dq, dk, dv`` (and ``dsinks [Hq]``, this rank's share, with sinks):
     :func:`burstattn.autograd.backward_pass`."""
     (lse,) = saved
-    dq, dk, dv, dsinks = backward_pass(call.where, call.cfg, call.plan, dout, q, k, v, out, lse, alibi=call.alibi,
+    dq, dk, dv, dsinks = backward_pass(call.where, call, call.plan, dout, q, k, v, out, lse, alibi=call.alibi,
                                        sinks=call.sinks)
     return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
 
