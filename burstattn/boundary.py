@@ -1,7 +1,7 @@
 """The :class:`~burstattn.config.Call` across the custom op's boundary, generically.
 
 A custom op takes tensors, numbers and strings, not a dataclass. :func:`op_arguments` writes every spec
-field of the call (:func:`~burstattn.config.spec_fields`) as ``name=literal`` into one ``spec`` string
+field of the call (:data:`~burstattn.config.SPEC_FIELDS`) as ``name=literal`` into one ``spec`` string
 (a constant for the compiler) and :func:`call_from` reads it back: no field is named here. The few typed
 values go through one codec per value *type* (a field says which in its ``metadata["codec"]``):
 
@@ -25,7 +25,7 @@ from typing import Iterator, Optional
 
 import torch
 
-from .config import Call, decode_spec, encode_spec, spec_fields
+from .config import SPEC_FIELDS, Call, decode_spec, encode_spec
 from .groups import GroupContext, TwoLevelGroups, group_name, named_context, resolve_group
 from .masks.setup import data_mask, register_mask
 
@@ -100,10 +100,9 @@ def op_arguments(call: Call) -> tuple[str, list[torch.Tensor]]:
     tensors (partition positions, document bounds) in ``tensors``, in field order."""
     tensors: list[torch.Tensor] = []
     values = {}
-    for f in spec_fields():
-        codec = f.metadata.get("codec")
-        value = getattr(call, f.name)
-        values[f.name] = CODECS[codec][0](value, tensors) if codec else value
+    for name, codec in SPEC_FIELDS:
+        value = getattr(call, name)
+        values[name] = CODECS[codec][0](value, tensors) if codec else value
     return encode_spec(values), tensors
 
 
@@ -112,9 +111,8 @@ def call_from(spec: str, tensors: list[torch.Tensor], alibi: Optional[torch.Tens
     """The inverse of :func:`op_arguments` (with the op's own tensors, ``alibi`` and ``sinks``)."""
     values, rest = decode_spec(spec), iter(tensors)
     kwargs = {}
-    for f in spec_fields():
-        codec = f.metadata.get("codec")
-        kwargs[f.name] = CODECS[codec][1](values[f.name], rest) if codec else values[f.name]
+    for name, codec in SPEC_FIELDS:
+        kwargs[name] = CODECS[codec][1](values[name], rest) if codec else values[name]
     return Call(**kwargs, alibi=alibi, sinks=sinks)
 
 
@@ -122,5 +120,5 @@ def shapes_call(spec: str, alibi=None, sinks=None) -> Call:
     """The call's plain fields and group only (for the op's fake implementation: shapes, no mask or
     partition is built from fake tensors)."""
     values = decode_spec(spec)
-    plain = {f.name: values[f.name] for f in spec_fields() if not f.metadata.get("codec")}
+    plain = {name: values[name] for name, codec in SPEC_FIELDS if codec is None}
     return Call(**plain, where=named_context(values["where"]), alibi=alibi, sinks=sinks)

@@ -165,9 +165,9 @@ class Call:
 AttnConfig = Call
 """The former name of :class:`Call` (the config part of a call): the same type, kept for outside code."""
 
-def spec_fields() -> tuple:
-    """The fields of :class:`Call` that its spec holds (every field but the runtime ones), in order."""
-    return tuple(f for f in fields(Call) if not f.metadata.get("runtime"))
+SPEC_FIELDS = tuple((f.name, f.metadata.get("codec")) for f in fields(Call) if not f.metadata.get("runtime"))
+"""``(name, codec or None)`` of every field of :class:`Call` that its spec holds (all but the runtime
+ones), in order: plain tuples, which the compiler iterates as constants."""
 
 
 def encode_spec(values: dict) -> str:

@@ -31,7 +31,7 @@ def test_call_spec_round_trip_is_lossless(name):
     """Every spec field of a Call comes back exactly through the op's generic encoding (no field named by
     hand), whatever a name holds (the separator, quotes, escapes, line ends)."""
     from burstattn.boundary import call_from, op_arguments
-    from burstattn.config import Call, decode_spec, spec_fields
+    from burstattn.config import SPEC_FIELDS, Call, decode_spec
     from burstattn.partition import Partition
 
     call = Call(causal=True, softmax_scale=0.25, layout=Partition((torch.arange(4),), name=name),
@@ -40,11 +40,11 @@ def test_call_spec_round_trip_is_lossless(name):
                 kv_layout=name or None, where=ALONE)
     text, tensors = op_arguments(call)
     back = call_from(text, tensors)
-    for f in spec_fields():
-        if f.name != "layout":
-            assert getattr(back, f.name) == getattr(call, f.name), f.name
+    for name, _ in SPEC_FIELDS:
+        if name != "layout":
+            assert getattr(back, name) == getattr(call, name), name
     assert back.layout.name == name and torch.equal(back.layout.positions[0], torch.arange(4))
-    assert len(text.split(";")) == len(spec_fields()) == len(decode_spec(text))  # no raw separator inside a value
+    assert len(text.split(";")) == len(SPEC_FIELDS) == len(decode_spec(text))  # no raw separator inside a value
 
 
 def test_call_spec_round_trip_of_every_character():
