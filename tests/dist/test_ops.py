@@ -40,9 +40,9 @@ def test_call_spec_round_trip_is_lossless(name):
                 kv_layout=name or None, where=ALONE)
     text, tensors = op_arguments(call)
     back = call_from(text, tensors)
-    for name, _ in SPEC_FIELDS:
-        if name != "layout":
-            assert getattr(back, name) == getattr(call, name), name
+    for field, _ in SPEC_FIELDS:
+        if field != "layout":
+            assert getattr(back, field) == getattr(call, field), field
     assert back.layout.name == name and torch.equal(back.layout.positions[0], torch.arange(4))
     assert len(text.split(";")) == len(SPEC_FIELDS) == len(decode_spec(text))  # no raw separator inside a value
 
