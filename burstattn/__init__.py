@@ -25,6 +25,9 @@ _EXPORTS = {
     "StepTrace": ".comm.trace", "trace_steps": ".comm.trace",
 }
 
+# modules renamed: the old name is refused with the new one (outside code may import it)
+_RENAMED = {"autograd": "passes (the engine's adapter: kernel choice, positions and passes)"}
+
 __all__ = ["attention", "burst_attn_func", "BurstAttention", "BurstOptions", "shard_sequence", "gather_sequence",
            "sequence_positions", "comm_stats", "CommStats", "trace_steps", "StepTrace",
            "ring_bytes", "AttnMask", "Partition", "document_partition", "mask_partition", "two_level_groups",
@@ -33,6 +36,8 @@ __all__ = ["attention", "burst_attn_func", "BurstAttention", "BurstOptions", "sh
 
 def __getattr__(name: str):
     """Import a public name (or a submodule, e.g. ``burstattn.ops``) on first use."""
+    if name in _RENAMED:
+        raise AttributeError(f"burstattn.{name} is now burstattn.{_RENAMED[name]}")
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
     else:

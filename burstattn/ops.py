@@ -41,7 +41,7 @@ from typing import Callable, Optional
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .autograd import DOUBLE_BACKWARD, without_autocast
+from .passes import DOUBLE_BACKWARD, without_autocast
 from .boundary import call_from, op_arguments, shapes_call
 from .config import Call, decode_spec
 

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import torch
 
-from ..autograd import block_calls, call_positions
+from ..passes import block_calls, call_positions
 from ..comm.collectives import Collectives
 from ..comm.stats import active_stats
 from ..engine.run import build_plan, gathered_backward, gathered_forward

@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from ..autograd import backward_pass, forward_pass
+from ..passes import backward_pass, forward_pass
 from ..config import Call
 from ..engine.passes import backward_lse
 from ..groups import GroupContext

@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from ..autograd import kernel_needs, refuse_double_backward, without_autocast
+from ..passes import kernel_needs, refuse_double_backward, without_autocast
 from ..comm.stats import active_stats
 from ..comm.trace import active_trace
 from ..config import Call

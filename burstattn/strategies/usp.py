@@ -32,7 +32,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..autograd import backward_pass, forward_pass
+from ..passes import backward_pass, forward_pass
 from ..comm.collectives import Collectives
 from ..comm.stats import active_stats
 from ..config import Call

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import burstattn
-from burstattn import autograd, kernels, validate
+from burstattn import kernels, passes, validate
 from burstattn.strategies import op
 
 
@@ -24,7 +24,7 @@ def test_local_check_once_and_backend_resolved_once(monkeypatch, strategy):
     resolve = counting("resolve", kernels.resolve_backend)
     for module in (validate, op):
         monkeypatch.setattr(module, "local_problem", check)
-    for module in (kernels, op, autograd):
+    for module in (kernels, op, passes):
         monkeypatch.setattr(module, "resolve_backend", resolve)
     q, k, v = (torch.randn(1, 16, 2, 8, requires_grad=True) for _ in range(3))
     if strategy == "burst_attn_func":
@@ -80,3 +80,8 @@ def test_rare_keywords_one_typed_object_or_one_by_one():
         burstattn.burst_attn_func(q, k, v, options=burstattn.BurstOptions(), backend="reference")
     with pytest.raises(TypeError, match="BurstOptions.*backend"):
         burstattn.burst_attn_func(q, k, v, bakend="reference")
+
+
+def test_renamed_engine_adapter_names_its_new_module():
+    with pytest.raises(AttributeError, match="burstattn.passes"):
+        burstattn.autograd  # noqa: B018

@@ -1,4 +1,7 @@
-"""The two engine calls of burst attention, :func:`forward_pass` and :func:`backward_pass`.
+"""The engine's adapter: the kernel choice (:func:`kernel_needs`, :func:`block_calls`), every rank's
+positions (:func:`call_positions`) and the two engine calls, :func:`forward_pass` and
+:func:`backward_pass` (formerly ``burstattn.autograd``; used by burst and ring, ulysses and tp through
+:mod:`~burstattn.strategies.local`, allgather, usp, and decoding in :mod:`burstattn.infer`).
 
 Both passes validate nothing (the callers run the cross-rank input check first). The custom ops
 of :mod:`burstattn.ops` call exactly these two functions, so which engine functions run is
