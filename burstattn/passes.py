@@ -19,7 +19,7 @@ import torch
 from .comm.stats import CommStats, active_stats
 from .comm.trace import StepTrace, active_trace
 from .comm.transport import pass_transport
-from .config import Call, host_side
+from .config import Call, LruCache, host_side
 from .engine.passes import BlockCalls
 from .engine.run import attention_backward, attention_forward, build_plan, head_groups
 from .groups import GroupContext
@@ -126,11 +126,25 @@ def engine_pass(where: GroupContext, cfg: Call, q: torch.Tensor, k: torch.Tensor
     """The plan and the kernel calls of one pass (``travelling``: ``"kv"`` or ``"q"``)."""
     p = where.world_size
     per_node = cfg.topology.ranks_per_node if cfg.schedule == "double" and p > 1 else 1
-    with host_side():  # positions and plans are host-side (real tensors in a dry run too)
-        pos = call_positions(cfg, p, q.shape[1], k.shape[1])
-        plan = build_plan(where.rank, p, positions=pos.aligned, kv_positions=pos.k, causal=cfg.causal,
-                          travelling=travelling, schedule=cfg.schedule, ranks_per_node=per_node, mask_plan=mask_plan)
+
+    def make():
+        with host_side():  # positions and plans are host-side (real tensors in a dry run too)
+            pos = call_positions(cfg, p, q.shape[1], k.shape[1])
+            return build_plan(where.rank, p, positions=pos.aligned, kv_positions=pos.k, causal=cfg.causal,
+                              travelling=travelling, schedule=cfg.schedule, ranks_per_node=per_node,
+                              mask_plan=mask_plan), pos
+    if mask_plan is None and cfg.mask is None and isinstance(cfg.layout, str) and isinstance(cfg.keys_layout, str):
+        # a dense plan is a pure function of these values, and a model's layers repeat them every step
+        key = (where.rank, p, int(q.shape[1]), int(k.shape[1]), cfg.layout, cfg.keys_layout, cfg.causal, travelling,
+               cfg.schedule, per_node)
+        plan, pos = DENSE_PLANS.get(key, make)
+    else:
+        plan, pos = make()
     return plan, block_calls(cfg, mask_plan is not None, pos, scale, q, v, alibi, mask)
+
+
+DENSE_PLANS = LruCache(64)
+"""The dense plans and positions built so far, by what they are a pure function of (:func:`engine_pass`)."""
 
 
 def _slopes(alibi: Optional[torch.Tensor], batch: int) -> Optional[torch.Tensor]:

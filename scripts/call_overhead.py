@@ -21,6 +21,8 @@ import torch
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--label", default="")
@@ -28,7 +30,7 @@ def main() -> None:
     torch.set_num_threads(1)
     import burstattn
 
-    q, k, v = (torch.randn(1, args.seq_len, 4, 64, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(1, args.seq_len, args.heads, args.head_dim, requires_grad=True) for _ in range(3))
     times = {"dense": [], "window": []}
     module = burstattn.BurstAttention(causal=True, window=(64, 0))
     for i in range(args.warmup + args.calls):
@@ -38,7 +40,8 @@ def main() -> None:
             out.sum().backward()
             if i >= args.warmup:
                 times[kind].append(time.thread_time() - t0)
-    print(json.dumps({"label": args.label, "seq_len": args.seq_len, "calls": args.calls,
+    print(json.dumps({"label": args.label, "seq_len": args.seq_len, "heads": args.heads, "head_dim": args.head_dim,
+                      "calls": args.calls,
                       **{f"{kind}_median_us": round(statistics.median(t) * 1e6, 1) for kind, t in times.items()}}))
 
 
