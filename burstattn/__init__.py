@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it (relative to this package)
 _EXPORTS = {
-    "BurstAttention": ".api", "burst_attn_func": ".api",
+    "BurstAttention": ".api", "burst_attn_func": ".api", "BurstOptions": ".options",
     "CommStats": ".comm.stats", "comm_stats": ".comm.stats",
     "ring_bytes": ".formulas",
     "attention": ".strategies",
@@ -25,7 +25,10 @@ _EXPORTS = {
     "StepTrace": ".comm.trace", "trace_steps": ".comm.trace",
 }
 
-__all__ = ["attention", "burst_attn_func", "BurstAttention", "shard_sequence", "gather_sequence",
+# modules renamed: the old name is refused with the new one (outside code may import it)
+_RENAMED = {"autograd": "passes (the engine's adapter: kernel choice, positions and passes)"}
+
+__all__ = ["attention", "burst_attn_func", "BurstAttention", "BurstOptions", "shard_sequence", "gather_sequence",
            "sequence_positions", "comm_stats", "CommStats", "trace_steps", "StepTrace",
            "ring_bytes", "AttnMask", "Partition", "document_partition", "mask_partition", "two_level_groups",
            "__version__"]
@@ -33,6 +36,8 @@ __all__ = ["attention", "burst_attn_func", "BurstAttention", "shard_sequence", "
 
 def __getattr__(name: str):
     """Import a public name (or a submodule, e.g. ``burstattn.ops``) on first use."""
+    if name in _RENAMED:
+        raise AttributeError(f"burstattn.{name} is now burstattn.{_RENAMED[name]}")
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
     else:
@@ -52,6 +57,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from .api import BurstAttention, burst_attn_func  # noqa: F401
+    from .options import BurstOptions  # noqa: F401
     from .comm.stats import CommStats, comm_stats  # noqa: F401
     from .formulas import ring_bytes  # noqa: F401
     from .groups import two_level_groups  # noqa: F401

@@ -8,20 +8,25 @@ import torch.distributed as dist
 from torch import nn
 
 from .masks.setup import build_mask
+from .options import BurstOptions, burst_options, mask_args, with_sinks
 from .strategies.op import prepare, run_call
 
 
-def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                    group: Optional[dist.ProcessGroup] = None, causal: bool = False,
-                    softmax_scale: Optional[float] = None, layout: str = "zigzag",
-                    return_lse: bool = False, backend: str = "auto", backward: str = "auto",
-                    schedule: str = "ring", window=None, cu_seqlens=None, document_ids=None,
-                    mask_mod=None, mask=None, topology=None, kv_layout=None, cu_seqlens_q=None,
-                    cu_seqlens_k=None, max_seqlen=None, max_seqlen_q=None, max_seqlen_k=None,
+def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dropout_p: float = 0.0,
+                    softmax_scale: Optional[float] = None, causal: bool = False, window_size=None,
                     softcap: Optional[float] = None, alibi_slopes: Optional[torch.Tensor] = None,
-                    sinks: Optional[torch.Tensor] = None, dropout_p: float = 0.0, deterministic: bool = False,
-                    grad_partials: str = "float32", window_size=None):
+                    deterministic: bool = False, return_lse: bool = False,
+                    group: Optional[dist.ProcessGroup] = None, layout: str = "zigzag", window=None,
+                    options: Optional[BurstOptions] = None, **rare):
     """Exact softmax attention over a sequence sharded across the ranks of ``group``.
+
+    flash-attn's ``flash_attn_func`` shape: ``q, k, v`` and its keywords (``dropout_p``, ``softmax_scale``,
+    ``causal``, ``window_size``, ``softcap``, ``alibi_slopes``, ``deterministic``; ``return_lse`` for its
+    ``return_attn_probs``), plus the ``group`` and the ``layout`` of the shards. The rare options are one
+    typed object, ``options=burstattn.BurstOptions(...)``; each is also accepted as a keyword of its own,
+    as before (``backend=``, ``backward=``, ``schedule=``, ``topology=``, ``kv_layout=``, ``cu_seqlens=``
+    (``_q``, ``_k``), ``max_seqlen`` (``_q``, ``_k``), ``document_ids=``, ``mask_mod=``, ``mask=``, ``sinks=``,
+    ``grad_partials=``); not both ways at once.
 
     Every rank passes its own shard (see :func:`burstattn.shard_sequence`); K/V circulate
     around the ring and partial results merge by log-sum-exp, so no rank ever holds a
@@ -101,6 +106,9 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
             repeatable for the same inputs and world size (fixed merge and accumulation order; on
             CUDA it also selects a deterministic kernel: flash-attn's deterministic backward or the
             plain one, never SDPA's atomics).
+        options: a :class:`burstattn.BurstOptions` holding the rare options below (backend, backward,
+            schedule, topology, kv_layout, cu_seqlens (_q, _k), max_seqlen (_q, _k), document_ids, mask_mod,
+            mask, sinks, grad_partials); or give them as keywords one by one (not both).
         grad_partials: ``"float32"`` (default): every kernel's gradient partial of 16-bit inputs is
             float32 from the start (kernels run on float32 copies of one tile at a time), within
             flash-attn's accuracy rule; ``"kernel"``: the kernel's own output dtype (faster; each
@@ -117,14 +125,12 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         RuntimeError: a second-order gradient (double backward) is asked for.
     """
     window = window_spelling("burst_attn_func", window, window_size)
+    o = burst_options("burst_attn_func", options, rare)
     call = prepare("burst", q, k, v, fn="burst_attn_func", group=group, causal=causal, softmax_scale=softmax_scale,
-                   layout=layout, backend=backend, backward=backward, schedule=schedule, topology=topology,
-                   mask_args=dict(window=window, cu_seqlens=cu_seqlens, document_ids=document_ids,
-                                  mask_mod=mask_mod, mask=mask, cu_seqlens_q=cu_seqlens_q,
-                                  cu_seqlens_k=cu_seqlens_k, max_seqlen=max_seqlen, max_seqlen_q=max_seqlen_q,
-                                  max_seqlen_k=max_seqlen_k),
-                   kv_layout=kv_layout, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-                   dropout_p=dropout_p, deterministic=deterministic, grad_partials=grad_partials)
+                   layout=layout, backend=o["backend"], backward=o["backward"], schedule=o["schedule"],
+                   topology=o["topology"], mask_args=mask_args(o, window), kv_layout=o["kv_layout"], softcap=softcap,
+                   alibi_slopes=alibi_slopes, sinks=o["sinks"], dropout_p=dropout_p, deterministic=deterministic,
+                   grad_partials=o["grad_partials"])
     out, lse = run_call(call, q, k, v)
     return (out, lse) if return_lse else out
 
@@ -142,46 +148,44 @@ def window_spelling(fn: str, window, window_size):
 
 class BurstAttention(nn.Module):
     """:func:`burst_attn_func` as a module: ``forward(q, k, v) -> out`` (or ``(out, lse)`` with
-    ``return_lse=True``). Takes every keyword of :func:`burst_attn_func`; the mask keywords are built
-    into one :class:`~burstattn.AttnMask` for the module's lifetime (so a mask's block summary is built
-    once per shape). ``sinks`` given as an ``nn.Parameter`` becomes the module's parameter (learned
-    sinks); ``alibi_slopes`` is kept as a buffer."""
+    ``return_lse=True``). Takes every keyword of :func:`burst_attn_func` (the rare ones in ``options`` or one
+    by one); the mask keywords are built into one :class:`~burstattn.AttnMask` for the module's lifetime
+    (the op finds that object again, so a mask's block summary is built once per shape, and held in it).
+    ``sinks`` given as an ``nn.Parameter`` becomes the module's parameter (learned sinks);
+    ``alibi_slopes`` is kept as a buffer."""
 
-    def __init__(self, *, group: Optional[dist.ProcessGroup] = None, causal: bool = False,
-                 softmax_scale: Optional[float] = None, layout: str = "zigzag", return_lse: bool = False,
-                 backend: str = "auto", backward: str = "auto", schedule: str = "ring", window=None,
-                 cu_seqlens=None, document_ids=None, mask_mod=None, mask=None, topology=None, kv_layout=None,
-                 cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen=None, max_seqlen_q=None, max_seqlen_k=None,
-                 softcap: Optional[float] = None, alibi_slopes: Optional[torch.Tensor] = None,
-                 sinks: Optional[torch.Tensor] = None, dropout_p: float = 0.0, deterministic: bool = False,
-                 grad_partials: str = "float32", window_size=None) -> None:
+    def __init__(self, *, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
+                 window_size=None, softcap: Optional[float] = None, alibi_slopes: Optional[torch.Tensor] = None,
+                 deterministic: bool = False, return_lse: bool = False, group: Optional[dist.ProcessGroup] = None,
+                 layout: str = "zigzag", window=None, options: Optional[BurstOptions] = None, **rare) -> None:
         super().__init__()
         window = window_spelling("BurstAttention", window, window_size)
-        self.group, self.causal, self.softmax_scale = group, causal, softmax_scale
-        self.layout, self.backend, self.backward, self.schedule = layout, backend, backward, schedule
-        self.return_lse, self.topology = return_lse, topology
-        self.options = dict(kv_layout=kv_layout, softcap=softcap, dropout_p=dropout_p, deterministic=deterministic,
-                            grad_partials=grad_partials)
+        o = burst_options("BurstAttention", options, rare)
+        self.group, self.causal, self.softmax_scale, self.layout = group, causal, softmax_scale, layout
+        self.return_lse, self.dropout_p, self.deterministic, self.softcap = return_lse, dropout_p, deterministic, softcap
+        self.backend, self.backward, self.schedule = o["backend"], o["backward"], o["schedule"]
+        sinks = o["sinks"]
         if isinstance(sinks, nn.Parameter):
             self.sinks = sinks
         else:
             self.register_buffer("sinks", sinks, persistent=False)
         self.register_buffer("alibi_slopes", alibi_slopes, persistent=False)
         # one AttnMask for the module's lifetime: its block summaries are built once per shape
-        amask, problem = build_mask(window, cu_seqlens, document_ids, mask_mod, mask, cu_seqlens_q, cu_seqlens_k,
-                                    max_seqlen, max_seqlen_q, max_seqlen_k)
+        amask, problem = build_mask(**mask_args(o, window))
         if problem:
             raise problem[0](f"BurstAttention: {problem[1]}")
         self.mask = amask
+        self.options = BurstOptions(backend=o["backend"], backward=o["backward"], schedule=o["schedule"],
+                                    topology=o["topology"], kv_layout=o["kv_layout"], mask=amask,
+                                    grad_partials=o["grad_partials"])
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """``q [B, n, Hq, D]``, ``k [B, n_k, Hkv, D]``, ``v [B, n_k, Hkv, Dv]`` -> ``[B, n, Hq, Dv]`` (and
         ``lse [B, Hq, n]``)."""
-        return burst_attn_func(q, k, v, group=self.group, causal=self.causal,
-                               softmax_scale=self.softmax_scale, layout=self.layout, return_lse=self.return_lse,
-                               backend=self.backend, backward=self.backward, schedule=self.schedule,
-                               mask=self.mask, topology=self.topology, alibi_slopes=self.alibi_slopes,
-                               sinks=self.sinks, **self.options)
+        return burst_attn_func(q, k, v, dropout_p=self.dropout_p, softmax_scale=self.softmax_scale, causal=self.causal,
+                               softcap=self.softcap, alibi_slopes=self.alibi_slopes, deterministic=self.deterministic,
+                               return_lse=self.return_lse, group=self.group, layout=self.layout,
+                               options=with_sinks(self.options, self.sinks))
 
     def extra_repr(self) -> str:
         return (f"causal={self.causal}, layout={self.layout!r}, backend={self.backend!r}, "

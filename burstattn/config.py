@@ -1,11 +1,13 @@
-"""Typed configuration shared by the public API, the autograd function and the engine, the op's
-encoding of it (:class:`OpSpec`), and the one bounded memo of what calls build from it
-(:class:`LruCache`: the data masks of the custom op, usp's sub-groups)."""
+"""Typed configuration: the one :class:`Call` type of an attention call (read by the public API, the
+strategies, the engine adapter and the checks), its generic text encoding for the custom op's constant
+``spec`` (:func:`encode_spec` / :func:`decode_spec`), and the one bounded memo of what calls build from
+it (:class:`LruCache`: the data masks of the custom op, usp's sub-groups)."""
 from __future__ import annotations
 
 import ast
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Callable, Optional
 
 if TYPE_CHECKING:
@@ -54,11 +56,24 @@ def torch_dtype(name: str) -> "torch.dtype":
     return getattr(torch, name)
 
 
+RUNTIME = {"runtime": True}  # a field of the call that is not part of its spec (tensors, derived values)
+
+
 @dataclass(frozen=True)
-class AttnConfig:
-    """What one distributed attention call does (everything but the tensors and the group).
+class Call:
+    """One attention call, everything but q, k and v: built and checked once per call
+    (:func:`burstattn.strategies.op.prepare`), read by every strategy, the engine adapter and the checks.
+
+    Its fields are plain values (and a few typed values: a layout, a mask, a topology, the group), so it
+    crosses the custom-op boundary generically (:func:`burstattn.boundary.op_arguments`): every field is
+    written ``name=literal`` into the op's constant ``spec`` string; the typed values go through one
+    codec per value type (a partition's positions and a mask's document bounds travel as tensors).
+    Adding an option is adding a field here, its consumer and its check (``docs/architecture.md``).
 
     Attributes:
+        strategy: the strategy that runs (``burstattn.strategies.NAME``: its ``check`` / ``forward`` / ...).
+        fn: the caller's name in error messages (``burst_attn_func``, ``attention(strategy='ring')``).
+        where: the process group, this rank and the world size (crosses the op by the group's name).
         causal: query at global position i sees keys at global positions j <= i.
         softmax_scale: multiplier of q @ k^T; ``None`` means ``head_dim ** -0.5``.
         layout: how the global sequence is split over ranks: ``"contiguous"``,
@@ -70,32 +85,45 @@ class AttnConfig:
         schedule: ``"ring"`` (neighbour ring, every layout), ``"distflash"`` (DistFlashAttn's
             load-balanced direct schedule: causal, contiguous layout only) or ``"double"`` (the
             two-level ring over ``topology``: nodes x ranks per node).
+        mask: a :class:`burstattn.AttnMask` (``None``: no mask beyond ``causal``); the user's object
+            (its block summaries are cached in it).
+        topology: the :class:`~burstattn.groups.TwoLevelGroups` of schedule ``"double"``.
         kv_layout: how the key/value sequence is split (``None``: like the queries, ``layout``);
             with cross-attention the two sequences have their own lengths.
         softcap: Gemma 2 / Grok score capping ``softcap * tanh(s / softcap)`` of the scaled scores.
-        alibi, sinks: whether ALiBi slopes / attention-sink logits come with the call.
         deterministic: flash-attn's flag (every path here is deterministic; see the API docs).
         grad_partials: ``"float32"`` (the default): every kernel's dQ/dK/dV partial is produced in
             float32 for 16-bit inputs (the kernel runs on float32 copies of one tile at a time), so
             nothing is rounded to 16 bits before the float32 accumulation; ``"kernel"``: the
             kernel's own output dtype (faster, up to one 16-bit rounding per partial).
+        grad: this rank will run the backward (checked across ranks: a rank without it hangs the others).
+        options: the strategy's own options as sorted ``(name, value)`` pairs of ints and strings
+            (usp's degrees or sub-group names).
+        alibi: ALiBi slopes ``[Hq]`` / ``[B, Hq]`` (a tensor argument of the op of its own; not in the spec).
+        sinks: attention-sink logits ``[Hq]`` (likewise; they get a gradient).
+        plan: this rank's mask plan, derived by the strategy's check (not in the spec).
     """
 
     causal: bool = False
     softmax_scale: Optional[float] = None
-    layout: str = "zigzag"
+    layout: object = field(default="zigzag", metadata={"codec": "layout"})  # a layout name or a Partition
     backend: str = "auto"
     backward: str = "auto"
     schedule: str = "ring"
-    mask: Optional[object] = None  # a burstattn.AttnMask (None: no mask beyond ``causal``)
-    topology: Optional[object] = None  # TwoLevelGroups of schedule="double"
-    kv_layout: Optional[object] = None  # layout of the key/value sequence (None: ``layout``)
+    mask: Optional[object] = field(default=None, metadata={"codec": "mask"})
+    topology: Optional[object] = field(default=None, metadata={"codec": "topology"})
+    kv_layout: Optional[object] = field(default=None, metadata={"codec": "layout"})  # None: like ``layout``
     softcap: Optional[float] = None  # scores -> softcap * tanh(scores / softcap) (None: off)
-    alibi: bool = False  # the call has ALiBi slopes (the tensor travels beside the config)
-    sinks: bool = False  # the call has attention-sink logits (the tensor travels beside the config)
     deterministic: bool = False
     grad_partials: str = "float32"  # "float32": kernel gradient partials in float32; "kernel": as returned
-    grad: bool = False  # this rank will run the backward (checked across ranks: a rank without it hangs the others)
+    grad: bool = False
+    strategy: str = "burst"
+    fn: str = "burst_attn_func"
+    where: object = field(default=None, metadata={"codec": "group"})  # a GroupContext (None: a world of one)
+    options: tuple = ()
+    alibi: Optional["torch.Tensor"] = field(default=None, metadata=RUNTIME)
+    sinks: Optional["torch.Tensor"] = field(default=None, metadata=RUNTIME)
+    plan: Optional[object] = field(default=None, metadata=RUNTIME)
 
     @property
     def keys_layout(self):
@@ -108,6 +136,10 @@ class AttnConfig:
         schedule that moves K/V only where some query sees them): it has a mask, or an explicit
         partition layout."""
         return self.mask is not None or not isinstance(self.layout, str) or not isinstance(self.keys_layout, str)
+
+    def option(self, name: str, default=None):
+        """The strategy's own option ``name`` (``default`` when not given)."""
+        return dict(self.options).get(name, default)
 
     def travelling(self, phase: str) -> str:
         """The side a ring moves in ``phase`` (the engine's name for the choice ``backward`` makes):
@@ -130,62 +162,35 @@ class AttnConfig:
         return float(self.softmax_scale) if self.softmax_scale is not None else head_dim ** -0.5
 
 
-@dataclass(frozen=True)
-class OpSpec:
-    """Everything of a call but tensors and the group, as op-argument-friendly values.
+AttnConfig = Call
+"""The former name of :class:`Call` (the config part of a call): the same type, kept for outside code."""
 
-    Attributes:
-        fn: the caller's name for error messages (``burst_attn_func``, ``attention(strategy='ring')``).
-        causal, softmax_scale, backend, backward, schedule: as in :class:`~burstattn.config.AttnConfig`
-            (backend and backward resolved).
-        layout: a layout name, or ``"partition:NAME"`` (positions in the op's ``positions`` tensor).
-        topology: ``[inner group name, outer group name, ranks_per_node, nodes]`` of schedule "double".
-        window: ``[left, right]`` of a window mask (``None`` entries: unbounded); ``documents``: whether
-            the op's ``bounds`` tensor holds document boundaries; ``block_size``: the mask's tile.
-        kv_layout: the key sequence's layout (``None``: ``layout``; ``"partition:NAME"``: in
-            ``kv_positions``); softcap, deterministic, grad_partials: as in ``AttnConfig``.
-        strategy: the strategy that runs (``burstattn.strategies.op``'s ops); options: its own
-            options as ``[name, value]`` pairs (usp's degrees and sub-group names), ``None``: none.
-    """
-
-    fn: str
-    causal: bool
-    softmax_scale: Optional[float]
-    layout: str
-    backend: str
-    backward: str
-    schedule: str
-    topology: Optional[list] = None
-    window: Optional[list] = None
-    documents: bool = False
-    block_size: int = 256
-    kv_layout: Optional[str] = None
-    softcap: Optional[float] = None
-    deterministic: bool = False
-    grad_partials: str = "float32"
-    strategy: str = "burst"
-    options: Optional[list] = None
-    grad: bool = False
-
-    def encode(self) -> str:
-        """``key=value`` pairs joined by ``;`` (values as Python literals, lossless: see :func:`literal`).
-        Plain string formatting, which the compiler folds to a constant (it cannot trace ``json``)."""
-        return ";".join(f"{name}={literal(getattr(self, name))}" for name in FIELDS)
-
-    @staticmethod
-    def decode(text: str) -> "OpSpec":
-        """The inverse of :meth:`encode`. Every forward and backward of the op decodes its spec, and a
-        model's layers repeat one spec: parsed once (:data:`SPECS`; ~160 us a parse), the same frozen
-        value after (its ``options`` are read, never changed)."""
-        def parse() -> "OpSpec":
-            pairs = (item.split("=", 1) for item in text.split(";"))
-            return OpSpec(**{name: ast.literal_eval(value) for name, value in pairs})
-        return SPECS.get(text, parse)
+SPEC_FIELDS = tuple((f.name, f.metadata.get("codec")) for f in fields(Call) if not f.metadata.get("runtime"))
+"""``(name, codec or None)`` of every field of :class:`Call` that its spec holds (all but the runtime
+ones), in order: plain tuples, which the compiler iterates as constants."""
 
 
-FIELDS = ("fn", "causal", "softmax_scale", "layout", "backend", "backward", "schedule", "topology", "window",
-          "documents", "block_size", "kv_layout", "softcap", "deterministic", "grad_partials", "strategy", "options",
-          "grad")
+def encode_spec(values: dict) -> str:
+    """``name=literal`` pairs of ``values`` (field name -> plain value: None, bool, int, float, str or
+    nested lists / tuples of those) joined by ``;``, values as lossless Python literals (:func:`literal`).
+    Plain string formatting, which the compiler folds to a constant (it cannot trace ``json``)."""
+    return ";".join(f"{name}={literal(value)}" for name, value in values.items())
+
+
+def decode_spec(text: str) -> dict:
+    """The inverse of :func:`encode_spec` (lists come back as tuples). Every forward and backward of the op
+    decodes its spec, and a model's layers repeat one spec: parsed once (:data:`SPECS`; ~160 us a parse),
+    the same mapping after (read, never changed)."""
+    def parse() -> dict:
+        pairs = (item.split("=", 1) for item in text.split(";") if item)
+        return MappingProxyType({name: _tupled(ast.literal_eval(value)) for name, value in pairs})
+    return SPECS.get(text, parse)
+
+
+def _tupled(x):
+    return tuple(_tupled(e) for e in x) if isinstance(x, (list, tuple)) else x
+
+
 # characters a string literal of the spec may not hold raw: the field separator, the literal's own
 # quote and escape, and what ends a line or a source text; each becomes its escape, so decoding gives
 # the string back exactly
@@ -195,8 +200,8 @@ ESCAPES = (("\\", "\\\\"), ("'", "\\'"), (";", "\\x3b"), ("\n", "\\n"), ("\r", "
 
 
 def literal(x) -> str:
-    """``x`` (None, bool, int, float, str, or a list of those) as a Python literal that holds no ``;``
-    (the field separator) and that ``ast.literal_eval`` turns back into ``x`` exactly."""
+    """``x`` (None, bool, int, float, str, or a list / tuple of those) as a Python literal that holds no
+    ``;`` (the field separator) and that ``ast.literal_eval`` turns back into ``x`` exactly."""
     if isinstance(x, (list, tuple)):
         return "[" + ",".join(literal(e) for e in x) + "]"
     if isinstance(x, str):
@@ -239,7 +244,7 @@ class LruCache:
 
 
 SPECS = LruCache(64)
-"""The op specs decoded so far (:meth:`OpSpec.decode`): a pure function of the text."""
+"""The op specs decoded so far (:func:`decode_spec`): a pure function of the text."""
 
 
 def host_side():

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .comm.stats import active_stats
-from .config import BACKENDS, BACKWARDS, GRAD_PARTIALS, LAYOUTS, SCHEDULES, AttnConfig, host_side
+from .config import BACKENDS, BACKWARDS, GRAD_PARTIALS, LAYOUTS, SCHEDULES, Call, host_side
 from .formulas import META_INTS
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -57,7 +57,7 @@ def dropout_problem(dropout_p) -> Optional[tuple[type, str]]:
     return None
 
 
-def option_problem(cfg: AttnConfig) -> Optional[tuple[type, str]]:
+def option_problem(cfg: Call) -> Optional[tuple[type, str]]:
     """Type problems of the scalar options (``causal`` a bool, ``softmax_scale`` and ``softcap``
     positive reals, ``deterministic`` a bool, ``grad_partials`` a known name)."""
     if not isinstance(cfg.causal, bool):
@@ -107,7 +107,7 @@ def tensor_problem(name: str, x, shapes: tuple, q) -> Optional[tuple[type, str]]
     return None
 
 
-def local_problem(q, k, v, cfg: AttnConfig, alibi=None, sinks=None) -> Optional[tuple[type, str]]:
+def local_problem(q, k, v, cfg: Call, alibi=None, sinks=None) -> Optional[tuple[type, str]]:
     """The first problem with this rank's arguments as ``(exception class, message)``, or None."""
     problem = option_problem(cfg)
     if problem:
@@ -195,7 +195,7 @@ def values_key(x: Optional[torch.Tensor]) -> int:
     return zlib.crc32(repr(bits).encode()) & 0x7FFFFFFF or 1
 
 
-def _modifiers_key(cfg: AttnConfig, alibi, sinks) -> int:
+def _modifiers_key(cfg: Call, alibi, sinks) -> int:
     """31-bit checksum of the score modifiers' settings, shapes and values (ALiBi slopes and sink logits
     that differ between ranks would give each rank another attention) and the kernel options."""
     text = (f"{cfg.softcap!r}|{None if alibi is None else tuple(alibi.shape)}|"
@@ -223,7 +223,7 @@ def _hidden(_: int) -> str:
     return "differing values"
 
 
-def _scale_bits(cfg: AttnConfig) -> int:
+def _scale_bits(cfg: Call) -> int:
     return int(torch.tensor(cfg.softmax_scale or 0.0, dtype=torch.float64).view(torch.int64))
 
 
@@ -258,7 +258,7 @@ FUNCTION = SIGNATURE[0]
 assert len(SIGNATURE) < META_INTS
 
 
-def _signature(q, k, v, cfg: AttnConfig, problem, fn: str, world_size: int, alibi=None, sinks=None) -> list[int]:
+def _signature(q, k, v, cfg: Call, problem, fn: str, world_size: int, alibi=None, sinks=None) -> list[int]:
     """``[error code (0: none, 1: TypeError, 2: ValueError), *SIGNATURE values]``, padded to ``META_INTS``."""
     code = 0 if problem is None else (1 if problem[0] is TypeError else 2)
     if code:
@@ -267,7 +267,7 @@ def _signature(q, k, v, cfg: AttnConfig, problem, fn: str, world_size: int, alib
     return sig + [0] * (META_INTS - len(sig))
 
 
-def check_inputs(q, k, v, cfg: AttnConfig, group: Optional[dist.ProcessGroup], world_size: int,
+def check_inputs(q, k, v, cfg: Call, group: Optional[dist.ProcessGroup], world_size: int,
                  fn: str = "burst_attn_func", problem: Optional[tuple[type, str]] = None, alibi=None,
                  sinks=None) -> None:
     """Raise on every rank if any rank's inputs are invalid or the ranks disagree.

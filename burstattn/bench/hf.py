@@ -146,7 +146,7 @@ def trainer_rank(rank: int, world: int, cfg: HfBenchConfig, contender: str, seq_
     """One contender at one length on this rank: step times (``timed``) or the peak of one step."""
     import tempfile
 
-    from ..hf.trainer import local_group_environment
+    from ..testing.accelerate_env import local_group_environment
     from .memory import measure_peak
 
     local_group_environment(rank, world)

@@ -269,22 +269,3 @@ class ContextParallelMixin:
 class ContextParallelTrainer(ContextParallelMixin, Trainer):
     """``transformers.Trainer`` with burstattn context parallelism (see :class:`ContextParallelMixin`):
     ``ContextParallelTrainer(model=..., args=..., train_dataset=..., cp_size=2, strategy="burst")``."""
-
-
-def local_group_environment(rank: int, world_size: int) -> None:
-    """Make accelerate (and so the Trainer) see a process group that was started without torchrun, e.g. by
-    :class:`burstattn.testing.launch.LocalPool`: the ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` variables torchrun
-    would set (``LOCAL_RANK`` left out at world size 1: a plain single process), and accelerate's cached
-    state reset, so that a process can run several Trainers one after another."""
-    import os
-
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size))
-    if world_size > 1:
-        os.environ["LOCAL_RANK"] = str(rank)
-    else:
-        os.environ.pop("LOCAL_RANK", None)
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()

@@ -3,7 +3,7 @@
 Every rank holds a shard of the cache: keys/values ``[B, S_r, Hkv, D]`` at known GLOBAL
 positions ``[S_r]`` (int64, increasing). Three exact ways to attend to the whole cache, each a plan of
 the one loop (:func:`burstattn.engine.loop.run_plan`) over per-rank positions of any lengths, run by the
-engine's forward pass (one kernel choice and one fallback, :func:`burstattn.autograd.block_calls`), its
+engine's forward pass (one kernel choice and one fallback, :func:`burstattn.passes.block_calls`), its
 partials merged by the one log-sum-exp merge:
 
 * :func:`replicated_attention` (decoding): every rank holds the same queries; each attends them to
@@ -39,7 +39,7 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ..autograd import CallPositions, block_calls, kernel_needs
+from ..passes import CallPositions, block_calls, kernel_needs
 from ..comm.collectives import Collectives
 from ..comm.stats import active_stats
 from ..comm.transport import Transport

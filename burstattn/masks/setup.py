@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from ..config import AttnConfig, LruCache
+from ..config import Call, LruCache
 from .plan import MaskPlan, mask_plan
 from .spec import AttnMask, make_mask
 
@@ -42,12 +42,7 @@ def build_mask(window=None, cu_seqlens=None, document_ids=None, mask_mod=None, m
     return built, None
 
 
-def effective_mask(cfg: AttnConfig) -> AttnMask:
-    """The call's mask; an empty one when only an explicit partition makes the call sparse."""
-    return cfg.mask if cfg.mask is not None else AttnMask()
-
-
-def plan_for(q, cfg: AttnConfig, rank: int, world_size: int,
+def plan_for(q, cfg: Call, rank: int, world_size: int,
              k_local: Optional[int] = None) -> tuple[Optional[MaskPlan], Problem]:
     """This rank's :class:`~.plan.MaskPlan` for a sparse call (``None`` for a dense one), or the
     problem that prevents it (the sequence length the mask does not fit, a partition for another
@@ -72,7 +67,7 @@ def plan_for(q, cfg: AttnConfig, rank: int, world_size: int,
         return None, (ValueError, str(e))
 
 
-def topology_problem(cfg: AttnConfig, world_size: int) -> Problem:
+def topology_problem(cfg: Call, world_size: int) -> Problem:
     """Why ``cfg.topology`` does not fit a group of ``world_size`` ranks, or ``None``."""
     topo = cfg.topology
     if hasattr(topo, "nodes") and topo.nodes * topo.ranks_per_node != world_size:
@@ -127,17 +122,34 @@ def raise_mask_failures(guard: Optional[GuardedMaskMod], ring) -> None:
         raise ValueError(f"during the attention pass the mask_mod failed, all ranks abort the call ({detail})")
 
 
+def _definition(window, bounds: Optional[torch.Tensor], block_size: int, kv_bounds: Optional[torch.Tensor]):
+    """The key of a data mask's definition (window, document bounds, tile size)."""
+    return (None if window is None else tuple(window), None if bounds is None else bounds.cpu().numpy().tobytes(),
+            block_size, None if kv_bounds is None else kv_bounds.cpu().numpy().tobytes())
+
+
 def data_mask(window, bounds: Optional[torch.Tensor], block_size: int,
               kv_bounds: Optional[torch.Tensor] = None) -> AttnMask:
     """The mask made from data (window, document bounds, tile size; no ``mask_mod``), the same object for
     the same definition (:data:`DATA_MASKS`): the custom op receives a mask as data and looks its
-    :class:`~.spec.AttnMask` up here, so its block summaries, which cost seconds at long sequences, are
-    built once."""
-    key = (None if window is None else tuple(window), None if bounds is None else bounds.cpu().numpy().tobytes(),
-           block_size, None if kv_bounds is None else kv_bounds.cpu().numpy().tobytes())
+    :class:`~.spec.AttnMask` up here: the user's own when :func:`register_mask` saw it (so its block
+    summaries, which cost seconds at long sequences, are built once, and in the object the user keeps)."""
+    key = _definition(window, bounds, block_size, kv_bounds)
     return DATA_MASKS.get(key, lambda: AttnMask(window=key[0], cu_seqlens=None if bounds is None else bounds.cpu(),
                                                 block_size=block_size,
                                                 cu_seqlens_k=None if kv_bounds is None else kv_bounds.cpu()))
+
+
+def register_mask(mask: AttnMask) -> AttnMask:
+    """Make ``mask`` (no ``mask_mod``) the object :func:`data_mask` gives for its definition, unless one is
+    registered already (then that one, whose summaries are built already, keeps serving it)."""
+    return DATA_MASKS.get(_definition(mask.window, mask.bounds, mask.block_size, mask.kv_bounds), lambda: mask)
+
+
+def effective_mask(cfg: Call) -> AttnMask:
+    """The call's mask; when only an explicit partition makes the call sparse, the one empty mask of
+    :func:`data_mask` (so its block summaries are cached too)."""
+    return cfg.mask if cfg.mask is not None else data_mask(None, None, AttnMask.block_size)
 
 
 # The process-wide memo of data masks (see data_mask): block summaries of a mask outlive one call.

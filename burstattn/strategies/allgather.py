@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import torch
 
-from ..autograd import block_calls, call_positions
+from ..passes import block_calls, call_positions
 from ..comm.collectives import Collectives
 from ..comm.stats import active_stats
 from ..engine.run import build_plan, gathered_backward, gathered_forward
@@ -51,18 +51,17 @@ def plan_of(call, q, k):
     """This rank's mask plan over the group (``None`` for a dense call)."""
     from ..masks.setup import plan_for
 
-    return plan_for(q, call.cfg, call.where.rank, call.where.world_size, k.shape[1])[0]
+    return plan_for(q, call, call.where.rank, call.where.world_size, k.shape[1])[0]
 
 
 def _setup(call, q, v):
     """The one-step plan over every rank's gathered K/V and its kernel calls."""
-    where, n = call.where, q.shape[1]
-    cfg = call.cfg  # its backend resolved once, by prepare
+    where, n = call.where, q.shape[1]  # the call's backend was resolved once, by prepare
     with host_side():  # positions and plans are host-side (real tensors in a dry run too, as engine_pass's)
-        pos = [local_positions(n * where.world_size, r, where.world_size, cfg.layout) for r in range(where.world_size)]
-        plan = build_plan(where.rank, where.world_size, positions=pos, causal=cfg.causal, travelling="kv",
+        pos = [local_positions(n * where.world_size, r, where.world_size, call.layout) for r in range(where.world_size)]
+        plan = build_plan(where.rank, where.world_size, positions=pos, causal=call.causal, travelling="kv",
                           schedule="gathered", mask_plan=call.plan)
-    calls = block_calls(cfg, call.plan is not None, call_positions(cfg, where.world_size, n, n), cfg.scale_for(q.shape[3]),
+    calls = block_calls(call, call.plan is not None, call_positions(call, where.world_size, n, n), call.scale_for(q.shape[3]),
                         q, v)
     return plan, calls
 

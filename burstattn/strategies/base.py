@@ -57,10 +57,10 @@ def check_call(call, q, k, v, extra: Optional[tuple[type, str]] = None, group_pl
     The local check ran once already (:func:`burstattn.strategies.op.prepare`). Returns this rank's
     :class:`~burstattn.masks.plan.MaskPlan` over the group (``None`` for a dense call, or when
     ``group_plan`` is false: the strategy plans its own, after the check)."""
-    where, cfg = call.where, call.cfg
+    where = call.where
     plan, problem = None, extra
     if problem is None:
-        plan, problem = plan_for(q, cfg, where.rank, where.world_size, k.shape[1])
-    check_inputs(q, k, v, cfg, where.group, where.world_size, fn=call.fn, problem=problem, alibi=call.alibi,
+        plan, problem = plan_for(q, call, where.rank, where.world_size, k.shape[1])
+    check_inputs(q, k, v, call, where.group, where.world_size, fn=call.fn, problem=problem, alibi=call.alibi,
                  sinks=call.sinks)
     return plan if group_plan else None

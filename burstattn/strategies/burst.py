@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import torch
 
-from ..autograd import backward_pass, forward_pass
+from ..passes import backward_pass, forward_pass
 from ..formulas import accum_dtype, choose_backward, ring_bytes
 from ..masks.setup import plan_for
 from .base import check_call, split_options
@@ -34,7 +34,7 @@ def check(call, q, k, v):
 
 def plan_of(call, q, k):
     """This rank's mask plan over the group (``None`` for a dense call); checked in the forward already."""
-    plan, problem = plan_for(q, call.cfg, call.where.rank, call.where.world_size, k.shape[1])
+    plan, problem = plan_for(q, call, call.where.rank, call.where.world_size, k.shape[1])
     if problem:
         raise problem[0](problem[1])
     return plan
@@ -42,16 +42,16 @@ def plan_of(call, q, k):
 
 def forward(call, q, k, v):
     """``out [B, n, Hq, Dv]`` (q's dtype) and the saved ``[lse [B, Hq, n]]`` (float32; float64 for float64;
-    sinks included): :func:`burstattn.autograd.forward_pass`."""
-    out, lse = forward_pass(call.where, call.cfg, call.plan, q, k, v, call.alibi, call.sinks)
+    sinks included): :func:`burstattn.passes.forward_pass`."""
+    out, lse = forward_pass(call.where, call, call.plan, q, k, v, call.alibi, call.sinks)
     return out, [lse]
 
 
 def backward(call, dout, q, k, v, out, saved):
     """``dq, dk, dv`` (and ``dsinks [Hq]``, this rank's share, with sinks):
-    :func:`burstattn.autograd.backward_pass`."""
+    :func:`burstattn.passes.backward_pass`."""
     (lse,) = saved
-    dq, dk, dv, dsinks = backward_pass(call.where, call.cfg, call.plan, dout, q, k, v, out, lse, alibi=call.alibi,
+    dq, dk, dv, dsinks = backward_pass(call.where, call, call.plan, dout, q, k, v, out, lse, alibi=call.alibi,
                                        sinks=call.sinks)
     return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
 

@@ -14,8 +14,8 @@ from typing import Optional
 
 import torch
 
-from ..autograd import backward_pass, forward_pass
-from ..config import AttnConfig
+from ..passes import backward_pass, forward_pass
+from ..config import Call
 from ..engine.passes import backward_lse
 from ..groups import GroupContext
 from ..kernels import get_kernel
@@ -24,13 +24,13 @@ from ..masks.plan import MaskPlan, mask_plan
 ALONE = GroupContext(None, 0, 1)
 
 
-def _local(cfg: AttnConfig, q: torch.Tensor) -> AttnConfig:
+def _local(cfg: Call, q: torch.Tensor) -> Call:
     # the backend was resolved once, by prepare
     return replace(cfg, layout="contiguous", kv_layout=None, backward="kv", schedule="ring", topology=None,
                    grad_partials="kernel")
 
 
-def local_plan(cfg: AttnConfig, seq_len: int) -> Optional[MaskPlan]:
+def local_plan(cfg: Call, seq_len: int) -> Optional[MaskPlan]:
     """The world-of-one mask plan of ``cfg.mask`` over ``seq_len`` tokens in global order (``None``
     without a mask, or with an empty one)."""
     if cfg.mask is None or cfg.mask.empty:
@@ -38,7 +38,7 @@ def local_plan(cfg: AttnConfig, seq_len: int) -> Optional[MaskPlan]:
     return mask_plan(cfg.mask, cfg.causal, seq_len, 1, "contiguous", 0)
 
 
-def local_forward(cfg: AttnConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def local_forward(cfg: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   plan: Optional[MaskPlan] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``q [B, N, Hq, D]``, ``k, v [B, N, Hkv, D]`` in global order -> ``out [B, N, Hq, D]`` (q's dtype)
     and ``lse [B, Hq, N]`` (float32; float64 for float64), causal on the global order."""
@@ -50,7 +50,7 @@ def local_forward(cfg: AttnConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     return out.to(q.dtype).transpose(1, 2), lse
 
 
-def local_backward(cfg: AttnConfig, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def local_backward(cfg: Call, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    out: torch.Tensor, lse: torch.Tensor, plan: Optional[MaskPlan] = None):
     """Gradients of :func:`local_forward`: ``dq, dk, dv`` in the inputs' shapes and dtypes."""
     local = _local(cfg, q)

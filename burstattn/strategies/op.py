@@ -18,17 +18,17 @@ from typing import Optional
 
 import torch
 
-from ..autograd import kernel_needs, refuse_double_backward, without_autocast
+from ..passes import kernel_needs, refuse_double_backward, without_autocast
 from ..comm.stats import active_stats
 from ..comm.trace import active_trace
-from ..config import AttnConfig
+from ..config import Call
 from ..formulas import choose_backward
 from ..groups import group_context
 from ..kernels import resolve_backend
 from ..layout import layout_or_default
 from ..masks.plan import choose_mask_backward
 from ..masks.setup import build_mask, topology_problem
-from ..ops import Call, call_op, grads_of, owned, strategy_module
+from ..ops import call_op, grads_of, owned, strategy_module
 from ..validate import (check_inputs, dropout_problem, local_problem, runs_backward, scale_value,
                         softcap_value)
 
@@ -54,7 +54,7 @@ def one_sequence_problem(name: str, q, k, v) -> Optional[tuple[type, str]]:
     return None
 
 
-def resolve_backward(cfg: AttnConfig, q, k, v, world_size: int) -> str:
+def resolve_backward(cfg: Call, q, k, v, world_size: int) -> str:
     """``cfg.backward`` with ``"auto"`` resolved by shapes (the one that sends fewer bytes) for the ring
     engine: the masked engine's choice for a sparse call, the dense ring's otherwise."""
     if cfg.backward != "auto" or cfg.schedule == "distflash":
@@ -79,36 +79,36 @@ def prepare(strategy: str, q, k, v, *, group, causal, softmax_scale, layout, fn:
             mask_args: Optional[dict] = None, kv_layout=None, softcap=None, alibi_slopes=None, sinks=None,
             dropout_p=0.0, deterministic: bool = False, grad_partials: str = "float32",
             options: Optional[dict] = None, problem: Optional[tuple[type, str]] = None) -> Call:
-    """The :class:`~burstattn.ops.Call` of one call of ``strategy``, built and checked once: the local
+    """The :class:`~burstattn.config.Call` of one call of ``strategy``, built and checked once: the local
     check runs here once and the backend is resolved here once (the op does not repeat either).
     ``problem``: what the strategy found wrong on this rank (raised on every rank); ``options``: the
     strategy's own (ints and strings); ``fn``: the caller's name in messages. Traceable: only shapes and
     option values are read (a bad input raises on every rank here, through the cross-rank check)."""
     where = group_context(group)
     amask, mask_problem = build_mask(**(mask_args or {}))
-    cfg = AttnConfig(causal=causal, softmax_scale=scale_value(softmax_scale), layout=layout_or_default(layout),
-                     backend=backend, backward=backward, schedule=schedule, mask=amask, topology=topology,
-                     kv_layout=kv_layout, softcap=softcap_value(softcap), alibi=alibi_slopes is not None,
-                     sinks=sinks is not None, deterministic=deterministic, grad_partials=grad_partials,
-                     grad=runs_backward(q, k, v, sinks))
-    fn = fn or label(strategy)
+    call = Call(causal=causal, softmax_scale=scale_value(softmax_scale), layout=layout_or_default(layout),
+                backend=backend, backward=backward, schedule=schedule, mask=amask, topology=topology,
+                kv_layout=kv_layout, softcap=softcap_value(softcap), deterministic=deterministic,
+                grad_partials=grad_partials, grad=runs_backward(q, k, v, sinks), strategy=strategy,
+                fn=fn or label(strategy), where=where, options=tuple(sorted((options or {}).items())),
+                alibi=alibi_slopes, sinks=sinks)
     problem = problem or mask_problem or dropout_problem(dropout_p)
     if strategy not in ENGINE_STRATEGIES:
         problem = problem or one_sequence_problem(strategy, q, k, v)
-    problem = problem or local_problem(q, k, v, cfg, alibi_slopes, sinks)
+    problem = problem or local_problem(q, k, v, call, alibi_slopes, sinks)
     if problem is None:
         try:
-            needs = kernel_needs(cfg, q.shape[-1], v.shape[-1])
-            cfg = replace(cfg, backend=resolve_backend(cfg.backend, q.device, q.dtype, needs))
+            call = replace(call, backend=resolve_backend(call.backend, q.device, q.dtype,
+                                                         kernel_needs(call, q.shape[-1], v.shape[-1])))
         except ValueError as e:
             problem = ValueError, str(e)
-    problem = problem or topology_problem(cfg, where.world_size)
+    problem = problem or topology_problem(call, where.world_size)
     if problem is not None:  # raises on every rank
-        check_inputs(q, k, v, cfg, where.group, where.world_size, fn=fn, problem=problem, alibi=alibi_slopes,
+        check_inputs(q, k, v, call, where.group, where.world_size, fn=call.fn, problem=problem, alibi=alibi_slopes,
                      sinks=sinks)
     if strategy in ENGINE_STRATEGIES:
-        cfg = replace(cfg, backward=resolve_backward(cfg, q, k, v, where.world_size))
-    return Call(where, cfg, fn, strategy, dict(options or {}), alibi=alibi_slopes, sinks=sinks)
+        call = replace(call, backward=resolve_backward(call, q, k, v, where.world_size))
+    return call
 
 
 class EagerCall(torch.autograd.Function):
@@ -148,7 +148,7 @@ class EagerCall(torch.autograd.Function):
 
 def run_call(call: Call, q, k, v) -> list[torch.Tensor]:
     """``[out, *saved]`` of a prepared call: the custom op, or :class:`EagerCall` with a ``mask_mod``."""
-    if call.cfg.mask is not None and call.cfg.mask.mask_mod is not None:
+    if call.mask is not None and call.mask.mask_mod is not None:
         return list(EagerCall.apply(q, k, v, call.sinks, call))
     return call_op(call, q, k, v)
 

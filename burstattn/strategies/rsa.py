@@ -34,7 +34,7 @@ import torch
 from ..comm.stats import active_stats
 from ..comm.trace import active_trace
 from ..comm.transport import pass_transport
-from ..config import AttnConfig, host_side
+from ..config import Call, host_side
 from ..engine.loop import Partial, Whole, run_plan
 from ..engine.pairs import ops_from_positions
 from ..engine.plan import Channels, Key, Plan, ring
@@ -95,7 +95,7 @@ class _NoAccs:
     sides = frozenset()
 
 
-def _plan(where: GroupContext, cfg: AttnConfig, n: int, channels: Channels) -> Plan:
+def _plan(where: GroupContext, cfg: Call, n: int, channels: Channels) -> Plan:
     """The K/V ring of this rank over positions of ``cfg.layout`` (the pairs a causal mask leaves
     empty have no ops and are not computed)."""
     p = where.world_size
@@ -115,26 +115,26 @@ def _ring_of(where: GroupContext, comm, plan: Plan, block: torch.Tensor, compute
 def forward(call, q, k, v):
     """``out [B, n, Hq, D]`` and the saved ``[probs [B, Hkv, g, n, N], out [B, Hkv, g, n, D]]`` (both in
     the accumulator dtype): the K ring fills the scores, a row softmax, the V ring forms the output."""
-    where, cfg = call.where, call.cfg
+    where = call.where
     b, n, hq, d = q.shape
     hkv, p, acc = k.shape[2], where.world_size, accum_dtype(q.dtype)
-    scale = cfg.scale_for(d)
+    scale = call.scale_for(d)
     qg = _grouped(q, hkv, acc)  # (B, Hkv, g, n, D)
     seq = n * p
-    pos = [local_positions(seq, r, p, cfg.layout).to(q.device) for r in range(p)]
+    pos = [local_positions(seq, r, p, call.layout).to(q.device) for r in range(p)]
     scores = torch.full((b, hkv, hq // hkv, n, seq), float("-inf"), dtype=acc, device=q.device)
 
     def fill(pair, kb):  # kb (B, Hkv, n, D): keys of rank pair.k -> columns [k*n, (k+1)*n)
         if pair.ops:
             s = torch.matmul(qg, kb.to(acc).unsqueeze(2).transpose(-1, -2)).mul_(scale)  # (B, Hkv, g, n, n)
-            if cfg.causal:
+            if call.causal:
                 s.masked_fill_(pos[pair.k][None, :] > pos[where.rank][:, None], float("-inf"))
             scores[..., pair.k * n:(pair.k + 1) * n] = s
         return ()
 
     comm = pass_transport(where, "forward", active_stats(), active_trace())
     # the loop sends this block on: (B, n, Hkv, D) -> (B, Hkv, n, D)
-    _ring_of(where, comm, _plan(where, cfg, n, K_RING), k.transpose(1, 2).contiguous(), fill)
+    _ring_of(where, comm, _plan(where, call, n, K_RING), k.transpose(1, 2).contiguous(), fill)
     # every row sees at least its own key, so the log-sum-exp is finite
     probs = scores.sub_(torch.logsumexp(scores, dim=-1, keepdim=True)).exp_()
     out = torch.zeros(qg.shape, dtype=acc, device=q.device)  # (B, Hkv, g, n, D)
@@ -144,7 +144,7 @@ def forward(call, q, k, v):
             out.add_(torch.matmul(probs[..., pair.k * n:(pair.k + 1) * n], vb.to(acc).unsqueeze(2)))
         return ()
 
-    _ring_of(where, comm, _plan(where, cfg, n, V_RING), v.transpose(1, 2).contiguous(), apply)
+    _ring_of(where, comm, _plan(where, call, n, V_RING), v.transpose(1, 2).contiguous(), apply)
     return _ungrouped(out, q.dtype), [probs, out]
 
 
@@ -152,9 +152,9 @@ def backward(call, dout, q, k, v, out_unused, saved):
     """``dq, dk, dv`` from the stored probabilities: a K/V ring with the dK/dV accumulator one step
     behind (ops ``kv``, ``dkv``); nothing is recomputed."""
     probs, out = saved
-    where, cfg = call.where, call.cfg
+    where = call.where
     n, hkv = q.shape[1], k.shape[2]
-    acc, scale = out.dtype, cfg.scale_for(q.shape[3])
+    acc, scale = out.dtype, call.scale_for(q.shape[3])
     qg, dog = _grouped(q, hkv, acc), _grouped(dout, hkv, acc)  # (B, Hkv, g, n, D)
     delta = row_dot(dog, out, acc).unsqueeze(-1)  # D = rowsum(dO * O), (B, Hkv, g, n, 1)
     dq = torch.zeros_like(qg)
@@ -173,7 +173,7 @@ def backward(call, dout, q, k, v, out_unused, saved):
     comm = pass_transport(where, "backward", active_stats(), active_trace())
     kv = torch.stack([k.transpose(1, 2), v.transpose(1, 2)])  # (2, B, Hkv, n, D)
     accs = _SumAccs(torch.zeros(kv.shape, dtype=acc, device=q.device))
-    res = _ring_of(where, comm, _plan(where, cfg, n, KV_RING), kv, compute, accs)
+    res = _ring_of(where, comm, _plan(where, call, n, KV_RING), kv, compute, accs)
     dk, dv = res.get(Key("kv", where.rank)) or accs.wire("kv", None)
     return _ungrouped(dq, q.dtype), dk.transpose(1, 2).to(k.dtype), dv.transpose(1, 2).to(v.dtype)
 

@@ -96,12 +96,12 @@ def forward(call, q, k, v):
     if p > 1:
         # (B, n, H', D) -> (P, B, n, H', D) -> (B, P, n, H', D) -> (B, N, H', D): rank order
         qkv = _coll(call, "forward").all_gather(qkv, "qkv").transpose(0, 1).reshape(b, p * n, -1, d)
-    order = rank_order(p * n, p, call.cfg.layout)
+    order = rank_order(p * n, p, call.layout)
     full = to_global(qkv, order)  # (B, N, H', D) in global order
     qh = full[:, :, first:first + mine].contiguous()
     kh, vh = full.index_select(2, hq + kv), full.index_select(2, hq + hkv + kv)
     del qkv, full
-    oh, lse = local_forward(call.cfg, qh, kh, vh)
+    oh, lse = local_forward(call, qh, kh, vh)
     # (B, N, Hq/P, D) in global order -> rank order -> (B, n, Hq, D)
     (out,) = heads_to_seq([from_global(oh, order)], _coll(call, "forward"), p, "out")
     return out, [qh, kh, vh, oh, lse]
@@ -118,10 +118,10 @@ def backward(call, dout, q, k, v, out, saved):
     hkv, acc = k.shape[2], accum_dtype(q.dtype)
     qh, kh, vh, oh, lse = saved
     first, mine, kv = _heads(call, q, k)
-    order = rank_order(p * n, p, call.cfg.layout)
+    order = rank_order(p * n, p, call.layout)
     (doh,) = seq_to_heads([dout.to(q.dtype)], _coll(call, "backward"), p, "out")
     doh = to_global(doh, order)
-    dqh, dkh, dvh = local_backward(call.cfg, doh, qh, kh, vh, oh, lse)
+    dqh, dkh, dvh = local_backward(call, doh, qh, kh, vh, oh, lse)
     del doh, saved, qh, kh, vh, oh, lse
     grad = torch.zeros(b, p * n, hq + 2 * hkv, d, dtype=acc, device=q.device)  # (B, N, H', D), global order
     grad[:, :, first:first + mine] = dqh

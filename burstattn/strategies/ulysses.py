@@ -57,7 +57,7 @@ def check(call, q, k, v):
 
 def plan_of(call, q, k):
     """The world-of-one mask plan of the whole sequence (``None`` without a mask)."""
-    return local_plan(call.cfg, q.shape[1] * call.where.world_size)
+    return local_plan(call, q.shape[1] * call.where.world_size)
 
 
 def _coll(call, phase: str):
@@ -71,10 +71,10 @@ def forward(call, q, k, v):
     coll, reps = _coll(call, "forward"), kv_repeats(k.shape[2], p)
     # (B, n, Hkv, D) -> (B, n, Hkv*reps, D); then each -> (B, N, H/P, D) in rank order
     heads = seq_to_heads([q, repeat_kv(k, reps), repeat_kv(v, reps)], coll, p, "qkv")
-    order = rank_order(q.shape[1] * p, p, call.cfg.layout)
+    order = rank_order(q.shape[1] * p, p, call.layout)
     qg, kg, vg = (to_global(x, order).contiguous() for x in heads)
     del heads  # every intermediate goes as soon as it is used: the peak is what the model counts
-    og, lse = local_forward(call.cfg, qg, kg, vg, call.plan)
+    og, lse = local_forward(call, qg, kg, vg, call.plan)
     # (B, N, Hq/P, D) in global order -> rank order -> (B, n, Hq, D)
     (out,) = heads_to_seq([from_global(og, order)], coll, p, "out")
     return out, [qg, kg, vg, og, lse]
@@ -89,10 +89,10 @@ def backward(call, dout, q, k, v, out, saved):
     p = call.where.world_size
     qg, kg, vg, og, lse = saved
     coll, reps = _coll(call, "backward"), kv_repeats(k.shape[2], p)
-    order = rank_order(q.shape[1] * p, p, call.cfg.layout)
+    order = rank_order(q.shape[1] * p, p, call.layout)
     (dog,) = seq_to_heads([dout.to(q.dtype)], coll, p, "out")  # (B, n, Hq, D) -> (B, N, Hq/P, D)
     dog = to_global(dog, order)
-    grads = local_backward(call.cfg, dog, qg, kg, vg, og, lse, call.plan)
+    grads = local_backward(call, dog, qg, kg, vg, og, lse, call.plan)
     del dog, saved, qg, kg, vg, og, lse
     grads = [from_global(g, order) for g in grads]
     dq, dk, dv = heads_to_seq(grads, coll, p, "qkv")

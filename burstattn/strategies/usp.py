@@ -32,10 +32,10 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..autograd import backward_pass, forward_pass
+from ..passes import backward_pass, forward_pass
 from ..comm.collectives import Collectives
 from ..comm.stats import active_stats
-from ..config import AttnConfig
+from ..config import Call
 from ..formulas import accum_dtype, byte_totals, choose_backward, meta_bytes, ring_bytes
 from ..groups import UspGroups, group_context, group_name, mesh_usp_groups, resolve_group, usp_subgroups
 from ..layout import local_positions
@@ -158,7 +158,7 @@ def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backwa
 
 def _groups(call) -> UspGroups:
     """The call's sub-groups: given by name, or built once per degrees (:func:`usp_subgroups`)."""
-    opts = call.options
+    opts = dict(call.options)
     if "ulysses_group" in opts:
         ug, rg = resolve_group(opts["ulysses_group"]), resolve_group(opts["ring_group"])
         if ug is None:
@@ -170,7 +170,7 @@ def _groups(call) -> UspGroups:
 
 def _degrees(call) -> tuple[int, int]:
     """``(ulysses_degree, ring_degree)`` without building anything (for shapes)."""
-    opts = call.options
+    opts = dict(call.options)
     if "ulysses_degree" in opts:
         return opts["ulysses_degree"], opts["ring_degree"]
     from torch.distributed.distributed_c10d import _get_group_size_by_name
@@ -186,15 +186,15 @@ class _Inner:
         self.groups = _groups(call)
         u, r = self.groups.ulysses_degree, self.groups.ring_degree
         self.u, self.reps = u, kv_repeats(k.shape[2], u)
-        layout, sorted_rows = ring_layout(call.cfg.layout, q.shape[1] * p, u, r)
+        layout, sorted_rows = ring_layout(call.layout, q.shape[1] * p, u, r)
         self.order = rows_order(sorted_rows, self.groups.ring_rank)
         self.where = group_context(self.groups.ring_group) if self.groups.ring_group is not None else ALONE
         self.layout = layout
 
-    def cfg(self, call, qh, kh, vh) -> AttnConfig:
-        c = call.cfg
-        inner = AttnConfig(causal=c.causal, softmax_scale=c.softmax_scale, layout=self.layout, backend=c.backend,
-                           backward=c.backward, grad=c.grad)
+    def cfg(self, call, qh, kh, vh) -> Call:
+        c = call
+        inner = Call(causal=c.causal, softmax_scale=c.softmax_scale, layout=self.layout, backend=c.backend,
+                     backward=c.backward, grad=c.grad, where=self.where)
         return replace(inner, backward=resolve_backward(inner, qh, kh, vh, self.where.world_size))
 
     def sort(self, x: torch.Tensor) -> torch.Tensor:  # rank order -> increasing global positions

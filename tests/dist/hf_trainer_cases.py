@@ -96,7 +96,7 @@ def reference(case: TrainerCase) -> dict:
 
 
 def _reset_accelerate(rank: int, world: int) -> None:
-    from burstattn.hf.trainer import local_group_environment
+    from burstattn.testing.accelerate_env import local_group_environment
 
     local_group_environment(rank, world)
 

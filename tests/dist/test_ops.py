@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from burstattn import ops
+from burstattn.groups import GroupContext
 from tests.dist import op_cases
 
 
@@ -20,25 +21,44 @@ def test_op_handles_and_policy():
     assert policy(None, torch.ops.aten.mm.default) is CheckpointPolicy.PREFER_RECOMPUTE
 
 
+ALONE = GroupContext(None, 0, 1)  # what the op decodes a world of one to
 NAMES = ["partition:a;b", "a=b;c=d", "it's", 'say "hi"', "back\\slash\\", "tab\tnew\nline\rret", "nul\x00",
          "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029", "unicodé ☃ 𝔘", "", ";", "'", "\\'", "partition:usp-documents"]
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_op_spec_round_trip_is_lossless(name):
-    """Every field comes back exactly, whatever a name holds (the separator, quotes, escapes, line ends)."""
-    spec = ops.OpSpec(f"attention(strategy={name!r})", True, 0.25, name, "reference", "kv", "ring",
-                      [name, "g2", 2, 2], [4, None], True, 64, name or None, 30.0, False, "kernel", "usp",
-                      [["ring_group", name], ["ulysses_degree", 2]])
-    text = spec.encode()
-    assert ops.OpSpec.decode(text) == spec
-    assert len(text.split(";")) == len(ops.OpSpec.__dataclass_fields__)  # no raw separator inside a value
+def test_call_spec_round_trip_is_lossless(name):
+    """Every spec field of a Call comes back exactly through the op's generic encoding (no field named by
+    hand), whatever a name holds (the separator, quotes, escapes, line ends)."""
+    from burstattn.boundary import call_from, op_arguments
+    from burstattn.config import SPEC_FIELDS, Call, decode_spec
+    from burstattn.partition import Partition
+
+    call = Call(causal=True, softmax_scale=0.25, layout=Partition((torch.arange(4),), name=name),
+                backend="reference", backward="kv", softcap=30.0, grad_partials="kernel", grad=True, strategy="usp",
+                fn=f"attention(strategy={name!r})", options=(("ring_group", name), ("ulysses_degree", 2)),
+                kv_layout=name or None, where=ALONE)
+    text, tensors = op_arguments(call)
+    back = call_from(text, tensors)
+    for field, _ in SPEC_FIELDS:
+        if field != "layout":
+            assert getattr(back, field) == getattr(call, field), field
+    assert back.layout.name == name and torch.equal(back.layout.positions[0], torch.arange(4))
+    assert len(text.split(";")) == len(SPEC_FIELDS) == len(decode_spec(text))  # no raw separator inside a value
 
 
-def test_op_spec_round_trip_of_every_character():
+def test_call_spec_round_trip_of_every_character():
+    from burstattn.boundary import call_from, op_arguments
+    from burstattn.config import Call
+
     text = "".join(chr(c) for c in range(0x3000) if not 0xD800 <= c <= 0xDFFF) + "\U0001F600"
-    spec = ops.OpSpec(text, False, None, "partition:" + text, "auto", "auto", "ring")
-    assert ops.OpSpec.decode(spec.encode()) == spec
+    call = Call(fn=text, kv_layout="partition-less " + text, options=(("name", text),), where=ALONE)
+    assert call_from(*op_arguments(call)) == call
+
+
+def test_op_spec_is_refused_with_the_new_spelling():
+    with pytest.raises(AttributeError, match="burstattn.ops.Call"):
+        ops.OpSpec
 
 
 @pytest.mark.parametrize("strategy", ["burst_attn_func", "burst", "ring", "ulysses", "usp", "usp-ring", "tp",

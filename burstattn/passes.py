@@ -1,4 +1,7 @@
-"""The two engine calls of burst attention, :func:`forward_pass` and :func:`backward_pass`.
+"""The engine's adapter: the kernel choice (:func:`kernel_needs`, :func:`block_calls`), every rank's
+positions (:func:`call_positions`) and the two engine calls, :func:`forward_pass` and
+:func:`backward_pass` (formerly ``burstattn.autograd``; used by burst and ring, ulysses and tp through
+:mod:`~burstattn.strategies.local`, allgather, usp, and decoding in :mod:`burstattn.infer`).
 
 Both passes validate nothing (the callers run the cross-rank input check first). The custom ops
 of :mod:`burstattn.ops` call exactly these two functions, so which engine functions run is
@@ -16,7 +19,7 @@ import torch
 from .comm.stats import CommStats, active_stats
 from .comm.trace import StepTrace, active_trace
 from .comm.transport import pass_transport
-from .config import AttnConfig, host_side
+from .config import Call, LruCache, host_side
 from .engine.passes import BlockCalls
 from .engine.run import attention_backward, attention_forward, build_plan, head_groups
 from .groups import GroupContext
@@ -50,7 +53,7 @@ def refuse_double_backward() -> None:
         raise RuntimeError(DOUBLE_BACKWARD)
 
 
-def guarded(cfg: AttnConfig):
+def guarded(cfg: Call):
     """The call's mask with its ``mask_mod`` guarded (see :class:`~burstattn.masks.setup.GuardedMaskMod`),
     and the guard (``None`` without a ``mask_mod``)."""
     mask = effective_mask(cfg)
@@ -73,7 +76,7 @@ class CallPositions:
     k_len: int
 
 
-def call_positions(cfg: AttnConfig, world: int, n_q: int, n_k: int, mask=None) -> CallPositions:
+def call_positions(cfg: Call, world: int, n_q: int, n_k: int, mask=None) -> CallPositions:
     """The :class:`CallPositions` of a call with ``n_q`` query and ``n_k`` key rows per rank."""
     q_len, k_len = n_q * world, n_k * world
     q = [local_positions(q_len, r, world, cfg.layout) for r in range(world)]
@@ -82,14 +85,14 @@ def call_positions(cfg: AttnConfig, world: int, n_q: int, n_k: int, mask=None) -
     return CallPositions(q, [m.aligned(x, q_len, k_len) for x in q], k, q_len, k_len)
 
 
-def kernel_needs(cfg: AttnConfig, head_dim: int, v_head_dim: int) -> frozenset:
+def kernel_needs(cfg: Call, head_dim: int, v_head_dim: int) -> frozenset:
     """What the call asks of its kernel (see :data:`burstattn.kernels.NEEDS`)."""
-    return frozenset(n for n, on in (("softcap", cfg.softcap is not None), ("alibi", cfg.alibi),
+    return frozenset(n for n, on in (("softcap", cfg.softcap is not None), ("alibi", cfg.alibi is not None),
                                      ("v_head_dim", v_head_dim != head_dim), ("deterministic", cfg.deterministic))
                      if on)
 
 
-def block_calls(cfg: AttnConfig, masked: bool, pos: CallPositions, scale: float, q: torch.Tensor, v: torch.Tensor,
+def block_calls(cfg: Call, masked: bool, pos: CallPositions, scale: float, q: torch.Tensor, v: torch.Tensor,
                 alibi: Optional[torch.Tensor] = None, mask=None) -> BlockCalls:
     """The kernel calls of a call: the one kernel choice (``cfg.backend``, resolved) and the one
     fallback for PARTIAL ops when that kernel takes no mask. ``masked``: the plan has PARTIAL ops
@@ -118,16 +121,30 @@ def block_calls(cfg: AttnConfig, masked: bool, pos: CallPositions, scale: float,
     return replace(calls, mask_of=mask_of, fallback=fallback)
 
 
-def engine_pass(where: GroupContext, cfg: AttnConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def engine_pass(where: GroupContext, cfg: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 travelling: str, mask_plan, scale: float, alibi=None, mask=None):
     """The plan and the kernel calls of one pass (``travelling``: ``"kv"`` or ``"q"``)."""
     p = where.world_size
     per_node = cfg.topology.ranks_per_node if cfg.schedule == "double" and p > 1 else 1
-    with host_side():  # positions and plans are host-side (real tensors in a dry run too)
-        pos = call_positions(cfg, p, q.shape[1], k.shape[1])
-        plan = build_plan(where.rank, p, positions=pos.aligned, kv_positions=pos.k, causal=cfg.causal,
-                          travelling=travelling, schedule=cfg.schedule, ranks_per_node=per_node, mask_plan=mask_plan)
+
+    def make():
+        with host_side():  # positions and plans are host-side (real tensors in a dry run too)
+            pos = call_positions(cfg, p, q.shape[1], k.shape[1])
+            return build_plan(where.rank, p, positions=pos.aligned, kv_positions=pos.k, causal=cfg.causal,
+                              travelling=travelling, schedule=cfg.schedule, ranks_per_node=per_node,
+                              mask_plan=mask_plan), pos
+    if mask_plan is None and cfg.mask is None and isinstance(cfg.layout, str) and isinstance(cfg.keys_layout, str):
+        # a dense plan is a pure function of these values, and a model's layers repeat them every step
+        key = (where.rank, p, int(q.shape[1]), int(k.shape[1]), cfg.layout, cfg.keys_layout, cfg.causal, travelling,
+               cfg.schedule, per_node)
+        plan, pos = DENSE_PLANS.get(key, make)
+    else:
+        plan, pos = make()
     return plan, block_calls(cfg, mask_plan is not None, pos, scale, q, v, alibi, mask)
+
+
+DENSE_PLANS = LruCache(64)
+"""The dense plans and positions built so far, by what they are a pure function of (:func:`engine_pass`)."""
 
 
 def _slopes(alibi: Optional[torch.Tensor], batch: int) -> Optional[torch.Tensor]:
@@ -138,7 +155,7 @@ def _slopes(alibi: Optional[torch.Tensor], batch: int) -> Optional[torch.Tensor]
 
 
 @without_autocast
-def forward_pass(where: GroupContext, cfg: AttnConfig, plan, q: torch.Tensor, k: torch.Tensor,
+def forward_pass(where: GroupContext, cfg: Call, plan, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor, alibi: Optional[torch.Tensor] = None,
                  sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The distributed forward on this rank's shard.
@@ -162,7 +179,7 @@ def forward_pass(where: GroupContext, cfg: AttnConfig, plan, q: torch.Tensor, k:
 
 
 @without_autocast
-def backward_pass(where: GroupContext, cfg: AttnConfig, plan, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+def backward_pass(where: GroupContext, cfg: Call, plan, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                   v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, stats: Optional[CommStats] = None,
                   trace: Optional[StepTrace] = None, alibi: Optional[torch.Tensor] = None,
                   sinks: Optional[torch.Tensor] = None):
