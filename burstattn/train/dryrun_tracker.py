@@ -31,6 +31,9 @@ _CATEGORY = {"Parameter": "parameters", "Buffer": "parameters", "Sharded Param":
              "Temp": "temporaries", "Other": "temporaries"}
 LIBRARY = "burstattn"
 ATTENTION_OPS = ("burstattn::attention_fwd", "burstattn::strategy_fwd")
+# A fake tensor answers `.device` through the dispatcher (``prim.device``): it allocates nothing and
+# returns no tensor, so the tracker passes it straight to the fake mode beneath
+_DEVICE = torch.ops.prim.device.default
 
 
 def category_of(reftype: Any) -> str:
@@ -64,6 +67,7 @@ class _Timeline:
         self.phase_peaks = dict.fromkeys(PHASES, 0)
         self.start_bytes, self.ops, self.attention_calls = 0, 0, 0
         self.last_op, self._last_total, self.peak_at = "", -1, ("", "", "")
+        self._impls: dict = {}  # op -> the library's implementation (None: any other op)
 
     def now(self) -> dict[str, int]:
         """The device's bytes now, by category."""
@@ -98,8 +102,12 @@ class _Timeline:
                 self.peak_at = (self.last_op, phase, max(self._mod_tracker.parents, key=len, default=""))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _DEVICE:  # a fake tensor's `.device` (half of all dispatches): no memory to track
+            return func(*args, **(kwargs or {}))
         self.last_op = str(func)
-        impl = _real_impl(func)
+        if func not in self._impls:
+            self._impls[func] = _real_impl(func)
+        impl = self._impls[func]
         if impl is None:
             return super().__torch_dispatch__(func, types, args, kwargs)
         if func.name().split(".")[0] in ATTENTION_OPS:
