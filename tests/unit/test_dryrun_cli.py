@@ -55,6 +55,14 @@ def test_json_report(capsys, monkeypatch):
     assert report["sent_by_op"]["forward/kv"] > 0 and report["sent_bytes"] == sum(report["sent_by_op"].values())
 
 
+def test_fused_loss_dry_runs(capsys):
+    """The planner's commands carry --fused-loss: its per-row target update has no data-dependent shape
+    (it failed on a fake tensor's nonzero)."""
+    assert main(["train", "--dry-run", "--model", "tiny", "--seq-len", "256", "--world-size", "2", "--fused-loss",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["peak_bytes"] > 0
+
+
 def test_fake_mode_failure_is_one_line(capsys, monkeypatch):
     import burstattn.train.step as step
 
