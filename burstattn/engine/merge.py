@@ -24,7 +24,7 @@ def merge_(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor,
     block_lse = block_lse.to(lse.dtype)
     w = torch.sigmoid(block_lse - lse).nan_to_num_(0.0)  # both -inf: nan -> keep running value
     out.sub_(w.unsqueeze(-1) * (out - block_out.to(out.dtype)))
-    torch.logaddexp(lse, block_lse, out=lse)
+    lse.copy_(torch.logaddexp(lse, block_lse))  # not `out=`: fake tensors decompose out= ops in Python (20x slower)
 
 
 def add_sinks_(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> None:

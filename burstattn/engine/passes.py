@@ -21,14 +21,14 @@ from typing import Callable, Optional
 import torch
 
 from ..formulas import accum_dtype
-from ..kernels.base import ROW_CHUNK, Kernel, ScoreMods, row_dot
+from ..kernels.base import CHUNK_ELEMENTS, ROW_CHUNK, Kernel, ScoreMods, chunk_rows, row_dot
 from .loop import Partial, Whole
 from .merge import merge_
 from .pairs import BlockOp, MaskKind, tile_op
 from .plan import Key
 
 BLIND_LSE = 1e30  # exp(s - 1e30) == 0 in float32 and float64; finite, so no kernel forms inf - inf
-FP32_TILE = 1024  # rows and keys per kernel call when the backward runs on float32 copies
+FP32_TILE = ROW_CHUNK  # the fewest rows and keys per kernel call when the backward runs on float32 copies
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
@@ -67,8 +67,9 @@ def pseudo_out(dout: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     a chunk of rows at a time; the result has dout's dtype.
     """
     out = torch.empty_like(dout)
-    for i in range(0, dout.shape[2], ROW_CHUNK):
-        rows = slice(i, i + ROW_CHUNK)
+    step = chunk_rows(dout.numel() // max(dout.shape[2], 1))
+    for i in range(0, dout.shape[2], step):
+        rows = slice(i, i + step)
         df = dout[:, :, rows].to(delta.dtype)
         norm = (df * df).sum(-1, keepdim=True)
         scale = torch.where(norm > 0, delta[:, :, rows].unsqueeze(-1) / norm, torch.zeros_like(norm))
@@ -116,9 +117,10 @@ class BlockCalls:
 
     ``mods``: the call's score modifiers (softcap, ALiBi slopes of this head group); with ALiBi,
     ``positions = (q_pos, k_pos)``: every owner's aligned query and key positions. ``fp32_grads``:
-    16-bit backwards run on float32 copies of one tile (:data:`FP32_TILE`) at a time, on
-    ``grad_kernel`` when ``kernel`` takes no float32, so every dQ/dK/dV partial is float32 from the
-    start (nothing rounded to 16 bits before the accumulation)."""
+    16-bit backwards run on float32 copies of one tile at a time (:meth:`tile`: square, each side's
+    float32 copy at most ``tile_elements``, at least :data:`FP32_TILE` rows), on ``grad_kernel`` when
+    ``kernel`` takes no float32, so every dQ/dK/dV partial is float32 from the start (nothing rounded
+    to 16 bits before the accumulation)."""
 
     kernel: Kernel
     scale: float
@@ -128,6 +130,14 @@ class BlockCalls:
     positions: Optional[tuple] = None
     fp32_grads: bool = False
     grad_kernel: Optional[Kernel] = None
+    tile_elements: int = CHUNK_ELEMENTS
+
+    def tile(self, q: torch.Tensor, v: torch.Tensor) -> int:
+        """Rows and keys of a float32 tile for ``q [B, h, n, D]``, ``v [..., Dv]``: a tile's widest
+        copy (its queries, or its keys at the query heads a kernel may expand them to) holds at
+        most ``tile_elements`` elements."""
+        b, h, _, d = q.shape
+        return chunk_rows(b * h * max(d, v.shape[-1]), self.tile_elements)
 
     def heads(self, hs: slice) -> "BlockCalls":
         """The calls of the query heads ``hs`` (ALiBi slopes sliced)."""
@@ -167,8 +177,9 @@ class BlockCalls:
     def backward(self, ops, dout, q, k, v, out, lse, q_owner: int, k_owner: int):
         """Yield ``(q rows, k rows, dq_j, dk_j, dv_j)`` per op or tile (``lse``: huge for blind rows)."""
         upcast = self.fp32_grads and q.dtype in LOW_PRECISION
+        size = self.tile(q, v) if upcast else 0
         for op in ops:
-            for tile in (tile_op(op, FP32_TILE) if upcast else (op,)):
+            for tile in (tile_op(op, size) if upcast else (op,)):
                 c = self._call(tile, q_owner, k_owner, q.device)
                 if c is None:
                     continue
@@ -255,7 +266,7 @@ class BackwardAccs:
             return tuple(x.to(self.acc).contiguous() for x in parts)
         acc = self.zeros(side) if acc is None else acc
         for a, x in zip(acc, parts):
-            a[:, :, rows] += x
+            a[:, :, rows].add_(x)  # in place on the view (`+=` on an index also writes the view back)
         return acc
 
     def wire(self, side, acc):

@@ -1,7 +1,7 @@
 """Entry points of the engine: one distributed attention forward / backward on flash-layout tensors.
 
 ``attention_forward`` and ``attention_backward`` take this rank's ``[B, n, H, D]`` shards as the
-caller has them, and a plan (:func:`build_plan`, once per call), and run the one loop
+caller has them, and a plan (:func:`build_plan`, built once per shape and layout: :data:`PLANS`), and run the one loop
 (:func:`.loop.run_plan`) with the pass (:mod:`.passes`) for each *head group* in turn.
 ``attention_partials`` is the forward's unnormalised end: the merged ``(out, lse)`` in the
 accumulators' dtype, for callers that merge further (decoding over a sharded cache).
@@ -17,10 +17,12 @@ group (one message per hop), long sequences get up to ``Hkv`` groups. Bytes sent
 """
 from __future__ import annotations
 
+import hashlib
 from typing import Optional
 
 import torch
 
+from ..config import LruCache
 from ..formulas import accum_dtype
 from .direct import direct, distflash_steps
 from .loop import run_plan
@@ -43,9 +45,34 @@ def head_groups(batch: int, local_seq: int, q_heads: int, kv_heads: int, head_di
     return best
 
 
+PLANS = LruCache(64)
+"""The plans built so far (:func:`build_plan`): a pure function of its arguments and of the positions'
+values, which every layer of a model, and each layer's forward, recomputation and backward, repeat."""
+
+
+def _values(positions: list) -> tuple:
+    """A key of position tensors' values (host tensors): each one's length and digest."""
+    return tuple((int(x.numel()), hashlib.blake2b(x.to(torch.int64).numpy().tobytes(), digest_size=16).digest())
+                 for x in positions)
+
+
 def build_plan(rank: int, world_size: int, *, positions: list, causal: bool, travelling: str,
                schedule: str = "ring", ranks_per_node: int = 1, mask_plan=None,
                kv_positions: Optional[list] = None) -> AnyPlan:
+    """This rank's plan for one pass (:func:`make_plan`), built once per distinct arguments and
+    positions (:data:`PLANS`); a ``mask_plan``'s plan is built every time."""
+    args = dict(positions=positions, causal=causal, travelling=travelling, schedule=schedule,
+                ranks_per_node=ranks_per_node, mask_plan=mask_plan, kv_positions=kv_positions)
+    if mask_plan is not None:
+        return make_plan(rank, world_size, **args)
+    key = (rank, world_size, causal, travelling, schedule, ranks_per_node, _values(positions),
+           None if kv_positions is None else _values(kv_positions))
+    return PLANS.get(key, lambda: make_plan(rank, world_size, **args))
+
+
+def make_plan(rank: int, world_size: int, *, positions: list, causal: bool, travelling: str,
+              schedule: str = "ring", ranks_per_node: int = 1, mask_plan=None,
+              kv_positions: Optional[list] = None) -> AnyPlan:
     """This rank's plan for one pass; ``positions[r]``: the global positions of rank r's queries
     (``[n_r]``; in the keys' coordinates when the two sequences differ, see
     :meth:`burstattn.AttnMask.aligned`) and ``kv_positions[r]`` of its keys (default: the same).

@@ -67,15 +67,26 @@ class Kernel(Protocol):
         ...
 
 
-ROW_CHUNK = 1024  # rows per chunk of the row-wise float32 helpers (bounds their temporaries)
+ROW_CHUNK = 1024  # the fewest rows per chunk of the row-wise float32 helpers and the float32 tiles
+# Elements per chunk (32 MiB in float32): a chunk of rows bounds the float32 copies by bytes, not by rows,
+# so thin rows (one head group of a long sequence) take few, large chunks: each chunk is a dozen kernel
+# launches on a GPU (and a dozen traced ops in a dry run), 1,024-row chunks of 32K rows were 32 of them.
+CHUNK_ELEMENTS = 1 << 23
+
+
+def chunk_rows(per_row: int, elements: int = CHUNK_ELEMENTS) -> int:
+    """Rows per chunk of rows of ``per_row`` elements each: as many as ``elements`` hold, at least
+    :data:`ROW_CHUNK`."""
+    return max(ROW_CHUNK, elements // max(int(per_row), 1))
 
 
 def row_dot(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The one ``D = rowsum(dO * O)``: ``rowsum(a * b)`` in ``dtype`` for ``a, b [..., n, D]`` ->
-    ``[..., n]``, a chunk of :data:`ROW_CHUNK` rows at a time, so the upcast copies stay small."""
+    ``[..., n]``, a chunk of :func:`chunk_rows` rows at a time, so the upcast copies stay small."""
     out = torch.empty(a.shape[:-1], dtype=dtype, device=a.device)
-    for i in range(0, a.shape[-2], ROW_CHUNK):
-        rows = slice(i, i + ROW_CHUNK)
+    step = chunk_rows(a.numel() // max(a.shape[-2], 1))
+    for i in range(0, a.shape[-2], step):
+        rows = slice(i, i + step)
         out[..., rows] = (a[..., rows, :].to(dtype) * b[..., rows, :].to(dtype)).sum(-1)
     return out
 

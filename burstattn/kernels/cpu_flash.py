@@ -43,7 +43,7 @@ class CpuFlashKernel:
         bias = None if mask is None else mask_bias(mask, q.dtype)
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, causal, attn_mask=bias, scale=scale)
-        return out[..., :dv], lse
+        return _cols(out, dv), lse
 
     def backward(self, dout, q, k, v, out, lse, scale, causal, mask=None, mods=None):
         hkv, d, dv = k.shape[1], q.shape[-1], v.shape[-1]
@@ -54,4 +54,9 @@ class CpuFlashKernel:
         bias = None if mask is None else mask_bias(mask, q.dtype)
         dq, dk, dv_ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             dout, q, k, v, out, lse, 0.0, causal, attn_mask=bias, scale=scale)
-        return dq[..., :d], reduce_kv_grad(dk, hkv)[..., :d], reduce_kv_grad(dv_, hkv)[..., :dv]
+        return _cols(dq, d), _cols(reduce_kv_grad(dk, hkv), d), _cols(reduce_kv_grad(dv_, hkv), dv)
+
+
+def _cols(x: torch.Tensor, n: int) -> torch.Tensor:
+    """The first ``n`` head columns of ``x [..., D]`` (``x`` itself when unpadded: no view op per call)."""
+    return x if x.shape[-1] == n else x[..., :n]

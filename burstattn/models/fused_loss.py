@@ -85,8 +85,9 @@ def _chunk(raw: torch.Tensor, labels: torch.Tensor, offset: int, group, scale: f
     lse = mx + sumexp.log()
     ce = torch.where(valid, lse - target, 0.0)
     grad = (logits - lse[:, None]).exp_()  # softmax
-    rows = inside.nonzero().squeeze(1)
-    grad[rows, local[rows]] -= 1.0
+    # minus one at each row's own target (rows whose target is another rank's add -0.0: unchanged), with
+    # no data-dependent shape (no nonzero: a dry run's fake tensors could not follow it)
+    grad.scatter_add_(1, local.clamp(0, vl - 1)[:, None], -inside.to(grad.dtype)[:, None])
     grad.mul_((valid.to(grad.dtype) * scale)[:, None])
     if softcap:  # d(softcap * tanh(raw / softcap)) / d(raw) = 1 - tanh^2
         grad.mul_(1.0 - (logits / softcap).square())

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -31,6 +32,18 @@ _CATEGORY = {"Parameter": "parameters", "Buffer": "parameters", "Sharded Param":
              "Temp": "temporaries", "Other": "temporaries"}
 LIBRARY = "burstattn"
 ATTENTION_OPS = ("burstattn::attention_fwd", "burstattn::strategy_fwd")
+# A fake tensor answers `.device` through the dispatcher (``prim.device``): it allocates nothing and
+# returns no tensor, so the tracker passes it straight to the fake mode beneath
+_DEVICE = torch.ops.prim.device.default
+_A = torch.ops.aten
+# Ops whose output is (a view of) their first argument and that allocate nothing: once that argument's
+# storage is tracked, MemTracker would record nothing new for them (no new storage, the same total), so
+# they skip its bookkeeping (a third of the step's dispatches). A storage not yet tracked goes through it.
+ALIASING = frozenset({
+    _A.slice.Tensor, _A.select.int, _A.alias.default, _A.unsqueeze.default, _A.transpose.int, _A.view.default,
+    _A.expand.default, _A.t.default, _A.permute.default, _A.squeeze.dim, _A.detach.default, _A.as_strided.default,
+    _A.add_.Tensor, _A.sub_.Tensor, _A.mul_.Tensor, _A.div_.Tensor, _A.copy_.default, _A.nan_to_num_.default,
+    _A.masked_fill_.Scalar, _A.zero_.default, _A.fill_.Scalar})
 
 
 def category_of(reftype: Any) -> str:
@@ -64,6 +77,7 @@ class _Timeline:
         self.phase_peaks = dict.fromkeys(PHASES, 0)
         self.start_bytes, self.ops, self.attention_calls = 0, 0, 0
         self.last_op, self._last_total, self.peak_at = "", -1, ("", "", "")
+        self._impls: dict = {}  # op -> the library's implementation (None: any other op)
 
     def now(self) -> dict[str, int]:
         """The device's bytes now, by category."""
@@ -80,6 +94,10 @@ class _Timeline:
         self.peak_bytes, self.peak_split = self.start_bytes, split
         self.phase_peaks = dict.fromkeys(PHASES, 0)
         self.points = [(0, self.phase, tuple(split[c] for c in CATEGORIES))]
+
+    def _tracked(self, t) -> bool:
+        """Whether ``t``'s storage is one the tracker already counts (``_WINFO``: MemTracker's storages)."""
+        return isinstance(t, torch.Tensor) and t.untyped_storage() in self._WINFO
 
     def _update_peak_stats(self, peak_state) -> None:  # the trackers call it after every op
         if not self.recording:
@@ -98,8 +116,14 @@ class _Timeline:
                 self.peak_at = (self.last_op, phase, max(self._mod_tracker.parents, key=len, default=""))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _DEVICE:  # a fake tensor's `.device` (half of all dispatches): no memory to track
+            return func(*args, **(kwargs or {}))
+        if func in ALIASING and all(t is FakeTensor for t in types) and self._tracked(args[0]):
+            return func(*args, **(kwargs or {}))
         self.last_op = str(func)
-        impl = _real_impl(func)
+        if func not in self._impls:
+            self._impls[func] = _real_impl(func)
+        impl = self._impls[func]
         if impl is None:
             return super().__torch_dispatch__(func, types, args, kwargs)
         if func.name().split(".")[0] in ATTENTION_OPS:

@@ -36,7 +36,10 @@ def test_bad_dry_run_flags(flags, message, capsys):
     assert message in err and err.count("\n") == 1, err
 
 
-def test_json_report(capsys):
+def test_json_report(capsys, monkeypatch):
+    from tests.unit.test_plan_memo import counting_builds
+
+    built = counting_builds(monkeypatch)
     assert main(["train", "--dry-run", "--model", "tiny", "--seq-len", "256", "--world-size", "2", "--json",
                  "--checkpointing", "remat", "--dry-run-rank", "1"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -47,7 +50,17 @@ def test_json_report(capsys):
     assert set(report["peak_by_phase"]) == {"forward", "backward", "optimizer"}
     assert report["peak_bytes"] >= max(report["peak_by_phase"].values()) - report["workspace_bytes"]
     assert report["rank"] == 1 and report["attention_calls"] == 2  # one per layer (remat: never rerun)
+    # 2 layers x (forward + backward) passes, each plan built once (engine.run.PLANS): one per travelling side
+    assert built and len(built) == len(set(built)), built
     assert report["sent_by_op"]["forward/kv"] > 0 and report["sent_bytes"] == sum(report["sent_by_op"].values())
+
+
+def test_fused_loss_dry_runs(capsys):
+    """The planner's commands carry --fused-loss: its per-row target update has no data-dependent shape
+    (it failed on a fake tensor's nonzero)."""
+    assert main(["train", "--dry-run", "--model", "tiny", "--seq-len", "256", "--world-size", "2", "--fused-loss",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["peak_bytes"] > 0
 
 
 def test_fake_mode_failure_is_one_line(capsys, monkeypatch):

@@ -115,11 +115,34 @@ def test_gradient_partials_are_float32_from_the_first(dtype):
     out, lse = get_kernel("cpu_flash").forward(q, k, v, 0.25, True)
     ops = (BlockOp(0, n, 0, n, MaskKind.CAUSAL),)
     kern = get_kernel("cpu_flash")
-    fp32 = list(BlockCalls(kern, 0.25, fp32_grads=True).backward(ops, dout, q, k, v, out, lse, 0, 0))
+    calls = BlockCalls(kern, 0.25, fp32_grads=True, tile_elements=1)  # the smallest tiles: FP32_TILE rows
+    fp32 = list(calls.backward(ops, dout, q, k, v, out, lse, 0, 0))
     assert len(fp32) == 3 and all(x.dtype == torch.float32 for part in fp32 for x in part[2:])
     assert all(part[0].stop - part[0].start <= FP32_TILE for part in fp32)
+    whole = list(BlockCalls(kern, 0.25, fp32_grads=True).backward(ops, dout, q, k, v, out, lse, 0, 0))
+    # the same float32 gradients, summed over the tiles in another order
+    assert len(whole) == 1 and all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(whole[0][2:], _joined(fp32, n)))
     native = list(BlockCalls(kern, 0.25, fp32_grads=False).backward(ops, dout, q, k, v, out, lse, 0, 0))
     assert len(native) == 1 and native[0][2].dtype == dtype
+
+
+def _joined(parts, n: int) -> tuple:
+    """The tiles' float32 partials of a causal n x n block added into whole dq, dk, dv."""
+    dq, dk, dv = (torch.zeros(*parts[0][i].shape[:2], n, parts[0][i].shape[3]) for i in (2, 3, 4))
+    for qs, ks, a, b, c in parts:
+        dq[:, :, qs] += a
+        dk[:, :, ks] += b
+        dv[:, :, ks] += c
+    return dq, dk, dv
+
+
+def test_float32_tiles_hold_a_byte_budget():
+    """A tile's side is as many rows as ``tile_elements`` hold at the call's B x h x head size, at
+    least FP32_TILE: one head group of a long sequence (B 1, 4 heads, d 128) takes 16,384-row tiles."""
+    kern = get_kernel("cpu_flash")
+    q, v = torch.empty(1, 4, 1, 128), torch.empty(1, 1, 1, 128)
+    assert BlockCalls(kern, 1.0, fp32_grads=True).tile(q, v) == 16384
+    assert BlockCalls(kern, 1.0, fp32_grads=True, tile_elements=1).tile(q, v) == FP32_TILE
 
 
 def test_sinks_join_the_merge_once():
