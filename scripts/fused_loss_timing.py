@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 8192])
     ap.add_argument("--repeats", type=int, default=7)
     ns = ap.parse_args()
-    print(json.dumps(run_local(measure, 1, ns.seq_lens, ns.repeats)[0], indent=1))
+    print(json.dumps(run_local(measure, 1, ns.seq_lens, ns.repeats, timeout_s=3600.0)[0], indent=1))
 
 
 if __name__ == "__main__":
