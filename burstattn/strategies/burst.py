@@ -12,7 +12,10 @@ from ..passes import backward_pass, forward_pass
 from ..formulas import accum_dtype, choose_backward, ring_bytes
 from ..masks.setup import plan_for
 from .base import check_call, split_options
+from .local import local_backward, local_forward
 from .op import prepare, run_call
+
+EXACT_ALONE = (torch.float32, torch.float64)  # 16-bit: the engine's float32 tiles unless grad_partials="kernel"
 
 
 def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backward="auto", schedule="ring",
@@ -40,17 +43,34 @@ def plan_of(call, q, k):
     return plan
 
 
+def alone(call, q, k) -> bool:
+    """Whether this call is one dense kernel block: a world of one, the same query and key length, no
+    mask, score modifier or sinks, and gradient partials that the kernel's own backward produces exactly
+    (float32 / float64, or ``grad_partials="kernel"``). The engine would run the same single block
+    through its loop (its copies, float32 accumulators and merges), which costs 10-15% at 1,024 tokens."""
+    w = call.where
+    return ((w is None or w.world_size == 1) and call.plan is None and call.mask is None and call.alibi is None
+            and call.sinks is None and not call.softcap and q.shape[1] == k.shape[1]
+            and isinstance(call.layout, str) and (call.kv_layout is None or isinstance(call.kv_layout, str))
+            and (q.dtype in EXACT_ALONE or call.grad_partials == "kernel"))
+
+
 def forward(call, q, k, v):
     """``out [B, n, Hq, Dv]`` (q's dtype) and the saved ``[lse [B, Hq, n]]`` (float32; float64 for float64;
-    sinks included): :func:`burstattn.passes.forward_pass`."""
+    sinks included): :func:`burstattn.passes.forward_pass`, or one kernel call when :func:`alone`."""
+    if alone(call, q, k):
+        out, lse = local_forward(call, q, k, v)
+        return out, [lse]
     out, lse = forward_pass(call.where, call, call.plan, q, k, v, call.alibi, call.sinks)
     return out, [lse]
 
 
 def backward(call, dout, q, k, v, out, saved):
     """``dq, dk, dv`` (and ``dsinks [Hq]``, this rank's share, with sinks):
-    :func:`burstattn.passes.backward_pass`."""
+    :func:`burstattn.passes.backward_pass` (one kernel call when :func:`alone`)."""
     (lse,) = saved
+    if alone(call, q, k):
+        return local_backward(call, dout, q, k, v, out, lse)
     dq, dk, dv, dsinks = backward_pass(call.where, call, call.plan, dout, q, k, v, out, lse, alibi=call.alibi,
                                        sinks=call.sinks)
     return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
