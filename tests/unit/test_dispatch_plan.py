@@ -77,9 +77,14 @@ def test_hf_trainer_dispatch_keyword():
     pytest.importorskip("transformers")
     from burstattn.hf.trainer import ContextParallelTrainer
 
-    with pytest.raises(ValueError, match=r"dispatch='dynamic' is not supported by the Trainer integration yet"):
-        ContextParallelTrainer(dispatch="dynamic")
-    with pytest.raises(ValueError, match=r"dispatch='sometimes' must be 'static' or 'dynamic'"):
+    # dispatch="dynamic" trains (tests/dist/test_hf_dispatch.py); what it cannot take is refused before anything runs
+    with pytest.raises(ValueError, match=r"dispatch='dynamic' chooses every sequence's cp degree itself: drop cp_size"):
+        ContextParallelTrainer(dispatch="dynamic", cp_size=2)
+    with pytest.raises(ValueError, match=r"dispatch='dynamic' runs strategy burst \| ring \| allgather, got 'usp'"):
+        ContextParallelTrainer(dispatch="dynamic", strategy="usp")
+    with pytest.raises(ValueError, match=r"dispatch_budget and dispatch_cost are options of dispatch='dynamic'"):
+        ContextParallelTrainer(dispatch_budget=64)
+    with pytest.raises(ValueError, match=r"dispatch must be one of \('static', 'dynamic'\), got 'sometimes'"):
         ContextParallelTrainer(dispatch="sometimes")
 
 
