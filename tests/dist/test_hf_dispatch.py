@@ -62,6 +62,19 @@ def test_dynamic_trainer_at_more_ranks(pools, world_one, world):
     _check_world(pools, world_one, world)
 
 
+@pytest.mark.slow
+def test_dynamic_trainer_hybrid_model(pools):
+    """Qwen3-Next (Gated DeltaNet mixers, sequence parallel over the micro-batch's own group), SGD as in
+    test_hf_trainer.py: dynamic with documents over both ranks and alone equals static and world 1."""
+    case, budget = TrainerCase(kind="qwen3_next", optim="sgd", per_device=4), 20
+    want = pools.get(1).run(dc.train, [(case, "static", None)])[0][0]
+    for rank, (dynamic, static) in enumerate(pools.get(2).run(dc.train, [(case, "dynamic", budget),
+                                                                           (case, "static", None)])):
+        assert len(dynamic["degrees"]) > 1, dynamic["degrees"]
+        _close(dynamic, static, (rank, "static"))
+        _close(dynamic, want, (rank, "world 1"))
+
+
 @pytest.mark.parametrize("what,expect", [("differing", "must be the same on every rank"),
                                          ("cp_size", "drop cp_size"), ("strategy", "runs strategy burst"),
                                          ("mode", "dispatch must be one of"),
