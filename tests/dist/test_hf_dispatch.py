@@ -16,8 +16,8 @@ from tests.dist.hf_trainer_cases import TrainerCase  # noqa: E402
 
 TOL = 1e-6
 # (case, the dynamic arm's dispatch_budget): packed, a budget of 20 tokens per rank puts the longest documents
-# (38, 26) over several ranks and packs the short ones on one; padded rows, the cost model's own choice
-RUNS = [(TrainerCase(per_device=4), 20), (TrainerCase(data="right", accumulation=2, per_device=2), None)]
+# (38, 26) over several ranks and packs the short ones on one (burst); padded rows, the cost model's own choice (ring)
+RUNS = [(TrainerCase(per_device=4), 20), (TrainerCase(data="right", strategy="ring", accumulation=2, per_device=2), None)]
 
 
 def _rel(a, b) -> float:
