@@ -123,10 +123,10 @@ class DynamicDispatch:
         Returns this rank's loss share times the world size (the Trainer logs the mean over ranks: the
         global batch's mean loss, as under DDP)."""
         seqs = batch_sequences(inputs)
-        count = num_items_in_batch
+        count = num_items_in_batch  # the Trainer's int64 count, as the static path divides by it
         if count is None:  # one batch's mean; the accumulation steps share the optimizer step
             count = sum(int((s.targets != IGNORE_INDEX).sum()) for s in seqs) * trainer.current_gradient_accumulation_steps
-        count = torch.as_tensor(count, dtype=torch.float32, device=trainer.args.device).clamp(min=1)
+        count = torch.as_tensor(count, device=trainer.args.device).clamp(min=1)
         plan = plan_dispatch([int(s.ids.numel()) for s in seqs], self.world, self.cost, mode="dynamic",
                              budget=self.budget)
         self.last_plan = plan
