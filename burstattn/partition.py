@@ -22,8 +22,8 @@ import torch
 
 from .config import Window, normalize_window
 from .layout import local_positions
+from .partition_cut import _cut  # noqa: F401  (partition._cut: the solver's name for it)
 CuSeqlens = Union[torch.Tensor, Sequence[int]]
-_SWAP_REACH = 8  # units past the back run tried as the one swapped in
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,19 +99,22 @@ def _checked_positions(positions: Sequence[torch.Tensor]) -> tuple[torch.Tensor,
         if p.numel() != n or n == 0:
             raise ValueError(f"every rank must hold the same positive number of tokens: positions[0] "
                              f"has {n}, positions[{r}] has {p.numel()}")
-        if bool((p[1:] <= p[:-1]).any()):
-            raise ValueError(f"positions[{r}] must be strictly increasing")
-    flat = torch.cat(parts).sort().values
-    if not torch.equal(flat, torch.arange(flat.numel())):
-        raise ValueError(f"the ranks' positions must be disjoint and cover arange({flat.numel()}) exactly")
+    grid = torch.stack(parts)  # [P, n]: one check for all ranks (1,024 ranks: no loop of tensor calls)
+    falling = (grid[:, 1:] <= grid[:, :-1]).any(1)
+    if bool(falling.any()):
+        raise ValueError(f"positions[{int(torch.nonzero(falling)[0])}] must be strictly increasing")
+    flat, total = grid.flatten(), grid.numel()
+    inside = bool((flat >= 0).all()) and bool((flat < total).all())
+    # N positions in [0, N), each seen: a permutation of arange(N) (O(N), no sort)
+    if not inside or not bool(torch.zeros(total, dtype=torch.bool).index_fill_(0, flat, True).all()):
+        raise ValueError(f"the ranks' positions must be disjoint and cover arange({total}) exactly")
     return tuple(parts)
 
 
 def _crc32(parts: tuple[torch.Tensor, ...]) -> int:
+    # one CRC over the ranks' bytes in order: the same value as chaining it rank by rank
     crc = zlib.crc32(struct.pack("<qq", len(parts), parts[0].numel()))
-    for p in parts:
-        crc = zlib.crc32(p.numpy().astype("<i8", copy=False).tobytes(), crc)
-    return crc
+    return zlib.crc32(torch.cat(parts).numpy().astype("<i8", copy=False).tobytes(), crc)
 
 
 def _check_cu_seqlens(cu_seqlens: CuSeqlens, seq_len: Optional[int] = None) -> torch.Tensor:
@@ -196,104 +199,6 @@ def _stream(cu: torch.Tensor, work: torch.Tensor, fold: bool) -> tuple[torch.Ten
     boundary[first] = True
     boundary[n_tok] = True
     return starts[doc] + offset, boundary
-
-
-def _pick(g: torch.Tensor, cuts: torch.Tensor, target: float, mean: float, surplus: float,
-          band: float) -> tuple[int, bool]:
-    """Best of K candidate rank works ``g`` [K] with new-cut counts ``cuts`` [K]: (index, in band).
-
-    In the band (the rank's work and the running surplus of all ranks so far within ``band``
-    of the mean, so that the last rank, which takes the rest, is too): fewest new cuts, then
-    closest to ``target``. If no candidate is in the band: the closest. Ties: the first index.
-    """
-    err = (g - target).abs()
-    ok = ((g - mean).abs() <= band) & ((surplus + g - mean).abs() <= band)
-    if not bool(ok.any()):
-        return int(torch.argmin(err)), False
-    key = torch.where(ok, cuts, 3)
-    return int(torch.argmin(torch.where(key == key.min(), err, torch.inf))), True
-
-
-def _swaps(cum: torch.Tensor, boundary: torch.Tensor, f: int, b: int, n: int,
-           c: int) -> Optional[tuple[torch.Tensor, ...]]:
-    """Back sets made of whole units only, close to ``c`` tokens: the ``k`` units that fit in the
-    back run, with unit ``x`` (or none) swapped out for a unit ``y`` just past it.
-
-    A unit is a remaining document (or the remaining piece of one) between two boundaries of
-    the stream; unit j = ``[edges[j+1], edges[j])`` counting inwards from ``b``. Returns flat
-    candidates ``(tokens [K], work [K], x [K] (-1 = none), y [K], edges, k)`` or ``None``.
-    """
-    lo = max(f, b - 2 * n)
-    edges = torch.cat([torch.tensor([b]), (torch.nonzero(boundary[lo:b]).flatten() + lo).flip(0)])
-    length = edges[:-1] - edges[1:]  # [m]
-    unit_work = cum[edges[:-1]] - cum[edges[1:]]  # [m]
-    k = int((b - edges <= c).sum()) - 1  # units wholly inside the back run
-    if k >= length.numel():
-        return None
-    x = torch.arange(-1, k)  # -1: swap nothing out
-    y = torch.arange(k, min(k + _SWAP_REACH, length.numel()))
-    xx, yy = (t.flatten() for t in torch.meshgrid(x, y, indexing="ij"))
-    out_len = torch.where(xx >= 0, length[xx.clamp(min=0)], 0)
-    out_work = torch.where(xx >= 0, unit_work[xx.clamp(min=0)], 0.0)
-    tokens = (b - edges[k]) - out_len + length[yy]
-    work = (cum[b] - cum[edges[k]]) - out_work + unit_work[yy]
-    valid = (tokens <= n) & (f + n - tokens <= edges[yy + 1])  # the front run ends before them
-    return tokens[valid], work[valid], xx[valid], yy[valid], edges, k
-
-
-def _reorder(state: tuple[torch.Tensor, ...], edges: torch.Tensor, x: int, y: int, k: int) -> None:
-    """Move unit ``x`` inwards and unit ``y`` next to units ``0..k-1`` (in place), so that the
-    back run of the stream is exactly units ``0..k-1`` without ``x``, plus ``y``."""
-    stream, ws, cum, boundary = state
-    lo, b = int(edges[y + 1]), int(edges[0])
-    order = list(range(y - 1, k - 1, -1)) + ([x] if x >= 0 else []) + [y] \
-        + [j for j in range(k - 1, -1, -1) if j != x]  # units inner -> outer
-    starts, lens = edges[1:][order], (edges[:-1] - edges[1:])[order]
-    new_starts = lo + torch.cumsum(lens, 0) - lens
-    src = torch.repeat_interleave(starts - new_starts, lens) + torch.arange(lo, b)
-    stream[lo:b], ws[lo:b] = stream[src], ws[src]
-    cum[lo + 1:b + 1] = cum[lo] + ws[lo:b].cumsum(0)
-    boundary[lo:b] = False
-    boundary[new_starts] = True
-
-
-def _cut(stream: torch.Tensor, ws: torch.Tensor, boundary: torch.Tensor, world_size: int,
-         tolerance: float, allow_swaps: bool = True) -> list[torch.Tensor]:
-    """Global positions of every rank (unsorted), cut from the stream ``[N]`` with works ``ws``.
-
-    Two pointers walk in from both ends: rank r takes the run ``[f, f+a)`` from the dense end
-    and ``[b-n+a, b)`` from the sparse end, ``a`` chosen by :func:`_pick` among all ``n+1``
-    values. If that cuts a document although a back run of whole units (:func:`_swaps`) is in
-    the band with fewer cuts, the stream's back is reordered to take that one instead (only with
-    ``allow_swaps``: streams whose units are not documents skip that search).
-    """
-    state = (stream.clone(), ws.clone(), torch.cat([ws.new_zeros(1), ws.cumsum(0)]), boundary.clone())
-    stream, ws, cum, boundary = state  # cum [N+1]: exact integers in float64
-    n = stream.numel() // world_size
-    mean = float(cum[-1]) / world_size
-    band, a_all = tolerance * mean, torch.arange(n + 1)
-    f, b, surplus, parts = 0, stream.numel(), 0.0, []
-    for r in range(world_size - 1):
-        target = float(cum[b] - cum[f]) / (world_size - r)
-        g = (cum[f + a_all] - cum[f]) + (cum[b] - cum[b - n + a_all])  # [n+1] work for each a
-        cuts = ((a_all > 0) & ~boundary[f + a_all]).long() + ((a_all < n) & ~boundary[b - n + a_all]).long()
-        a, in_band = _pick(g, cuts, target, mean, surplus, band)
-        work = float(g[a])
-        swaps = _swaps(cum, boundary, f, b, n, n - a) if allow_swaps and in_band and int(cuts[a]) > 0 else None
-        if swaps is not None and swaps[0].numel():
-            tokens, back_work, x, y, edges, k = swaps
-            a2 = n - tokens
-            g2 = (cum[f + a2] - cum[f]) + back_work
-            cuts2 = ((a2 > 0) & ~boundary[f + a2]).long()
-            i, ok = _pick(g2, cuts2, target, mean, surplus, band)
-            if ok and int(cuts2[i]) < int(cuts[a]):
-                _reorder(state, edges, int(x[i]), int(y[i]), k)
-                a, work = int(a2[i]), float(g2[i])
-        surplus += work - mean
-        parts.append(torch.cat([stream[f:f + a], stream[b - n + a:b]]))
-        f, b = f + a, b - n + a
-    parts.append(stream[f:b].clone())
-    return parts
 
 
 def document_partition(cu_seqlens: CuSeqlens, world_size: int, *, causal: bool = True,

@@ -12,7 +12,7 @@ their measured cost relative to full, :class:`TileCosts`). Balancing the mask's 
 cardinality-constrained number partitioning of these costs (every rank takes ``n / T`` blocks).
 
 The solver is the two-pointer cut of :func:`burstattn.partition.document_partition`
-(``partition._cut``), run on block *streams* instead of token streams: every candidate orders the
+(``partition_cut.cut_runs``), run on block *streams* instead of token streams: every candidate orders the
 blocks (``"contiguous"``: natural order; ``"zigzag"``: the sequence folded end to end;
 ``"documents"``: block-aligned documents densest first, each folded, document_partition's own
 stream; ``"sorted"``: blocks by cost, heaviest first), the cut gives each rank a run from the
@@ -35,7 +35,8 @@ import torch
 
 from .masks.blocks import CAUSAL, EMPTY, FULL, PARTIAL, STRICT, classify
 from .masks.spec import AttnMask
-from .partition import Partition, _cut, _stream, balance
+from .partition import Partition, _stream, balance
+from .partition_cut import cut_runs, stream_owner
 
 CANDIDATES = ("layout-contiguous", "layout-zigzag", "contiguous", "zigzag", "documents", "sorted")
 # the named layouts themselves (no cut): so the kept partition is never worse than them on the score
@@ -159,11 +160,33 @@ def touching_pairs(summary: BlockSummary, owner_q: torch.Tensor, owner_k: torch.
         need = torch.zeros(p, p).index_add_(1, owner_k, by_rank) > 0
     else:
         lo, hi = summary.lo.clamp(max=owner_k.numel()), summary.hi.clamp(min=-1)
+        owner_q, lo, hi = _merged_spans(owner_q, lo, hi)
         need = _pairs_by_runs(owner_q, lo, hi, owner_k, p)
         if need is None:
             need = _pairs_by_table(owner_q, lo, hi, owner_k, p)
     need.fill_diagonal_(False)
     return int(need.sum())
+
+
+def _merged_spans(owner_q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each rank's query blocks' key spans merged where they overlap or abut: ``(owner, lo, hi)`` per
+    merged span, empty spans dropped. The tiles a rank touches are the same, in fewer spans (causal: one
+    per rank instead of one per block), so the pair counts below scan fewer rows."""
+    live = lo <= hi
+    owner_q, lo, hi = owner_q[live], lo[live], hi[live]
+    if owner_q.numel() == 0:
+        return owner_q, lo, hi
+    shift = owner_q * (int(hi.max()) + 2)  # ranks' spans apart on one axis: one sort, one running max
+    order = torch.argsort(shift + lo, stable=True)
+    a, b, own = (shift + lo)[order], (shift + hi)[order], owner_q[order]
+    reach = torch.cummax(b, 0).values  # the furthest tile covered so far (of this rank: ranks lie apart)
+    start = torch.ones(a.numel(), dtype=torch.bool)
+    start[1:] = a[1:] > reach[:-1] + 1
+    seg = torch.cumsum(start.long(), 0) - 1
+    top = torch.full((int(seg[-1]) + 1,), -1, dtype=torch.int64).scatter_reduce(0, seg, b, "amax")
+    first = own[start]
+    base = first * (int(hi.max()) + 2)
+    return first, a[start] - base, top - base
 
 
 def _pairs_by_runs(owner_q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, owner_k: torch.Tensor,
@@ -191,14 +214,16 @@ def _pairs_by_runs(owner_q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, ow
 def _pairs_by_table(owner_q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, owner_k: torch.Tensor,
                     p: int) -> torch.Tensor:
     """``need [P, P]`` from a ``[B, P]`` table: does block i's key span hold a tile of rank s."""
-    # [Bk + 1, P] (rows contiguous: the gathers below read whole rows): key tiles of s before j
-    onehot = torch.zeros(owner_k.numel() + 1, p, dtype=torch.int32)
-    onehot[torch.arange(owner_k.numel()) + 1, owner_k] = 1
-    cnt = onehot.cumsum(0)
-    hits = (cnt[hi + 1] > cnt[lo]) & (lo <= hi)[:, None]  # [B, P]
+    # the key tiles sorted by (owner, tile) on one axis: rank s's tiles in [lo, hi] are the entries
+    # between two binary searches (B x P of them, no [Bk, P] prefix-count table to build)
+    stride = owner_k.numel() + 1
+    keys = torch.sort(owner_k * stride + torch.arange(owner_k.numel())).values
+    base = torch.arange(p) * stride  # [P]
+    hits = (torch.searchsorted(keys, base + hi[:, None], right=True)
+            > torch.searchsorted(keys, base + lo[:, None])) & (lo <= hi)[:, None]  # [B, P]
     order = torch.argsort(owner_q, stable=True)
     if owner_q.numel() % p == 0 and bool((owner_q[order] == torch.arange(p).repeat_interleave(owner_q.numel() // p)).all()):
-        need = hits[order].view(p, -1, p).any(1)  # every rank holds B / P query blocks
+        need = hits[order].view(p, -1, p).any(1)  # every rank holds B / P query blocks (or spans)
     else:
         need = torch.zeros(p, p).index_add_(0, owner_q, hits.to(torch.float32)) > 0
     return need
@@ -264,30 +289,28 @@ def solve_partition(mask: AttnMask, seq_len: int, world_size: int, *, causal: bo
     kb = torch.arange(-(-k_len // block))
     owner_kc = torch.clamp(kb * block // max(k_len // world_size, 1), max=world_size - 1)  # contiguous keys
     docs = _block_docs(mask, block, nb)
-    tried = {}  # name -> (balance, owner [B], parts)
+    tried = {}  # name -> (balance, owner [B], stream)
     for name in dict.fromkeys(candidates):
         if name in NAMED:
             owner = _named_owner(name, nb, world_size)
             if owner is None:
                 continue
             stream = owner.argsort(stable=True)
-            parts = list(stream.view(world_size, per))
         else:
             stream, boundary, swaps = _streams(name, summary.cost, docs)
-            same = [n for n in tried if n not in NAMED and torch.equal(tried[n][3], stream)]
+            same = [n for n in tried if n not in NAMED and torch.equal(tried[n][2], stream)]
             if same:  # e.g. "documents" without block-aligned documents is "zigzag"
                 tried[name] = tried[same[0]]
                 continue
-            parts = _cut(stream, summary.cost[stream], boundary, world_size, tolerance, allow_swaps=swaps)
+            cut, fronts = cut_runs(stream, summary.cost[stream], boundary, world_size, tolerance, allow_swaps=swaps)
             owner = torch.empty(nb, dtype=torch.int64)
-            for r, p in enumerate(parts):
-                owner[p] = r
+            owner[cut] = stream_owner(fronts, per, world_size)
         same = [n for n in tried if torch.equal(tried[n][1], owner)]
         if same:  # the same placement scores the same: count its pairs once
             tried[name] = tried[same[0]]
             continue
         work = torch.zeros(world_size, dtype=torch.float64).index_add_(0, owner, summary.cost)
-        tried[name] = (balance(work), owner, parts, stream)
+        tried[name] = (balance(work), owner, stream)
     if not tried:
         raise ValueError(f"candidates {tuple(candidates)}: none applies ({world_size} ranks, {nb} blocks of {block}: "
                          "zigzag's chunks are not whole blocks)")

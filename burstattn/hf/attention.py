@@ -89,22 +89,36 @@ def _group_size(group: Optional[dist.ProcessGroup]) -> int:
     return group_context(group).world_size
 
 
+def _forward_shard(forward_args: Optional[dict]):
+    """The ``burst_shard`` the running model's forward was given (``None``: none, or no such forward)."""
+    if forward_args is None:
+        return None
+    return forward_args.get("burst_shard") or (forward_args.get("kwargs") or {}).get("burst_shard")
+
+
+def _group_of(opts: BurstOptions, shard) -> Optional[dist.ProcessGroup]:
+    """The group of this forward: the batch's own (a dynamically dispatched micro-batch), else the registered one."""
+    own = getattr(shard, "group", None)
+    return opts.group if own is None else own
+
+
 def make_mask_function(opts: BurstOptions):
     """The ``AttentionMaskInterface`` function: :class:`BurstMask`; ``ValueError`` on every rank if any
     rank's 2-D ``attention_mask`` masks a token in a forward without a :class:`ShardedCache`."""
 
     def burst_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
                    mask_function=None, attention_mask: Optional[torch.Tensor] = None, **kwargs) -> BurstMask:
-        check_running_model()  # a model that cannot run under burstattn: check_model's message, first
+        forward_args = check_running_model()  # a model that cannot run under burstattn: check_model's message, first
         padded = attention_mask is not None and not bool(attention_mask.all())
         cache = getattr(kv_offset, "cache", None)
         if cache is not None:  # generation: padding is a key mask over the cache
             return BurstMask(cache=cache, keys=attention_mask.bool() if padded else None)
-        if _group_size(opts.group) > 1:
+        group = _group_of(opts, _forward_shard(forward_args))  # the ranks that run this forward together
+        if _group_size(group) > 1:
             flag = torch.tensor([int(padded)], dtype=torch.int64)
-            if dist.get_backend(opts.group) == "nccl":
+            if dist.get_backend(group) == "nccl":
                 flag = flag.cuda()
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=opts.group)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
             any_padded = bool(flag.item())
         else:
             any_padded = padded
@@ -242,10 +256,11 @@ def make_attention_function(opts: BurstOptions):
             return replicated_attention(q, layer.last_positions, k, v, layer.positions, group=opts.group,
                                         scale=scale, backend=opts.backend, window=window, causal=call.causal,
                                         softcap=call.softcap, sinks=call.sinks, key_mask=keys), None
-        _, rank, world = group_context(opts.group)
         shard = kwargs.get("burst_shard")
         if shard is None and forward_args is not None:  # a layer that drops its kwargs (StableLM): the model's
-            shard = forward_args.get("burst_shard") or (forward_args.get("kwargs") or {}).get("burst_shard")
+            shard = _forward_shard(forward_args)
+        group = _group_of(opts, shard)
+        _, rank, world = group_context(group)
         problem = (_local_problem(module, query, key, attention_mask, dropout, call.cross) or family_problem
                    or _parallel_problem(module, kwargs, forward_args, shard, world))
         if problem is None and not call.cross:  # cross-attention: the queries' positions were checked by self-attention
@@ -274,10 +289,10 @@ def make_attention_function(opts: BurstOptions):
                                    f"needs (window {window}, softcap {call.softcap}, sinks {call.sinks is not None}): "
                                    f"use one of {takers}")
         if problem is not None:  # the same first collective as every strategy: raises on every rank
-            refuse(label(opts.strategy), problem, opts.group)
+            refuse(label(opts.strategy), problem, group)
         if shard is not None:
             shard.attended = True  # what a loss or gather over this batch checks (batch.py)
-        out = attention(q, k, v, strategy=opts.strategy, group=opts.group, causal=call.causal, softmax_scale=scale,
+        out = attention(q, k, v, strategy=opts.strategy, group=group, causal=call.causal, softmax_scale=scale,
                         layout=layout, backend=opts.backend, **extra)
         return out, None
 

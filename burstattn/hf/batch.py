@@ -98,13 +98,15 @@ class ShardSpec:
         rank, world_size: this rank in the group the batch was sharded for.
         positions: this rank's global positions ``[n]`` in a row of the sharded batch.
         cu_seqlens: document boundaries over the flattened sequence, or ``None`` (rows kept).
+        group: the group the batch was sharded over, when not the registered one (dynamic dispatch:
+            :mod:`burstattn.hf.dispatch` gives every micro-batch its own group), else ``None``.
     Not a dataclass on purpose: wrappers such as DDP pass plain objects through untouched.
     """
 
     def __init__(self, layout, plan: BatchPlan, rank: int, world_size: int, positions: torch.Tensor,
-                 name: str = "burst") -> None:
+                 name: str = "burst", group: Optional[dist.ProcessGroup] = None) -> None:
         self.layout, self.plan, self.rank, self.world_size = layout, plan, rank, world_size
-        self.positions, self.name = positions, name
+        self.positions, self.name, self.group = positions, name, group
         self.attended = False  # set by burstattn's attention function when a layer runs on this batch
         self.cu_seqlens = plan.cu_seqlens()
         self._masks: dict = {}
@@ -188,6 +190,43 @@ def _fingerprint(*tensors) -> list[int]:
     return fp
 
 
+def checked_plan(fn: str, input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None, *,
+                 attention_mask=None, position_ids=None, cu_seq_lens_q=None, cu_seq_lens_k=None,
+                 group: Optional[dist.ProcessGroup] = None) -> BatchPlan:
+    """The unpadded :class:`BatchPlan` of a full batch that every rank of ``group`` must hold alike:
+    ``ValueError`` (``fn`` first in its text) on every rank for bad input on any rank, or for batches
+    that differ across ranks (one all-gather of checksums)."""
+    problem = _check_ids("input_ids", input_ids)
+    if problem is None and labels is not None:
+        problem = _check_ids("labels", labels)
+        if problem is None and labels.shape != input_ids.shape:
+            problem = f"labels {tuple(labels.shape)} must match input_ids {tuple(input_ids.shape)}"
+    if problem is None and position_ids is not None and (
+            not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2
+            or position_ids.shape[1] != input_ids.shape[1] or position_ids.shape[0] not in (1, input_ids.shape[0])):
+        problem = (f"position_ids must be [batch or 1, {input_ids.shape[1]}], got "
+                   f"{tuple(position_ids.shape) if isinstance(position_ids, torch.Tensor) else type(position_ids)}")
+    plan = None
+    if problem is None:
+        plan, problem = plan_batch(input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                   cu_seq_lens_q=cu_seq_lens_q, cu_seq_lens_k=cu_seq_lens_k)
+    fp = [] if problem else _fingerprint(input_ids, labels, attention_mask, position_ids, cu_seq_lens_q)
+    check_every_rank(fn, problem, fp, group, what="the full batch (input_ids, labels, attention_mask, "
+                     "position_ids, cu_seq_lens_q)", fields="(numel, checksum) per tensor")
+    return plan
+
+
+def place(plan: BatchPlan, layout, spec_s, world: int):
+    """``(plan, layout)``: ``plan`` padded to what ``layout`` splits over ``world`` ranks; with
+    ``layout=None``, a document-balanced partition for a flattened (packed or padded) plan when the
+    strategy ``spec_s`` takes partitions, else its default layout."""
+    if layout is None and plan.flattened and spec_s.partitions:
+        plan = plan.padded(world)
+        return plan, document_partition(plan.cu_seqlens(), world, causal=True)
+    layout = spec_s.default_layout if layout is None else layout
+    return plan.padded(2 * world if layout == "zigzag" else world if isinstance(layout, str) else 1), layout
+
+
 def shard_batch(input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None, *,
                 attention_mask: Optional[torch.Tensor] = None, position_ids: Optional[torch.Tensor] = None,
                 cu_seq_lens_q=None, cu_seq_lens_k=None, group: Optional[dist.ProcessGroup] = None,
@@ -215,30 +254,9 @@ def shard_batch(input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None, 
     """
     spec_s, layout, group = _resolve_layout(name, layout, group)
     group, rank, world = group_context(group)
-    problem = _check_ids("input_ids", input_ids)
-    if problem is None and labels is not None:
-        problem = _check_ids("labels", labels)
-        if problem is None and labels.shape != input_ids.shape:
-            problem = f"labels {tuple(labels.shape)} must match input_ids {tuple(input_ids.shape)}"
-    if problem is None and position_ids is not None and (
-            not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2
-            or position_ids.shape[1] != input_ids.shape[1] or position_ids.shape[0] not in (1, input_ids.shape[0])):
-        problem = (f"position_ids must be [batch or 1, {input_ids.shape[1]}], got "
-                   f"{tuple(position_ids.shape) if isinstance(position_ids, torch.Tensor) else type(position_ids)}")
-    plan = None
-    if problem is None:
-        plan, problem = plan_batch(input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                   cu_seq_lens_q=cu_seq_lens_q, cu_seq_lens_k=cu_seq_lens_k)
-    fp = [] if problem else _fingerprint(input_ids, labels, attention_mask, position_ids, cu_seq_lens_q)
-    check_every_rank("shard_batch", problem, fp, group, what="the full batch (input_ids, labels, attention_mask, "
-                     "position_ids, cu_seq_lens_q)", fields="(numel, checksum) per tensor")
-    documents = layout is None and plan.flattened and spec_s.partitions
-    if documents:
-        plan = plan.padded(world)
-        layout = document_partition(plan.cu_seqlens(), world, causal=True)
-    else:
-        layout = spec_s.default_layout if layout is None else layout
-        plan = plan.padded(2 * world if layout == "zigzag" else world if isinstance(layout, str) else 1)
+    plan = checked_plan("shard_batch", input_ids, labels, attention_mask=attention_mask, position_ids=position_ids,
+                        cu_seq_lens_q=cu_seq_lens_q, cu_seq_lens_k=cu_seq_lens_k, group=group)
+    plan, layout = place(plan, layout, spec_s, world)
     pos = local_positions(plan.row_len, rank, world, layout).to(input_ids.device)
     ids = flatten_rows(input_ids, plan, 0)
     rope = rope_positions(position_ids, plan).to(input_ids.device)
@@ -257,20 +275,28 @@ def shard_inputs(inputs: Mapping, *, group: Optional[dist.ProcessGroup] = None, 
     """:func:`shard_batch` for a collated batch dict (``input_ids``, ``labels``, ``attention_mask``,
     ``position_ids``, ``cu_seq_lens_q/k``, ``max_length_q/k``); any other key raises ``ValueError``
     (it could not be sharded consistently: never dropped)."""
+    kw = batch_kwargs(inputs)
+    return shard_batch(kw.pop("input_ids"), kw.pop("labels"), **kw, group=group, layout=layout, name=name)
+
+
+def batch_kwargs(inputs: Mapping, fn: str = "shard_batch") -> dict:
+    """:func:`shard_batch`'s arguments from a collated batch dict (``seq_idx`` becomes
+    ``cu_seq_lens_q``); ``ValueError`` for a key that could not be sharded consistently (never dropped)."""
     unknown = sorted(k for k in inputs if k not in BATCH_KEYS)
     if unknown:
-        raise ValueError(f"shard_batch: cannot shard batch key(s) {unknown}; it takes {list(BATCH_KEYS)}")
+        raise ValueError(f"{fn}: cannot shard batch key(s) {unknown}; it takes {list(BATCH_KEYS)}")
     if "input_ids" not in inputs:
-        raise ValueError("shard_batch: the batch has no input_ids (inputs_embeds are not supported)")
-    kw = {k: inputs.get(k) for k in ("labels", "attention_mask", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k")}
+        raise ValueError(f"{fn}: the batch has no input_ids (inputs_embeds are not supported)")
+    kw = {k: inputs.get(k) for k in ("input_ids", "labels", "attention_mask", "position_ids", "cu_seq_lens_q",
+                                     "cu_seq_lens_k")}
     seq_idx = inputs.get("seq_idx")
     if seq_idx is not None and kw["cu_seq_lens_q"] is None:  # documents = runs of equal seq_idx
         row = torch.as_tensor(seq_idx).reshape(-1).to("cpu")
         if torch.as_tensor(seq_idx).dim() != 2 or torch.as_tensor(seq_idx).shape[0] != 1:
-            raise ValueError(f"shard_batch: seq_idx must be [1, seq] (one packed row), got {tuple(seq_idx.shape)}")
+            raise ValueError(f"{fn}: seq_idx must be [1, seq] (one packed row), got {tuple(seq_idx.shape)}")
         change = torch.nonzero(row[1:] != row[:-1]).flatten() + 1
         kw["cu_seq_lens_q"] = torch.cat([torch.tensor([0]), change, torch.tensor([row.numel()])])
-    return shard_batch(inputs["input_ids"], kw.pop("labels"), **kw, group=group, layout=layout, name=name)
+    return kw
 
 
 def gather_logits(logits: torch.Tensor, group: Optional[dist.ProcessGroup] = None,

@@ -90,8 +90,9 @@ def _dispatcher(adapter, original):
             return original(self, *args, **kwargs)
         else:
             opts = registered_options(shard.name)
-            ops = ShardedOps(dict(group=None if opts is None else opts.group, layout=shard.layout,
-                                  cu_seqlens=shard.cu_seqlens))
+            group = None if opts is None else opts.group
+            group = group if getattr(shard, "group", None) is None else shard.group  # a dispatched micro-batch's own
+            ops = ShardedOps(dict(group=group, layout=shard.layout, cu_seqlens=shard.cu_seqlens))
         return adapter(self, bound["hidden_states"], bound.get("attention_mask"), ops)
 
     return forward

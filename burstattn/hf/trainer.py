@@ -21,6 +21,9 @@ and nothing else:
   batch's loss: the evaluation loss is the single-process one when the evaluation set is a multiple of
   ``dp x per_device_eval_batch_size`` (always at dp = 1).
 
+``dispatch="dynamic"``: every sequence of the global batch its own cp degree and group
+(:mod:`burstattn.hf.dispatch`).
+
 Refused with ``ValueError`` (on every rank, at construction): a world not divisible by ``cp_size``,
 label smoothing, ``compute_loss_func`` (both shift labels themselves), models whose forward takes no
 loss kwargs, iterable datasets dispatched by accelerate.
@@ -52,19 +55,24 @@ class ContextParallelMixin:
             strategy's default) or a layout name.
         attn_implementation: the name registered with transformers (default ``"burst_cp"``).
         backend: local attention kernel (default ``"auto"``).
-        dispatch: ``"static"`` (the fixed ``dp x cp`` mesh). ``"dynamic"`` (each sequence its own cp
-            degree) is ``burstattn train --dispatch dynamic``'s; here it is refused with ``ValueError``:
-            the Trainer's DDP step runs one forward per rank, which one group per sequence cannot keep.
+        dispatch: ``"static"`` (the fixed ``dp x cp`` mesh) or ``"dynamic"``: every rank loads the whole
+            global batch (``per_device_train_batch_size`` rows per step, as one process) and every sequence
+            of it (a packed row's documents, a padded row's real tokens, a row) gets its own cp degree and
+            group of ranks from :func:`burstattn.parallel.dispatch.plan_dispatch`, as in ``burstattn train
+            --dispatch dynamic`` (:mod:`burstattn.hf.dispatch`); the training equals the static and the
+            one-process one. Strategies ``burst``, ``ring``, ``allgather``; no ``cp_size``; evaluation runs
+            over the whole world as ``cp_size=world``.
+        dispatch_budget: ``"dynamic"``: tokens a rank may hold of one sequence (``None``: no limit).
+        dispatch_cost: ``"dynamic"``: a :class:`burstattn.parallel.dispatch.DispatchCost` (default: from
+            the model's config, :func:`burstattn.hf.dispatch.cost_of`).
         **strategy_options: the strategy's own options (``ulysses_degree``, ``backward``, ...).
     """
 
     def __init__(self, *args, cp_size: Optional[int] = None, strategy: str = "burst", layout=None,
                  attn_implementation: str = "burst_cp", backend: str = "auto", strategy_options: Optional[dict] = None,
-                 dispatch: str = "static", **kwargs) -> None:
-        if dispatch != "static":
-            why = ("is not supported by the Trainer integration yet (one DDP forward per rank and step); train with "
-                   "`burstattn train --dispatch dynamic`" if dispatch == "dynamic" else "must be 'static' or 'dynamic'")
-            raise ValueError(f"ContextParallelTrainer: dispatch={dispatch!r} {why}")
+                 dispatch: str = "static", dispatch_budget: Optional[int] = None, dispatch_cost=None,
+                 **kwargs) -> None:
+        _check_dispatch(dispatch, cp_size, strategy, dispatch_budget, dispatch_cost)
         self.dispatch = dispatch
         super().__init__(*args, **kwargs)
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -90,6 +98,12 @@ class ContextParallelMixin:
         base.set_attn_implementation(attn_implementation)
         patch_mixers(base)  # hybrid models: their mixers' recurrences sequence parallel (burstattn/hf/hybrid.py)
         check_model(base)  # a model that never calls the registered attention would train silently wrong
+        self.dispatcher = None
+        if dispatch == "dynamic":  # the degree groups: collective, every rank at this point
+            from .dispatch import DynamicDispatch
+
+            self.dispatcher = DynamicDispatch(base.config, name=attn_implementation, strategy=strategy, layout=layout,
+                                              budget=dispatch_budget, cost=dispatch_cost)
 
     def _refuse_unsupported(self) -> None:
         problem = None
@@ -100,6 +114,10 @@ class ContextParallelMixin:
                        "(labels shifted on the global sequence) is used")
         elif not self.model_accepts_loss_kwargs:
             problem = "the model's forward takes no loss kwargs (num_items_in_batch): its loss cannot be made exact"
+        elif self.dispatch == "dynamic" and _overrides(type(self), ("compute_loss", "training_step")):
+            problem = (f"dispatch='dynamic' runs the model's own loss on each rank's sequences; {type(self).__name__} "
+                       f"overrides {' and '.join(_overrides(type(self), ('compute_loss', 'training_step')))}, which "
+                       "it would bypass: use dispatch='static'")
         if problem:
             raise ValueError(f"ContextParallelTrainer: {problem}")
 
@@ -147,10 +165,20 @@ class ContextParallelMixin:
         batches = []
         for _ in range(num_batches):
             try:
-                batches.append(self._cp_shard(next(epoch_iterator)))
+                batch = next(epoch_iterator)
             except StopIteration:
                 break
+            batches.append(batch if self.dispatcher else self._cp_shard(batch))
+        if self.dispatcher and batches:  # every rank holds the global batch: its count, no all-reduce
+            from .dispatch import count_targets
+
+            return batches, torch.tensor(count_targets(batches), dtype=torch.int64, device=device)
         return batches, self._get_num_items_in_batch(batches, device)
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if self.dispatcher is None:
+            return super().training_step(model, inputs, num_items_in_batch)
+        return self.dispatcher.training_step(self, model, inputs, num_items_in_batch)
 
     def _prepare_inputs(self, inputs):
         return super()._prepare_inputs(self._cp_shard(inputs))
@@ -264,6 +292,28 @@ class ContextParallelMixin:
         finally:
             if restore:
                 model.config._attn_implementation = self.cp_attn_implementation
+
+
+def _check_dispatch(dispatch, cp_size, strategy: str, budget, cost) -> None:
+    from ..parallel.dispatch import DISPATCH_STRATEGIES, MODES
+
+    problem = None
+    if dispatch not in MODES:
+        problem = f"dispatch must be one of {MODES}, got {dispatch!r}"
+    elif dispatch == "dynamic" and cp_size is not None:
+        problem = f"dispatch='dynamic' chooses every sequence's cp degree itself: drop cp_size (got {cp_size!r})"
+    elif dispatch == "dynamic" and strategy not in DISPATCH_STRATEGIES:
+        problem = f"dispatch='dynamic' runs strategy {' | '.join(DISPATCH_STRATEGIES)}, got {strategy!r}"
+    elif dispatch == "static" and (budget is not None or cost is not None):
+        problem = "dispatch_budget and dispatch_cost are options of dispatch='dynamic'"
+    if problem:
+        raise ValueError(f"ContextParallelTrainer: {problem}")
+
+
+def _overrides(cls, names: tuple) -> list:
+    """The methods of ``names`` that a class of ``cls``'s MRO other than the mixin and ``Trainer`` defines."""
+    return [n for n in names if any(n in c.__dict__ for c in cls.__mro__
+                                    if c not in (ContextParallelMixin, Trainer, object))]
 
 
 class ContextParallelTrainer(ContextParallelMixin, Trainer):

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 MODES = ("static", "dynamic")
+DISPATCH_STRATEGIES = ("burst", "ring", "allgather")  # the strategies that run at every degree with one set of options
 
 
 @dataclass(frozen=True)
@@ -199,3 +200,19 @@ def _static(lengths: Sequence[int], world_size: int, cost: DispatchCost, cp: int
             loads[r] += c
         placed.append(Placement(i, n, cp, g, c))
     return DispatchPlan(world_size, "static", tuple(placed), tuple(loads))
+
+
+def micro_batches(mine: list[Placement], cap: int) -> list[list[Placement]]:
+    """Degree-1 sequences packed in order into runs of at most ``cap`` tokens; each other one alone."""
+    out: list[list[Placement]] = []
+    run, size = [], 0
+    for p in mine:
+        if p.degree > 1:
+            out.append([p])
+            continue
+        if run and size + p.length > cap:
+            out.append(run)
+            run, size = [], 0
+        run.append(p)
+        size += p.length
+    return out + ([run] if run else [])

@@ -23,12 +23,10 @@ from ..layout import local_positions, split_error
 from ..masks import AttnMask
 from ..models import AttnCall
 from ..parallel import IGNORE, sum_grads
-from ..parallel.dispatch import MODES, DispatchCost, Placement, divisors, plan_dispatch
+from ..parallel.dispatch import (DISPATCH_STRATEGIES, MODES, DispatchCost, Placement, divisors,  # noqa: F401
+                                 micro_batches, plan_dispatch)
 from .config import TrainConfig
 from .documents import FileDocs, SyntheticDocs
-
-DISPATCH_STRATEGIES = ("burst", "ring", "allgather")
-
 
 def uses_dispatch(cfg: TrainConfig) -> bool:
     """Whether ``cfg`` trains through the dispatcher (``--dispatch dynamic`` or a documents source)."""
@@ -115,22 +113,6 @@ def check_same_batch(lengths: list[int], device: torch.device) -> None:
 def _labels(tokens: torch.Tensor, answer: torch.Tensor, targets: str) -> torch.Tensor:
     labels = torch.cat([tokens[1:], torch.full((1,), IGNORE, dtype=tokens.dtype)])
     return labels.masked_fill(~answer, IGNORE) if targets == "answer" else labels
-
-
-def micro_batches(mine: list[Placement], cap: int) -> list[list[Placement]]:
-    """Degree-1 sequences packed in order into runs of at most ``cap`` tokens; each other one alone."""
-    out: list[list[Placement]] = []
-    run, size = [], 0
-    for p in mine:
-        if p.degree > 1:
-            out.append([p])
-            continue
-        if run and size + p.length > cap:
-            out.append(run)
-            run, size = [], 0
-        run.append(p)
-        size += p.length
-    return out + ([run] if run else [])
 
 
 def _call(job, mb: list[Placement], seqs, labels):

@@ -176,4 +176,6 @@ def load_histogram(path: str) -> list[tuple[int, int]]:
     bad = [r for r in rows if r[0] < 1]
     if bad:
         raise ValueError(f"histogram: {path}: a length must be positive, got {bad[0][0]}")
+    if not any(count for _, count in rows):  # nothing to draw a length from
+        raise ValueError(f"histogram: {path}: every count is 0 (expected LENGTH COUNT with a positive count)")
     return [(a, b) for a, b in rows]

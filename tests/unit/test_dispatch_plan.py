@@ -73,13 +73,32 @@ def test_parse_errors_name_the_flag_file_and_line(tmp_path):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("text,expect", [("1024 10\n2048 x\n", ":2: cannot parse '2048 x'"),
+                                         ("1024 0\n# none\n2048 0\n", "every count is 0"),
+                                         ("0 5\n", "a length must be positive, got 0")])
+def test_bench_dispatch_refuses_a_bad_histogram_in_one_line(tmp_path, capsys, text, expect):
+    from burstattn.cli import main
+
+    path = tmp_path / "lengths.txt"
+    path.write_text(text)
+    assert main(["bench", "dispatch", "--simulate", "--histogram", str(path), "--gpus", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("burstattn bench dispatch: error: histogram: ") and str(path) in err, err
+    assert expect in err and err.count("\n") == 1, err
+
+
 def test_hf_trainer_dispatch_keyword():
     pytest.importorskip("transformers")
     from burstattn.hf.trainer import ContextParallelTrainer
 
-    with pytest.raises(ValueError, match=r"dispatch='dynamic' is not supported by the Trainer integration yet"):
-        ContextParallelTrainer(dispatch="dynamic")
-    with pytest.raises(ValueError, match=r"dispatch='sometimes' must be 'static' or 'dynamic'"):
+    # dispatch="dynamic" trains (tests/dist/test_hf_dispatch.py); what it cannot take is refused before anything runs
+    with pytest.raises(ValueError, match=r"dispatch='dynamic' chooses every sequence's cp degree itself: drop cp_size"):
+        ContextParallelTrainer(dispatch="dynamic", cp_size=2)
+    with pytest.raises(ValueError, match=r"dispatch='dynamic' runs strategy burst \| ring \| allgather, got 'usp'"):
+        ContextParallelTrainer(dispatch="dynamic", strategy="usp")
+    with pytest.raises(ValueError, match=r"dispatch_budget and dispatch_cost are options of dispatch='dynamic'"):
+        ContextParallelTrainer(dispatch_budget=64)
+    with pytest.raises(ValueError, match=r"dispatch must be one of \('static', 'dynamic'\), got 'sometimes'"):
         ContextParallelTrainer(dispatch="sometimes")
 
 
