@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from ..infer.generate import check_every_rank
 from ..groups import group_context
-from ..layout import gather_sequence, local_positions
+from ..layout import gather_sequence, layout_or_default, local_positions
 from ..masks import AttnMask
 from ..partition import document_partition
 from ..strategies import STRATEGIES
@@ -237,7 +237,7 @@ def shard_batch(input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None, 
         plan = plan.padded(world)
         layout = document_partition(plan.cu_seqlens(), world, causal=True)
     else:
-        layout = spec_s.default_layout if layout is None else layout
+        layout = layout_or_default(layout)
         plan = plan.padded(2 * world if layout == "zigzag" else world if isinstance(layout, str) else 1)
     pos = local_positions(plan.row_len, rank, world, layout).to(input_ids.device)
     ids = flatten_rows(input_ids, plan, 0)
