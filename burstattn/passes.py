@@ -25,7 +25,7 @@ from .engine.run import attention_backward, attention_forward, build_plan, head_
 from .groups import GroupContext
 from .kernels import ScoreMods, get_kernel, resolve_backend
 from .layout import local_positions
-from .masks.blocks import op_mask
+from .masks.blocks import layout_key, op_mask
 from .masks.setup import GuardedMaskMod, effective_mask, raise_mask_failures
 
 
@@ -138,18 +138,19 @@ def engine_pass(where: GroupContext, cfg: Call, q: torch.Tensor, k: torch.Tensor
             return build_plan(where.rank, p, positions=pos.aligned if blocks is None else pos.q, kv_positions=pos.k,
                               causal=cfg.causal, travelling=travelling, schedule=schedule, ranks_per_node=per_node,
                               blocks=blocks), pos
-    if blocks is None and cfg.mask is None and isinstance(cfg.layout, str) and isinstance(cfg.keys_layout, str):
-        # a dense plan is a pure function of these values, and a model's layers repeat them every step
-        key = (where.rank, p, int(q.shape[1]), int(k.shape[1]), cfg.layout, cfg.keys_layout, cfg.causal, travelling,
-               cfg.schedule, per_node)
-        plan, pos = DENSE_PLANS.get(key, make)
-    else:
+    if blocks is None and cfg.mask is not None:  # positions aligned by a mask the key would not hold
         plan, pos = make()
+    else:
+        # the plan and positions are a pure function of these values (the mask's by its summary), and a
+        # model's layers repeat them every step
+        key = (where.rank, p, int(q.shape[1]), int(k.shape[1]), layout_key(cfg.layout), layout_key(cfg.keys_layout),
+               cfg.causal, travelling, schedule, per_node, blocks)
+        plan, pos = PASS_PLANS.get(key, make)
     return plan, block_calls(cfg, blocks is not None, pos, scale, q, v, alibi, mask)
 
 
-DENSE_PLANS = LruCache(64)
-"""The dense plans and positions built so far, by what they are a pure function of (:func:`engine_pass`)."""
+PASS_PLANS = LruCache(64)
+"""The plans and positions of passes built so far, by what they are a pure function of (:func:`engine_pass`)."""
 
 
 def _slopes(alibi: Optional[torch.Tensor], batch: int) -> Optional[torch.Tensor]:

@@ -146,6 +146,12 @@ class MaskBlocks:
         return ops
 
 
+def layout_key(layout):
+    """A hashable, process-independent key of a layout name or a partition (what positions are a pure
+    function of, with the lengths and the world size): the memos' key in place of position values."""
+    return layout if isinstance(layout, str) else ("partition", layout.fingerprint)
+
+
 def mask_blocks(mask: AttnMask, seq_len: int, k_len: Optional[int] = None) -> MaskBlocks:
     """The :class:`MaskBlocks` of ``mask`` over ``seq_len`` queries and ``k_len`` keys (default as many)."""
     return MaskBlocks(mask, seq_len, seq_len if k_len is None else k_len)

@@ -43,7 +43,7 @@ from ..engine.direct import DirectStep, sparse_steps
 from ..engine.pairs import BlockOp, ops_from_positions
 from ..formulas import META_INTS, accum_dtype, byte_totals, element_size
 from ..layout import local_positions
-from .blocks import MaskBlocks, mask_blocks
+from .blocks import MaskBlocks, layout_key, mask_blocks
 from .spec import AttnMask
 
 
@@ -93,16 +93,21 @@ def mask_plan(mask: AttnMask, causal: bool, seq_len: int, world_size: int, layou
     """The :class:`MaskPlan` of ``rank``: ``seq_len`` queries in ``layout``, ``k_len`` keys (default as
     many) in ``kv_layout`` (default ``layout``). The layouts give every rank's positions; the pairs' ops
     come from them by the mask's summary (:class:`~.blocks.MaskBlocks`, cached in ``mask``), as the
-    engine's plans take them (:func:`~burstattn.engine.pairs.ops_from_positions`)."""
+    engine's plans take them (:func:`~burstattn.engine.pairs.ops_from_positions`). Kept in ``mask`` by
+    these arguments (the layouts by :func:`~.blocks.layout_key`)."""
     k_len = seq_len if k_len is None else k_len
     kv_layout = layout if kv_layout is None else kv_layout
-    q_pos = [local_positions(seq_len, r, world_size, layout) for r in range(world_size)]
-    k_pos = [local_positions(k_len, r, world_size, kv_layout) for r in range(world_size)]
-    blocks = mask_blocks(mask, seq_len, k_len)
-    ops_of = ops_from_positions(q_pos, k_pos, causal, blocks)
-    row = tuple(ops_of(rank, s) for s in range(world_size))
-    col = tuple(ops_of(s, rank) for s in range(world_size))
-    return MaskPlan(rank, world_size, row, col, blocks)
+    key = ("plan", bool(causal), seq_len, world_size, layout_key(layout), rank, k_len, layout_key(kv_layout))
+    plan = mask.cache.get(key)
+    if plan is None:  # every call of a shape asks again (its cross-rank check): the positions once per shape
+        q_pos = [local_positions(seq_len, r, world_size, layout) for r in range(world_size)]
+        k_pos = [local_positions(k_len, r, world_size, kv_layout) for r in range(world_size)]
+        blocks = mask_blocks(mask, seq_len, k_len)
+        ops_of = ops_from_positions(q_pos, k_pos, causal, blocks)
+        row = tuple(ops_of(rank, s) for s in range(world_size))
+        col = tuple(ops_of(s, rank) for s in range(world_size))
+        plan = mask.cache[key] = MaskPlan(rank, world_size, row, col, blocks)
+    return plan
 
 
 def mask_bytes(plan: MaskPlan, *, batch: int, local_seq: int, q_heads: int, kv_heads: int, head_dim: int,
