@@ -177,12 +177,14 @@ def mesh_usp_groups(mesh) -> UspGroups:
     return UspGroups(u, r, dist.get_world_size(u), dist.get_world_size(r), dist.get_rank(u), dist.get_rank(r))
 
 
-def usp_mesh(ulysses_degree: int, ring_degree: int, device_type: str = "cpu"):
-    """A ``DeviceMesh`` of shape ``(ring_degree, ulysses_degree)`` with dims ``("ring", "ulysses")``
-    over the whole job (``attention(strategy="usp", mesh=...)``). Collective."""
-    from torch.distributed.device_mesh import init_device_mesh
+USP_MESH = ('init_device_mesh(device_type, (ring_degree, ulysses_degree), mesh_dim_names=("ring", "ulysses")) '
+            "from torch.distributed.device_mesh")
 
-    return init_device_mesh(device_type, (ring_degree, ulysses_degree), mesh_dim_names=("ring", "ulysses"))
+
+def usp_mesh(ulysses_degree: int, ring_degree: int, device_type: str = "cpu"):
+    """Removed (a wrapper of one torch call that nothing here used): refused with the spelling that
+    replaces it, :data:`USP_MESH` (outside code may still import the name)."""
+    raise RuntimeError(f"burstattn.groups.usp_mesh was removed; build the mesh with torch: {USP_MESH}")
 
 
 def usp_subgroups(ulysses_degree: int, ring_degree: int, group: Optional[dist.ProcessGroup] = None) -> UspGroups:

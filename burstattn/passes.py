@@ -25,7 +25,7 @@ from .engine.run import attention_backward, attention_forward, build_plan, head_
 from .groups import GroupContext
 from .kernels import ScoreMods, get_kernel, resolve_backend
 from .layout import local_positions
-from .masks.blocks import op_mask
+from .masks.blocks import layout_key, op_mask
 from .masks.setup import GuardedMaskMod, effective_mask, raise_mask_failures
 
 
@@ -123,28 +123,34 @@ def block_calls(cfg: Call, masked: bool, pos: CallPositions, scale: float, q: to
 
 def engine_pass(where: GroupContext, cfg: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 travelling: str, mask_plan, scale: float, alibi=None, mask=None):
-    """The plan and the kernel calls of one pass (``travelling``: ``"kv"`` or ``"q"``)."""
+    """The plan and the kernel calls of one pass (``travelling``: ``"kv"`` or ``"q"``). Dense or masked,
+    one producer: the plan comes from every rank's positions (:func:`call_positions`), a masked call's
+    block ops from its mask's summary (``mask_plan.blocks``) on the sparse schedule."""
     p = where.world_size
     per_node = cfg.topology.ranks_per_node if cfg.schedule == "double" and p > 1 else 1
+    blocks = None if mask_plan is None else mask_plan.blocks
+    schedule = cfg.schedule if blocks is None else "sparse"
 
     def make():
         with host_side():  # positions and plans are host-side (real tensors in a dry run too)
             pos = call_positions(cfg, p, q.shape[1], k.shape[1])
-            return build_plan(where.rank, p, positions=pos.aligned, kv_positions=pos.k, causal=cfg.causal,
-                              travelling=travelling, schedule=cfg.schedule, ranks_per_node=per_node,
-                              mask_plan=mask_plan), pos
-    if mask_plan is None and cfg.mask is None and isinstance(cfg.layout, str) and isinstance(cfg.keys_layout, str):
-        # a dense plan is a pure function of these values, and a model's layers repeat them every step
-        key = (where.rank, p, int(q.shape[1]), int(k.shape[1]), cfg.layout, cfg.keys_layout, cfg.causal, travelling,
-               cfg.schedule, per_node)
-        plan, pos = DENSE_PLANS.get(key, make)
-    else:
+            # the dense producer reads queries in the keys' coordinates; a mask's summary aligns them itself
+            return build_plan(where.rank, p, positions=pos.aligned if blocks is None else pos.q, kv_positions=pos.k,
+                              causal=cfg.causal, travelling=travelling, schedule=schedule, ranks_per_node=per_node,
+                              blocks=blocks), pos
+    if blocks is None and cfg.mask is not None:  # positions aligned by a mask the key would not hold
         plan, pos = make()
-    return plan, block_calls(cfg, mask_plan is not None, pos, scale, q, v, alibi, mask)
+    else:
+        # the plan and positions are a pure function of these values (the mask's by its summary), and a
+        # model's layers repeat them every step
+        key = (where.rank, p, int(q.shape[1]), int(k.shape[1]), layout_key(cfg.layout), layout_key(cfg.keys_layout),
+               cfg.causal, travelling, schedule, per_node, blocks)
+        plan, pos = PASS_PLANS.get(key, make)
+    return plan, block_calls(cfg, blocks is not None, pos, scale, q, v, alibi, mask)
 
 
-DENSE_PLANS = LruCache(64)
-"""The dense plans and positions built so far, by what they are a pure function of (:func:`engine_pass`)."""
+PASS_PLANS = LruCache(64)
+"""The plans and positions of passes built so far, by what they are a pure function of (:func:`engine_pass`)."""
 
 
 def _slopes(alibi: Optional[torch.Tensor], batch: int) -> Optional[torch.Tensor]:

@@ -7,6 +7,7 @@ starts the pool on first use; all pools close at the end of the session.
 from __future__ import annotations
 
 import pytest
+from _pytest.mark.expression import Expression  # pytest's own -m parser
 
 from burstattn.testing.launch import LocalPool
 
@@ -37,10 +38,28 @@ class Pools:
         self._pools.clear()
 
 
+def mark_requested(config, name: str) -> bool:
+    """Whether this run asks for the tests marked ``name`` (``-m slow``, ``-m "slow or timed"``): its marker
+    expression selects a test with that mark alone and would not select an unmarked test. ``-m "not cuda"``
+    selects both and ``-m "not slow"`` neither: no request; nor is a run without ``-m``."""
+    text = config.getoption("markexpr") or ""
+    if not text:
+        return False
+    expr = Expression.compile(text)
+    return expr.evaluate(lambda mark, **_: mark == name) and not expr.evaluate(lambda mark, **_: False)
+
+
+@pytest.fixture(scope="session")
+def slow_selected(pytestconfig) -> bool:
+    """Whether this run asks for the ``slow`` cases (:func:`mark_requested`): the one reading of it, for the
+    tests that run their core cases always and their longer ones (or a whole long test) only with -m slow."""
+    return mark_requested(pytestconfig, "slow")
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``timed`` assert a time bound: they run only when selected (``-m timed``), since a
     noisy shared machine makes any time bound flaky; everything else asserts counts, bytes or values."""
-    if "timed" in (config.getoption("markexpr") or ""):
+    if mark_requested(config, "timed"):
         return
     skip = pytest.mark.skip(reason="asserts a time bound: run with -m timed on a quiet machine")
     for item in items:

@@ -22,15 +22,16 @@ def rank_costs(p: MaskPoint, world: int) -> list[float]:
     own plans, :func:`~burstattn.engine.plan.plan_cost`)."""
     from ..engine.plan import plan_cost
     from ..engine.run import build_plan
-    from ..masks import AttnMask, mask_plan
+    from ..masks import AttnMask
+    from ..masks.blocks import mask_blocks
     from ..partition import layout_positions
 
     layout, mask = point_layout(p, p.seq_len, world), point_mask(p, p.seq_len)
     pos = layout_positions(layout, p.seq_len, world)
     sparse = mask is not None or not isinstance(layout, str)
-    return [plan_cost(build_plan(r, world, positions=pos, causal=p.causal, travelling="kv", schedule=p.schedule,
-                                 mask_plan=mask_plan(mask or AttnMask(), p.causal, p.seq_len, world, layout, r)
-                                 if sparse else None))
+    blocks = mask_blocks(mask or AttnMask(), p.seq_len) if sparse else None
+    return [plan_cost(build_plan(r, world, positions=pos, causal=p.causal, travelling="kv",
+                                 schedule="sparse" if sparse else p.schedule, blocks=blocks))
             for r in range(world)]
 
 

@@ -1,5 +1,5 @@
 """Direct schedules: data goes straight from its owner to the rank that computes with it, partial
-results straight back (DistFlashAttn, the masks' sparse schedules, pass-Q continuation).
+results straight back (DistFlashAttn, the sparse schedule of masks and partitions, pass-Q continuation).
 
 A direct schedule is a tuple of :class:`DirectStep` per rank (pure data); :func:`direct` turns it
 into a :class:`~.plan.Plan` for the one loop: the data a step needs is fetched one step ahead from
@@ -81,6 +81,36 @@ def pass_q_steps(rank: int, world_size: int) -> tuple[DirectStep, ...]:
     steps = [DirectStep(0, rank, None, None, None)]
     for t in range(1, world_size):
         steps.append(DirectStep(t, None, ring_source(rank, t, world_size), None, (rank + t) % world_size))
+    return tuple(steps)
+
+
+def sparse_steps(rank: int, world_size: int, ops_of: OpsOf, travelling: str) -> tuple[DirectStep, ...]:
+    """The sparse direct schedule of ``rank`` (pure), derived from the non-empty pairs of ``ops_of``
+    (rank r needs the K/V of rank s only if ``ops_of(r, s)`` has ops): any producer's, a mask's block
+    summary or the dense :func:`~.pairs.position_ops` (then every pair is needed).
+
+    Instead of relaying every block around a ring, the travelling side goes straight from its owner to
+    the rank that needs it: ``travelling="kv"`` (the forward, RingAttention's backward): at step t the
+    K/V of ``ring_source(r, t, P)`` come to rank r and r's go to ``r + t``; ``"q"`` (BurstAttention's
+    backward): r's queries go to ``r - t`` (whose keys they see) and those of ``r + t`` come to meet r's
+    keys. Step 0 is the rank's own pair. A step at which rank r neither receives nor sends is dropped
+    from r's schedule, so a sliding window over the contiguous layout takes 2 steps instead of P and
+    documents inside one rank take 1. Each rank reads only its row (``ops_of(r, s)``) and column
+    (``ops_of(s, r)``) of pairs: both ends of every transfer derive it from the same pure function."""
+    if travelling not in ("kv", "q"):
+        raise ValueError(f"travelling must be 'kv' or 'q', got {travelling!r}")
+    r, p = rank, world_size
+    row = [bool(ops_of(r, s)) for s in range(p)]  # r's queries see s's keys
+    col = [bool(ops_of(s, r)) for s in range(p)]  # s's queries see r's keys
+    steps = [DirectStep(0, r if row[r] else None, None, None, None)]
+    for t in range(1, p):
+        ahead, behind = (r + t) % p, ring_source(r, t, p)
+        if travelling == "kv":  # K/V come from r - t, go to r + t
+            st = DirectStep(t, behind if row[behind] else None, None, ahead if col[ahead] else None, None)
+        else:  # queries come from r + t, go to r - t
+            st = DirectStep(t, None, ahead if col[ahead] else None, None, behind if row[behind] else None)
+        if (st.own_k, st.helper_q, st.kv_to, st.q_to) != (None, None, None, None):
+            steps.append(st)
     return tuple(steps)
 
 

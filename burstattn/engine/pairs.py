@@ -20,9 +20,10 @@ masked pair has no op and is skipped (its data may still pass by on a ring).
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -55,6 +56,9 @@ class BlockOp:
 
 
 OpsOf = Callable[[int, int], tuple[BlockOp, ...]]  # (query owner, key owner) -> block ops
+Blocks = Callable[[torch.Tensor, torch.Tensor, bool], tuple[BlockOp, ...]]
+"""A producer of block ops: ``(q_pos [n_q], k_pos [n_k], causal) -> ops`` from two shards' global positions
+(:func:`position_ops`, or a mask's block summary, :class:`burstattn.masks.blocks.MaskBlocks`)."""
 
 
 def tile_op(op: BlockOp, size: int) -> tuple[BlockOp, ...]:
@@ -147,13 +151,21 @@ def position_ops(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool) -> tupl
     return tuple(ops)
 
 
-def ops_from_positions(q_pos: list, k_pos: list, causal: bool) -> OpsOf:
+def ops_from_positions(q_pos: list, k_pos: list, causal: bool, blocks: Optional[Blocks] = None) -> OpsOf:
     """``ops_of(q_owner, k_owner)`` from each owner's global query and key positions (lists of
-    ``[n_i]`` integer tensors, any lengths); each pair is computed once, on first use."""
+    ``[n_i]`` integer tensors, any lengths) by ``blocks`` (default :func:`position_ops`: no mask beyond
+    ``causal``); each pair is computed once, on first use. The one producer of every plan's block ops."""
+    blocks = position_ops if blocks is None else blocks
     cache: dict = {}
 
     def ops_of(q: int, k: int) -> tuple[BlockOp, ...]:
         if (q, k) not in cache:
-            cache[(q, k)] = position_ops(q_pos[q], k_pos[k], causal)
+            cache[(q, k)] = blocks(q_pos[q], k_pos[k], causal)
         return cache[(q, k)]
     return ops_of
+
+
+def positions_key(x: torch.Tensor) -> tuple[int, bytes]:
+    """A key of a (host) position tensor's values: its length and a 16-byte digest (plans and block
+    summaries are pure functions of positions, cached by these keys)."""
+    return int(x.numel()), hashlib.blake2b(x.to(torch.int64).numpy().tobytes(), digest_size=16).digest()

@@ -17,17 +17,16 @@ group (one message per hop), long sequences get up to ``Hkv`` groups. Bytes sent
 """
 from __future__ import annotations
 
-import hashlib
 from typing import Optional
 
 import torch
 
 from ..config import LruCache
 from ..formulas import accum_dtype
-from .direct import direct, distflash_steps
+from .direct import direct, distflash_steps, sparse_steps
 from .loop import run_plan
 from .merge import add_sinks_, sinks_grad
-from .pairs import ops_from_positions
+from .pairs import Blocks, ops_from_positions, positions_key
 from .passes import (BackwardAccs, BlockCalls, ForwardAccs, KVPack, backward_compute, forward_compute, held_kv,
                      query_side, stacked_kv)
 from .plan import DIRECT, AnyPlan, Key, Nested, Plan, local, ring, two_level
@@ -50,52 +49,49 @@ PLANS = LruCache(64)
 values, which every layer of a model, and each layer's forward, recomputation and backward, repeat."""
 
 
-def _values(positions: list) -> tuple:
-    """A key of position tensors' values (host tensors): each one's length and digest."""
-    return tuple((int(x.numel()), hashlib.blake2b(x.to(torch.int64).numpy().tobytes(), digest_size=16).digest())
-                 for x in positions)
-
-
 def build_plan(rank: int, world_size: int, *, positions: list, causal: bool, travelling: str,
-               schedule: str = "ring", ranks_per_node: int = 1, mask_plan=None,
-               kv_positions: Optional[list] = None) -> AnyPlan:
+               schedule: str = "ring", ranks_per_node: int = 1, blocks: Optional[Blocks] = None,
+               kv_positions: Optional[list] = None, mask_plan=None) -> AnyPlan:
     """This rank's plan for one pass (:func:`make_plan`), built once per distinct arguments and
-    positions (:data:`PLANS`); a ``mask_plan``'s plan is built every time."""
-    args = dict(positions=positions, causal=causal, travelling=travelling, schedule=schedule,
-                ranks_per_node=ranks_per_node, mask_plan=mask_plan, kv_positions=kv_positions)
+    positions (:data:`PLANS`; ``blocks`` is part of the key: a mask's summary by its mask and lengths).
+    ``mask_plan``: the former spelling of a masked call's plan, a
+    :class:`~burstattn.masks.plan.MaskPlan`: its summary as ``blocks`` and schedule ``"sparse"``."""
     if mask_plan is not None:
-        return make_plan(rank, world_size, **args)
-    key = (rank, world_size, causal, travelling, schedule, ranks_per_node, _values(positions),
-           None if kv_positions is None else _values(kv_positions))
-    return PLANS.get(key, lambda: make_plan(rank, world_size, **args))
+        blocks, schedule = mask_plan.blocks, (schedule if schedule == "gathered" else "sparse")
+    key = (rank, world_size, causal, travelling, schedule, ranks_per_node, blocks,
+           tuple(positions_key(x) for x in positions),
+           None if kv_positions is None else tuple(positions_key(x) for x in kv_positions))
+    return PLANS.get(key, lambda: make_plan(rank, world_size, positions=positions, causal=causal,
+                                            travelling=travelling, schedule=schedule, ranks_per_node=ranks_per_node,
+                                            blocks=blocks, kv_positions=kv_positions))
+
+
+SCHEDULES = ("ring", "double", "distflash", "sparse", "gathered")
 
 
 def make_plan(rank: int, world_size: int, *, positions: list, causal: bool, travelling: str,
-              schedule: str = "ring", ranks_per_node: int = 1, mask_plan=None,
+              schedule: str = "ring", ranks_per_node: int = 1, blocks: Optional[Blocks] = None,
               kv_positions: Optional[list] = None) -> AnyPlan:
-    """This rank's plan for one pass; ``positions[r]``: the global positions of rank r's queries
-    (``[n_r]``; in the keys' coordinates when the two sequences differ, see
-    :meth:`burstattn.AttnMask.aligned`) and ``kv_positions[r]`` of its keys (default: the same).
-    ``travelling``: the side that moves, ``"kv"`` (forward, RingAttention's backward) or ``"q"``
-    (BurstAttention's backward; :meth:`burstattn.config.AttnConfig.travelling`). ``schedule``:
-    ``"ring"``, ``"distflash"``, ``"double"`` (``ranks_per_node``), or ``"gathered"``: one step
-    without transfers over every rank's K/V, held here after an all-gather (:func:`~.plan.local`).
-    ``mask_plan``: a :class:`~burstattn.masks.plan.MaskPlan` (its sparse direct steps and block ops
-    replace the dense ones)."""
-    n = int(positions[rank].numel())
-    kv_positions = positions if kv_positions is None else kv_positions
-    if mask_plan is not None:
-        mp = mask_plan
+    """This rank's plan for one pass, from positions: the one producer of block ops
+    (:func:`~.pairs.ops_from_positions` by ``blocks``) and a schedule over the pairs.
 
-        def ops_of(q: int, k: int):
-            return mp.row[k] if q == rank else mp.col[q]
-        if schedule == "gathered":
-            return local(rank, list(range(world_size)), ops_of)
-        steps = mp.kv_steps() if travelling == "kv" else mp.q_steps()
-        return direct(rank, steps, world_size, ops_of, n, DIRECT)
-    ops_of = ops_from_positions(positions, kv_positions, causal)
+    ``positions[r]``: the global positions of rank r's queries (``[n_r]``) and ``kv_positions[r]`` of its
+    keys (default: the same), in the coordinates ``blocks`` reads: the keys' for the default
+    :func:`~.pairs.position_ops` (see :meth:`burstattn.AttnMask.aligned` when the two sequences differ),
+    the queries' own for a mask's summary (:class:`burstattn.masks.blocks.MaskBlocks`, which aligns them
+    itself). ``travelling``: the side that moves, ``"kv"`` (forward, RingAttention's backward) or ``"q"``
+    (BurstAttention's backward; :meth:`burstattn.config.Call.travelling`). ``schedule``: ``"ring"``,
+    ``"distflash"``, ``"double"`` (``ranks_per_node``), ``"sparse"`` (:func:`~.direct.sparse_steps`:
+    transfers only for the non-empty pairs; masks and partitions), or ``"gathered"``: one step without
+    transfers over every rank's K/V, held here after an all-gather (:func:`~.plan.local`)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    n = int(positions[rank].numel())
+    ops_of = ops_from_positions(positions, positions if kv_positions is None else kv_positions, causal, blocks)
     if schedule == "gathered":
         return local(rank, list(range(world_size)), ops_of)
+    if schedule == "sparse":
+        return direct(rank, sparse_steps(rank, world_size, ops_of, travelling), world_size, ops_of, n, DIRECT)
     if schedule == "distflash":
         return direct(rank, distflash_steps(rank, world_size), world_size, ops_of, n, DIRECT)
     if schedule == "double" and world_size > 1:

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from ..groups import group_context
 from ..infer.sharded import replicated_attention
-from ..layout import local_positions, split_error
+from ..layout import layout_or_default, local_positions, split_error
 from ..strategies import STRATEGIES, attention
 from ..strategies.base import MASK_OPTIONS
 from ..strategies.op import label, refuse
@@ -176,11 +176,11 @@ def _shard_problem(opts: BurstOptions, spec, shard, query, rank: int, world: int
     return None
 
 
-def _position_problem(opts: BurstOptions, spec, kwargs: dict, query, rank: int, world: int) -> Optional[str]:
+def _position_problem(opts: BurstOptions, kwargs: dict, query, rank: int, world: int) -> Optional[str]:
     """Why this hand-sharded forward's ``position_ids`` are not this rank's share of the layout."""
     pos = kwargs.get("position_ids")
     n = query.shape[2]
-    layout = opts.layout if opts.layout is not None else spec.default_layout
+    layout = layout_or_default(opts.layout)
     hint = ("shard the batch with burstattn.hf.shard_batch (every rank passes the same full batch and gets its "
             "shard); generate with burstattn.hf.ShardedCache()")
     if world > 1 and pos is None:
@@ -265,10 +265,10 @@ def make_attention_function(opts: BurstOptions):
                    or _parallel_problem(module, kwargs, forward_args, shard, world))
         if problem is None and not call.cross:  # cross-attention: the queries' positions were checked by self-attention
             text = (_shard_problem(opts, spec, shard, query, rank, world) if shard is not None
-                    else _position_problem(opts, spec, kwargs, query, rank, world))
+                    else _position_problem(opts, kwargs, query, rank, world))
             problem = None if text is None else (ValueError, f"attn_implementation='burst': {text}")
         seq = query.shape[2] * world if shard is None else shard.seq_len
-        extra, layout = dict(opts.options), opts.layout if opts.layout is not None else spec.default_layout
+        extra, layout = dict(opts.options), layout_or_default(opts.layout)
         extra.update({name: x for name, x in call.options().items() if name != "window"})
         if window is not None and window[0] + 1 >= seq and (window[1] + 1 >= seq or (call.causal and not window[1])):
             window = None  # the window covers the whole sequence: plain attention

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from ..infer.generate import check_every_rank
 from ..groups import group_context
-from ..layout import gather_sequence, local_positions
+from ..layout import gather_sequence, layout_or_default, local_positions
 from ..masks import AttnMask
 from ..partition import document_partition
 from ..strategies import STRATEGIES
@@ -223,7 +223,7 @@ def place(plan: BatchPlan, layout, spec_s, world: int):
     if layout is None and plan.flattened and spec_s.partitions:
         plan = plan.padded(world)
         return plan, document_partition(plan.cu_seqlens(), world, causal=True)
-    layout = spec_s.default_layout if layout is None else layout
+    layout = layout_or_default(layout)
     return plan.padded(2 * world if layout == "zigzag" else world if isinstance(layout, str) else 1), layout
 
 

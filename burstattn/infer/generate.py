@@ -21,6 +21,7 @@ import torch.distributed as dist
 from ..strategies import STRATEGIES
 from .cache import ShardedKVCache, kv_bytes
 from ..groups import group_context
+from ..layout import layout_or_default
 from .steps import continue_prompt, decode_step, padded_length, prefill
 
 
@@ -104,7 +105,7 @@ def generate(model, prompt: torch.Tensor, max_new_tokens: int, *, strategy: str 
     if problem is None and strategy not in STRATEGIES:
         problem = f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}"
     if problem is None and kv_budget_bytes is not None:
-        problem = _budget_problem(model, prompt, max_new_tokens, world, layout or STRATEGIES[strategy].default_layout,
+        problem = _budget_problem(model, prompt, max_new_tokens, world, layout_or_default(layout),
                                   kv_budget_bytes)
     fp = _fingerprint(prompt, max_new_tokens) if problem is None else []
     check_every_rank(fn, problem, fp, group)

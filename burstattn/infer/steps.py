@@ -25,8 +25,8 @@ import torch.distributed as dist
 
 from ..comm.collectives import Collectives
 from ..comm.stats import active_stats
-from ..layout import local_positions
-from ..strategies import STRATEGIES, attention
+from ..layout import layout_or_default, local_positions
+from ..strategies import attention
 from .cache import ShardedKVCache
 from .formulas import choose_continuation
 from ..groups import group_context
@@ -114,7 +114,7 @@ def prefill(model, tokens: torch.Tensor, cache: ShardedKVCache, *, strategy: str
     """Run the prompt ``tokens [B, N]`` (the same on every rank) sharded over ``group``; fill the
     empty ``cache`` with this rank's tokens; return the first new token ``[B]`` on every rank."""
     group, rank, world = group_context(group)
-    layout = layout if layout is not None else STRATEGIES[strategy].default_layout
+    layout = layout_or_default(layout)
     b, n = tokens.shape
     padded = padded_length(n, world, layout)
     every = [local_positions(padded, r, world, layout) for r in range(world)]

@@ -17,15 +17,18 @@ the same class merge into one call (full runs, partial runs), and consecutive ti
 identical calls merge vertically, so a dense region is one kernel call.
 
 The result for a pair is a tuple of :class:`~burstattn.engine.pairs.BlockOp` (mask kinds
-FULL, CAUSAL, STRICT, PARTIAL); :func:`pair_ops` caches it in the mask object.
+FULL, CAUSAL, STRICT, PARTIAL): :class:`MaskBlocks` is that summary as the engine's producer of block
+ops from positions (like the dense :func:`~burstattn.engine.pairs.position_ops`), cached in the mask
+object per pair of positions; :func:`pair_ops` is the same for a pair of ranks of a layout.
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
-from ..engine.pairs import BlockOp, MaskKind
+from ..engine.pairs import BlockOp, MaskKind, positions_key
 from ..layout import local_positions
 from .spec import AttnMask
 
@@ -121,25 +124,48 @@ def compile_ops(cls: torch.Tensor, n_q: int, n_k: int, tile: int) -> tuple[Block
     return tuple(ops)
 
 
-def layout_key(layout) -> Union[str, int]:
-    """A hashable, process-independent key for a layout name or a partition."""
+@dataclass(frozen=True)
+class MaskBlocks:
+    """A mask's block summary as the engine's producer of block ops (:data:`~burstattn.engine.pairs.Blocks`):
+    ``blocks(q_pos, k_pos, causal)`` are the kernel calls of queries at ``q_pos [n_q]`` against keys at
+    ``k_pos [n_k]`` (global positions in the queries' own and the keys' coordinates; ``seq_len`` queries
+    and ``k_len`` keys in all), built once per pair of position values and kept in the mask object
+    (``mask.cache``), so every call and plan with those positions finds them. Equal (and hashed) by the
+    mask object and the two lengths: a plan memo keys on it."""
+
+    mask: AttnMask
+    seq_len: int
+    k_len: int
+
+    def __call__(self, q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool) -> tuple[BlockOp, ...]:
+        key = ("ops", bool(causal), self.seq_len, self.k_len, positions_key(q_pos), positions_key(k_pos))
+        ops = self.mask.cache.get(key)
+        if ops is None:
+            ops = mask_ops(self.mask, causal, q_pos, k_pos, self.seq_len, self.k_len)
+            self.mask.cache[key] = ops
+        return ops
+
+
+def layout_key(layout):
+    """A hashable, process-independent key of a layout name or a partition (what positions are a pure
+    function of, with the lengths and the world size): the memos' key in place of position values."""
     return layout if isinstance(layout, str) else ("partition", layout.fingerprint)
+
+
+def mask_blocks(mask: AttnMask, seq_len: int, k_len: Optional[int] = None) -> MaskBlocks:
+    """The :class:`MaskBlocks` of ``mask`` over ``seq_len`` queries and ``k_len`` keys (default as many)."""
+    return MaskBlocks(mask, seq_len, seq_len if k_len is None else k_len)
 
 
 def pair_ops(mask: AttnMask, causal: bool, seq_len: int, world_size: int, layout, q_rank: int,
              k_rank: int, k_len: Optional[int] = None, kv_layout=None) -> tuple[BlockOp, ...]:
-    """The kernel calls for the queries of ``q_rank`` against the keys of ``k_rank`` (cached):
-    ``seq_len`` queries in ``layout``, ``k_len`` keys (default as many) in ``kv_layout`` (default
-    ``layout``)."""
+    """The kernel calls for the queries of ``q_rank`` against the keys of ``k_rank`` (cached, by their
+    positions: :class:`MaskBlocks`): ``seq_len`` queries in ``layout``, ``k_len`` keys (default as many)
+    in ``kv_layout`` (default ``layout``); the layouts only produce the positions."""
     k_len = seq_len if k_len is None else k_len
     kv_layout = layout if kv_layout is None else kv_layout
-    key = ("ops", bool(causal), seq_len, world_size, layout_key(layout), q_rank, k_rank, k_len, layout_key(kv_layout))
-    ops = mask.cache.get(key)
-    if ops is None:
-        ops = mask_ops(mask, causal, local_positions(seq_len, q_rank, world_size, layout),
-                       local_positions(k_len, k_rank, world_size, kv_layout), seq_len, k_len)
-        mask.cache[key] = ops
-    return ops
+    return MaskBlocks(mask, seq_len, k_len)(local_positions(seq_len, q_rank, world_size, layout),
+                                            local_positions(k_len, k_rank, world_size, kv_layout), causal)
 
 
 def mask_ops(mask: AttnMask, causal: bool, q_pos: torch.Tensor, k_pos: torch.Tensor, seq_len: int,

@@ -1,13 +1,14 @@
-"""Sparse direct schedules for masked attention, their byte formula and balance figure (pure).
+"""Masked calls' plans: a mask's block summary over positions, its sparse direct schedule, byte formula
+and balance figure (pure).
 
-With a mask, rank r needs the K/V of rank s only if some query of r sees some key of s
-(``need(r, s)``: the pair's block ops are not empty, :func:`~.blocks.pair_ops`). Instead of
-relaying every block around the ring, K/V go straight from their owner to the ranks that need
-them, at step ``t`` from rank ``r - t`` to rank ``r`` (mod P), for ``t = 1 .. P-1``; a step at
-which rank r neither receives nor sends is dropped from r's plan, so a sliding window over the
-contiguous layout takes 2 steps instead of P and documents that sit inside one rank take 1.
-Each rank only needs its own row (who it reads) and column (who reads it) of ``need``: no
-collective, and both ends of every transfer derive it from the same pure function.
+A masked call plans like every dense one, from positions (:func:`burstattn.engine.run.make_plan`): the
+per-rank query and key positions (a layout name only produces them) and the mask's block summary
+(:class:`~.blocks.MaskBlocks`, the producer of block ops in place of the dense
+:func:`~burstattn.engine.pairs.position_ops`) give the pairs' ops, and the sparse direct schedule
+(:func:`burstattn.engine.direct.sparse_steps`, schedule ``"sparse"``) is derived from the non-empty
+pairs: rank r needs the K/V of rank s only if some query of r sees some key of s (``need(r, s)``),
+and K/V go straight from their owner to the ranks that need them instead of around the ring.
+:class:`MaskPlan` is one rank's row and column of those pairs, for the byte formula.
 
 Backward, like the ring's two backwards:
 
@@ -38,27 +39,30 @@ from typing import Optional
 
 import torch
 
-from ..engine.direct import DirectStep
-from ..engine.pairs import BlockOp
-from ..engine.plan import ring_source
+from ..engine.direct import DirectStep, sparse_steps
+from ..engine.pairs import BlockOp, ops_from_positions
 from ..formulas import META_INTS, accum_dtype, byte_totals, element_size
-from .blocks import pair_ops
+from ..layout import local_positions
+from .blocks import MaskBlocks, layout_key, mask_blocks
 from .spec import AttnMask
 
 
 @dataclass(frozen=True)
 class MaskPlan:
-    """What ``rank`` computes and exchanges under a mask.
+    """What ``rank`` computes and exchanges under a mask (from positions: :func:`mask_plan`).
 
     Attributes:
         row: ops of this rank's queries against each rank's keys (index = key rank).
         col: ops of each rank's queries against this rank's keys (index = query rank).
+        blocks: the producer they came from (the mask's summary over the call's lengths), which the
+            engine's plans of the call use (:func:`burstattn.engine.run.build_plan`).
     """
 
     rank: int
     world_size: int
     row: tuple[tuple[BlockOp, ...], ...]
     col: tuple[tuple[BlockOp, ...], ...]
+    blocks: Optional[MaskBlocks] = None
 
     @property
     def sources(self) -> tuple[int, ...]:
@@ -70,40 +74,40 @@ class MaskPlan:
         """Other ranks whose queries see this rank's K/V."""
         return tuple(s for s in range(self.world_size) if s != self.rank and self.col[s])
 
+    def ops_of(self, q: int, k: int) -> tuple[BlockOp, ...]:
+        """The ops of the pair (``q``, ``k``) in this rank's row or column."""
+        return self.row[k] if q == self.rank else self.col[q]
+
     def kv_steps(self) -> tuple[DirectStep, ...]:
         """Forward / ``"kv"``-backward plan: K/V come from ``r-t`` and go to ``r+t``."""
-        r, p = self.rank, self.world_size
-        steps = [DirectStep(0, r if self.row[r] else None, None, None, None)]
-        for t in range(1, p):
-            src, dst = ring_source(r, t, p), (r + t) % p
-            own_k = src if self.row[src] else None
-            kv_to = dst if self.col[dst] else None
-            if own_k is not None or kv_to is not None:
-                steps.append(DirectStep(t, own_k, None, kv_to, None))
-        return tuple(steps)
+        return sparse_steps(self.rank, self.world_size, self.ops_of, "kv")
 
     def q_steps(self) -> tuple[DirectStep, ...]:
         """``"burst"``-backward plan: this rank's queries go to ``r-t`` (whose keys they see) and
         the queries of ``r+t`` come to meet this rank's keys."""
-        r, p = self.rank, self.world_size
-        steps = [DirectStep(0, r if self.row[r] else None, None, None, None)]
-        for t in range(1, p):
-            src, dst = (r + t) % p, ring_source(r, t, p)
-            helper_q = src if self.col[src] else None
-            q_to = dst if self.row[dst] else None
-            if helper_q is not None or q_to is not None:
-                steps.append(DirectStep(t, None, helper_q, None, q_to))
-        return tuple(steps)
+        return sparse_steps(self.rank, self.world_size, self.ops_of, "q")
 
 
 def mask_plan(mask: AttnMask, causal: bool, seq_len: int, world_size: int, layout, rank: int,
               k_len: Optional[int] = None, kv_layout=None) -> MaskPlan:
-    """The :class:`MaskPlan` of ``rank`` (its row and column of pair ops; cached in ``mask``):
-    ``seq_len`` queries in ``layout``, ``k_len`` keys (default as many) in ``kv_layout``."""
-    args = (mask, causal, seq_len, world_size, layout)
-    row = tuple(pair_ops(*args, rank, s, k_len, kv_layout) for s in range(world_size))
-    col = tuple(pair_ops(*args, s, rank, k_len, kv_layout) for s in range(world_size))
-    return MaskPlan(rank, world_size, row, col)
+    """The :class:`MaskPlan` of ``rank``: ``seq_len`` queries in ``layout``, ``k_len`` keys (default as
+    many) in ``kv_layout`` (default ``layout``). The layouts give every rank's positions; the pairs' ops
+    come from them by the mask's summary (:class:`~.blocks.MaskBlocks`, cached in ``mask``), as the
+    engine's plans take them (:func:`~burstattn.engine.pairs.ops_from_positions`). Kept in ``mask`` by
+    these arguments (the layouts by :func:`~.blocks.layout_key`)."""
+    k_len = seq_len if k_len is None else k_len
+    kv_layout = layout if kv_layout is None else kv_layout
+    key = ("plan", bool(causal), seq_len, world_size, layout_key(layout), rank, k_len, layout_key(kv_layout))
+    plan = mask.cache.get(key)
+    if plan is None:  # every call of a shape asks again (its cross-rank check): the positions once per shape
+        q_pos = [local_positions(seq_len, r, world_size, layout) for r in range(world_size)]
+        k_pos = [local_positions(k_len, r, world_size, kv_layout) for r in range(world_size)]
+        blocks = mask_blocks(mask, seq_len, k_len)
+        ops_of = ops_from_positions(q_pos, k_pos, causal, blocks)
+        row = tuple(ops_of(rank, s) for s in range(world_size))
+        col = tuple(ops_of(s, rank) for s in range(world_size))
+        plan = mask.cache[key] = MaskPlan(rank, world_size, row, col, blocks)
+    return plan
 
 
 def mask_bytes(plan: MaskPlan, *, batch: int, local_seq: int, q_heads: int, kv_heads: int, head_dim: int,
@@ -149,7 +153,6 @@ def choose_mask_backward(*, batch: int, local_seq: int, q_heads: int, kv_heads: 
 def rank_work(mask: AttnMask, causal: bool, seq_len: int, world_size: int, layout) -> list[float]:
     """Score entries each rank computes in the forward (its row of pair ops; the attention FLOPs
     up to a constant). ``max / mean`` of this is the balance figure."""
-    return [sum(op.cost for s in range(world_size)
-                for op in pair_ops(mask, causal, seq_len, world_size, layout, r, s))
-            for r in range(world_size)]
-
+    pos = [local_positions(seq_len, r, world_size, layout) for r in range(world_size)]
+    ops_of = ops_from_positions(pos, pos, causal, mask_blocks(mask, seq_len))
+    return [sum(op.cost for s in range(world_size) for op in ops_of(r, s)) for r in range(world_size)]

@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..groups import group_context
+from ..layout import layout_or_default
 from ..partition import Partition
 from ..recurrent import sp_causal_conv1d, sp_gated_delta_rule
-from ..strategies import STRATEGIES
 from ..strategies.usp import usp_positions
 from .blockwise import blockwise_rows
 from .checkpointing import LayerRun, checkpointed
@@ -40,7 +40,7 @@ def mixer_context(attn: Optional[AttnFn], seq_len: int) -> tuple:
     if strategy.startswith("tp"):
         raise ValueError(f"hybrid models: strategy {strategy!r} is not supported for Gated DeltaNet layers "
                          "(tensor parallelism splits attention projections); use a context-parallel strategy")
-    layout = attn.layout or STRATEGIES[strategy].default_layout
+    layout = layout_or_default(attn.layout)
     if strategy == "usp":
         mesh = attn.options["mesh"]
         ring, uly = mesh.size(0), mesh.size(1)

@@ -1,6 +1,6 @@
 """Direct (non-ring) plans replayed step by step: DistFlashAttn's load-balanced causal schedule
 (:func:`burstattn.engine.direct.distflash_steps`) and the masked schedules of a sliding window
-(:func:`burstattn.masks.plan.mask_plan`), as the one loop (:func:`burstattn.engine.loop.run_plan`) runs
+(:func:`burstattn.engine.direct.sparse_steps`), as the one loop (:func:`burstattn.engine.loop.run_plan`) runs
 them: at step t every rank posts the fetch of step t+1's data, computes, posts step t's partial results
 home and waits for both; each transfer is a rendezvous with a peer, so the slowest rank sets each step's
 pace.

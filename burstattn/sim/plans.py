@@ -14,8 +14,8 @@ What is exploited (and checked by ``tests/unit/test_sim.py`` against the full re
 * scale: the dense layouts' block ops scale with the local length (every op boundary is a fixed
   share of the shard), so plans are built at a small local length :func:`plan_len` and the entries
   scaled back by the square of the factor, the rows by the factor;
-* masks (a causal sliding window, ``burstattn sim --window``): the sparse direct schedule of
-  :func:`burstattn.masks.plan.mask_plan` is replayed for every rank (up to 64 ranks), also at a
+* masks (a causal sliding window, ``burstattn sim --window``): the sparse direct schedule (the mask's
+  summary over positions, :func:`burstattn.masks.plan.mask_plan`) is replayed for every rank (up to 64 ranks), also at a
   reduced scale;
 * ring symmetry: a dense pair's block ops depend on the pair only through its order (``q == k``,
   ``k < q``, ``k > q``), so for ``P > EXACT_P`` the plan is replayed for one representative pair of
@@ -38,6 +38,7 @@ from ..engine.pairs import MaskKind, ops_from_positions, position_ops
 from ..engine.plan import Plan, ring, ring_source, two_level
 from ..engine.run import build_plan, head_groups
 from ..layout import local_positions
+from ..masks.blocks import mask_blocks
 from ..masks.plan import mask_bytes, mask_plan
 from ..masks.spec import AttnMask
 from ..formulas import (accum_dtype, choose_backward, distflash_bytes, double_bytes, element_size, meta_bytes,
@@ -190,8 +191,8 @@ def window_mask(window: int, block_size: int):
 
 @lru_cache(maxsize=32)
 def mask_work(window: int, block_size: int, seq_len: int, world: int, layout: str) -> tuple[StepWork, np.ndarray, list]:
-    """Work of the masked direct plans (:func:`burstattn.masks.plan.mask_plan` through
-    :func:`~burstattn.engine.run.build_plan`, the forward's) of every rank under a causal sliding window,
+    """Work of the masked direct plans (:func:`~burstattn.engine.run.build_plan` with the mask's summary
+    on schedule ``"sparse"``, the forward's) of every rank under a causal sliding window,
     ``[ranks, P]`` steps (a step a rank does not take is empty), whether some rank moves K/V at step t
     (``kv_moves[t]``: a shift by t), and each rank's :class:`MaskPlan`.
 
@@ -208,8 +209,8 @@ def mask_work(window: int, block_size: int, seq_len: int, world: int, layout: st
     try:
         mplans = [mask_plan(mask, True, seq_len // k, world, layout, r) for r in range(world)]
         pos = _positions(world, layout, n // k)
-        plans = [build_plan(r, world, positions=pos, causal=True, travelling="kv", mask_plan=mp)
-                 for r, mp in enumerate(mplans)]
+        plans = [build_plan(r, world, positions=pos, causal=True, travelling="kv", schedule="sparse",
+                            blocks=mask_blocks(mask, seq_len // k)) for r in range(world)]
     finally:
         torch.set_num_threads(threads)
     work, kv_moves, _ = _direct_work(plans, list(range(world)), world, k)

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import LAYOUTS
-from ..layout import DEFAULT_LAYOUT  # layout=None means this for every strategy, as for shard_sequence
+from ..layout import DEFAULT_LAYOUT, layout_or_default  # layout=None means this for every strategy, as for shard_sequence
 from .base import MASK_OPTIONS, MODEL_OPTIONS, StrategySpec
 
 _ALL = LAYOUTS
@@ -78,7 +78,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, strategy: st
         # strategy (every strategy's first collective is the same input check)
         from .op import label, refuse
         refuse(label(strategy), problem, group)
-    layout = spec.default_layout if layout is None else layout
+    layout = layout_or_default(layout)
     return MODULES[spec.name].run(q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
                                   layout=layout, **strategy_options)
 

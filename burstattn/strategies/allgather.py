@@ -60,7 +60,7 @@ def _setup(call, q, v):
     with host_side():  # positions and plans are host-side (real tensors in a dry run too, as engine_pass's)
         pos = [local_positions(n * where.world_size, r, where.world_size, call.layout) for r in range(where.world_size)]
         plan = build_plan(where.rank, where.world_size, positions=pos, causal=call.causal, travelling="kv",
-                          schedule="gathered", mask_plan=call.plan)
+                          schedule="gathered", blocks=None if call.plan is None else call.plan.blocks)
     calls = block_calls(call, call.plan is not None, call_positions(call, where.world_size, n, n), call.scale_for(q.shape[3]),
                         q, v)
     return plan, calls

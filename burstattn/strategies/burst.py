@@ -1,7 +1,8 @@
 """``strategy="burst"``: BurstAttention (the core ring; see :func:`burstattn.burst_attn_func`): a K/V ring
 forward and a query-ring or K/V-ring backward (``backward="auto"``: fewer bytes wins), balanced layouts;
-masks and partitions run the sparse direct schedule of :mod:`burstattn.masks.plan`. A strategy module like
-the others (:mod:`.op`): ``check``, ``plan_of``, ``forward``, ``backward``, ``fake``, ``bytes_formula``."""
+masks and partitions run the sparse direct schedule (:func:`burstattn.engine.direct.sparse_steps`). A
+strategy module like the others (:mod:`.op`): ``check``, ``plan_of``, ``forward``, ``backward``, ``fake``,
+``bytes_formula``."""
 from __future__ import annotations
 
 from dataclasses import replace

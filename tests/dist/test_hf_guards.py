@@ -59,17 +59,13 @@ def _check(results: list, cases) -> None:
 FALCON = {"switched:falcon": (DISPATCH, "'falcon'")}
 
 
-def _slow(request) -> bool:
-    return "slow" in (request.config.getoption("markexpr") or "")
-
-
 def test_refused_on_every_rank_world_2(pools):
     _check(pools.get(2).run(gc.refusals, list(EXPECTED)), EXPECTED)
 
 
 @pytest.mark.slow
-def test_falcon_refused_on_every_rank_world_2(pools, request):
-    if not _slow(request):
+def test_falcon_refused_on_every_rank_world_2(pools, slow_selected):
+    if not slow_selected:
         pytest.skip("Falcon's guard cases: run with -m slow (see FALCON)")
     _check(pools.get(2).run(gc.refusals, list(FALCON)), FALCON)
 
@@ -101,9 +97,9 @@ def test_trl_style_token_count_excludes_the_layouts_pads(pools):
 
 
 @pytest.mark.parametrize("kind,world,needle", [("lfm2", 2, "Lfm2ShortConv"), ("falcon", 1, DISPATCH)])
-def test_generate_cli_gives_check_models_message(capsys, tmp_path, kind, world, needle, request):
+def test_generate_cli_gives_check_models_message(capsys, tmp_path, kind, world, needle, slow_selected):
     """``burstattn generate --model DIR`` (was IndexError for LFM2, KeyError 'burst' for Falcon)."""
-    if kind == "falcon" and not _slow(request):
+    if kind == "falcon" and not slow_selected:
         pytest.skip("Falcon's guard cases: run with -m slow (see FALCON)")
     from burstattn.cli import main
 

@@ -34,10 +34,6 @@ def test_hybrid_preset_shape():
     assert [cfg.is_attention(i) for i in range(cfg.n_layers)] == [False, False, False, True]
 
 
-def _selected(request) -> bool:
-    return "slow" in (request.config.getoption("markexpr") or "")
-
-
 @pytest.fixture(scope="module")
 def reference(pools):
     return pools.get(1).run(run_training, BASE)[0]
@@ -46,8 +42,8 @@ def reference(pools):
 @pytest.mark.slow
 @pytest.mark.parametrize("world,case", CASES, ids=[f"w{w}-" + "-".join(f"{k}={v}" for k, v in c.items())
                                                    for w, c in CASES])
-def test_hybrid_training_matches_world_one(pools, reference, world, case, request):
-    if (world, case) != CASES[0] and not _selected(request):
+def test_hybrid_training_matches_world_one(pools, reference, world, case, slow_selected):
+    if (world, case) != CASES[0] and not slow_selected:
         pytest.skip("the suite's time on 2 cores: the first case (burst at world 2) runs always, the other strategies, "
                     "layouts, FSDP and world 3 with -m slow (the float64 gradient test covers them always)")
     out = pools.get(world).run(run_training, BASE.with_overrides(**case))[0]

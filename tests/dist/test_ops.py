@@ -72,8 +72,8 @@ def test_compile_fullgraph_equals_eager(pools, strategy):
 
 
 @pytest.mark.slow
-def test_compile_inductor(pools, request):
-    if "slow" not in (request.config.getoption("markexpr") or ""):
+def test_compile_inductor(pools, slow_selected):
+    if not slow_selected:
         pytest.skip("inductor's C++ compile takes ~100 s on 2 cores: run with -m slow")
     for diffs in pools.get(2).run(op_cases.compiled_vs_eager, "burst_attn_func", "inductor"):
         assert max(diffs.values()) < 1e-5, diffs

@@ -70,15 +70,11 @@ def _cfg(world: int, i: int, j: int) -> TrainConfig:
     return BASE.with_overrides(**{**size, **opts})
 
 
-def _slow(config) -> bool:
-    return "slow" in (config.getoption("markexpr") or "")
-
-
 @pytest.fixture(scope="module")
-def measured(pools, request):
+def measured(pools, slow_selected):
     out = {}
     for world in SIZES:
-        cases = [(i, j) for (w, i, j) in _cases(_slow(request.config)) if w == world]
+        cases = [(i, j) for (w, i, j) in _cases(slow_selected) if w == world]
         for at in range(0, len(cases), 4):  # a few configs per call: each call stays well inside the pool's timeout
             part = cases[at:at + 4]
             runs = pools.get(world).run(probe_many, [_cfg(world, i, j) for i, j in part])

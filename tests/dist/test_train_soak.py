@@ -11,8 +11,8 @@ from tests.dist.train_cases import soak
 
 
 @pytest.fixture
-def steps(request) -> int:
-    if "slow" not in (request.config.getoption("markexpr") or ""):
+def steps(slow_selected) -> int:
+    if not slow_selected:
         pytest.skip("1,000 training steps: run with -m slow")
     return 1000
 

@@ -89,3 +89,12 @@ def test_renamed_engine_adapter_names_its_new_module():
         burstattn.autograd  # noqa: B018
     with pytest.raises(ImportError, match="burstattn.passes"):
         importlib.import_module("burstattn.autograd")
+
+
+def test_removed_usp_mesh_names_the_torch_spelling():
+    """``burstattn.groups.usp_mesh`` (unused here, one torch call) is gone; outside code that imports it
+    still can, and calling it names the replacement instead of building a mesh."""
+    from burstattn.groups import usp_mesh
+
+    with pytest.raises(RuntimeError, match=r"init_device_mesh\(device_type, \(ring_degree, ulysses_degree\)"):
+        usp_mesh(2, 2)
