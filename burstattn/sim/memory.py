@@ -1,11 +1,12 @@
 """Per-device memory: parameters, gradients and optimizer state (with or without ZeRO-3 / FSDP),
 activations per checkpointing mode, the attention call's buffers and the KV cache (pure).
 
-Training keeps mixed-precision Adam state: 16-bit weights and gradients (2 + 2 bytes per
-parameter), float32 master weights and two float32 moments (12 bytes): 16 bytes per parameter
-(the ZeRO paper's count). FSDP / ZeRO-3 shards all of it over the data-parallel ranks (``dp * cp``:
-context-parallel ranks hold the same weights) and gathers two layers at a time (the one computing
-and the one prefetched). Tensor parallelism divides the weights by ``tp``.
+Training state as ``burstattn.train.job`` stores it (:func:`state_bytes`): with FSDP2's mixed
+precision, float32 weights, gradients and two AdamW moments (16 bytes per parameter, the ZeRO
+paper's count) sharded over the data-parallel ranks (``dp * cp``: context-parallel ranks hold the
+same weights), two 16-bit layers gathered at a time (the one computing and the one prefetched);
+without FSDP the weights cast to the run's dtype, and gradients and moments in it. Tensor
+parallelism divides the weights by ``tp``.
 
 Activations by checkpointing mode, blockwise chunk and offload, phase by phase (forward, the
 loss's backward, a layer's backward, the optimizer step): :mod:`.activations`. The attention
@@ -224,17 +225,19 @@ def gathered_bytes(model: LlamaConfig, *, tp: int, e: int) -> float:
 
 
 def state_bytes(model: LlamaConfig, *, tp: int, shards: int, fsdp: bool, train: bool, e: int) -> tuple[float, float, float]:
-    """``(params, grads, optimizer)`` bytes on one device (``shards`` = dp * cp ranks; with FSDP the
-    parameters' shard plus :func:`gathered_bytes`). Adam's two float32 moments, and float32 master
-    weights when the weights are 16-bit (``e < 4``): 12 bytes per parameter, 8 in float32."""
+    """``(params, grads, optimizer)`` bytes on one device (``shards`` = dp * cp ranks), as
+    ``burstattn.train.job`` stores them. With FSDP the parameters' float32 shard (the master weights:
+    FSDP2's ``MixedPrecisionPolicy`` computes in the 16-bit dtype) plus :func:`gathered_bytes`, the
+    float32 gradient shard (``reduce_dtype``) plus two blocks' unsharded gradients, and AdamW's two
+    float32 moments: 16 bytes per parameter over the shards. Without FSDP the weights are cast to the
+    run's dtype (``cast_parameters``): weights, gradients and both moments in it, ``4 e`` bytes."""
     n = model.num_params() / tp + replicated_kv_params(model, tp)
     if not train:
         return n * e, 0.0, 0.0
-    opt = n * (8 + (4 if e < 4 else 0))
     if not fsdp:
-        return n * e, n * e, opt
+        return n * e, n * e, 2 * n * e
     layer = n / model.n_layers
-    return n * e / shards + gathered_bytes(model, tp=tp, e=e), n * e / shards + 2 * layer * e, opt / shards
+    return 4 * n / shards + gathered_bytes(model, tp=tp, e=e), 4 * n / shards + 2 * layer * e, 8 * n / shards
 
 
 def kv_cache_bytes(model: LlamaConfig, *, batch: int, tokens: int, tp: int, e: int) -> float:
