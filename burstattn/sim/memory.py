@@ -145,6 +145,35 @@ FORWARD_SHARE = 0.55  # forward-only peak over fwd+bwd peak of the others (no gr
 CHUNK_CONCAT = 2.3
 
 
+# A 16-bit backward runs on float32 copies of one square tile at a time (``engine.passes.BlockCalls``: q, dO,
+# O and K, V, and the kernel's float32 gradients): TILE_BYTES bytes per tile row and (query + kv) head
+# element of the call's head group, the tile's side the kernel call's query rows capped by
+# ``kernels.base.chunk_rows`` (32 MiB of float32 per side). Fitted against the dry run's attention call
+# (bf16, world 2, zigzag, n = 8,192-32,768, heads 4/1 and 8/2, d = 64: within 2%; MHA 4/4: 16% over).
+TILE_BYTES = 12
+
+
+def tile_bytes(strategy: str, *, batch: int, local_seq: int, world: int, q_heads: int, kv_heads: int,
+               head_dim: int, e: int, groups: int = 1, ulysses: int = 1) -> float:
+    """The float32 tile copies of a 16-bit attention backward (:data:`TILE_BYTES`; 0 for 32 and 64
+    bits). The kernel call's query rows: half the local shard for the ring strategies and allgather
+    (zigzag's halves), half of what the all-to-all gathers for ulysses and usp (their heads over its
+    degree), the whole sequence for tp (``local_seq``)."""
+    from ..kernels.base import chunk_rows
+
+    if e >= 4:
+        return 0.0
+    hq, hkv = q_heads / groups, kv_heads / groups
+    rows = local_seq // 2
+    if strategy in ("ulysses", "usp"):
+        degree = world if strategy == "ulysses" else max(1, ulysses)
+        rows, hq, hkv = local_seq * degree // 2, hq / degree, max(1.0, hkv / degree)
+    elif strategy.startswith("tp"):
+        rows = local_seq
+    side = min(rows, chunk_rows(int(batch * hq * head_dim)))
+    return TILE_BYTES * batch * side * (hq + hkv) * head_dim
+
+
 def attention_buffers(strategy: str, *, batch: int, local_seq: int, world: int, q_heads: int, kv_heads: int,
                       head_dim: int, e: int, backward: bool, schedule: str = "ring", bwd_mode: str = "burst",
                       ulysses: int = 1, head_chunks: int = 1) -> float:
@@ -173,6 +202,9 @@ def attention_buffers(strategy: str, *, batch: int, local_seq: int, world: int, 
         gq, gkv = GROUP_UNITS[key]
         units = units + (gq + gkv * ratio) / groups if backward else GROUP_FORWARD[0] + GROUP_FORWARD[1] / groups
     total = units * q_heads * batch * local_seq * head_dim * per_elem
+    if backward:
+        total += tile_bytes(key, batch=batch, local_seq=local_seq, world=world, q_heads=q_heads, kv_heads=kv_heads,
+                            head_dim=head_dim, e=e, groups=groups if grouped else 1, ulysses=ulysses)
     if strategy == "rsa":
         total += 2 * batch * q_heads * local_seq * world * local_seq * 4
     return total if (backward or grouped) else FORWARD_SHARE * total
