@@ -81,6 +81,25 @@ def rows_md(args, store: Path) -> list[str]:
     return lines
 
 
+def stored_row(store: Path, name: str) -> str:
+    """The markdown row of a stored dry run of any ``burstattn train`` command (``NAME.cmd``), against the
+    memory model of the same configuration (``sim.step.memory_model``: what the planner computes for it)."""
+    from burstattn.bench.train_memory import sim_config
+    from burstattn.cli.verify import TERMS, compare, train_config
+    from burstattn.sim.step import memory_model
+
+    cmd = (store / f"{name}.cmd").read_text().strip()
+    cfg, world = train_config(cmd)
+    mem = memory_model(sim_config(cfg, world))
+    c = compare(mem.by_term(), mem.peak, json.loads((store / f"{name}.json").read_text()), mem.capacity)
+    terms = " ".join(f"{c['predicted_by_term'][t] / GIB:.1f}/{c['dry_run_by_term'][t] / GIB:.1f}" for t in TERMS)
+    what = (f"{cfg.strategy}{'(' + cfg.schedule + ')' if cfg.schedule != 'ring' else ''} | {cfg.dp or 1}/{cfg.cp}/"
+            f"{cfg.tp} | {cfg.checkpointing}, chunks {cfg.mlp_chunk}/{cfg.loss_chunk}, offload {cfg.offload}"
+            + (", fused loss" if cfg.fused_loss else ""))
+    return (f"| {what} | {c['predicted_peak_bytes'] / GIB:.2f} | {c['dry_run_peak_bytes'] / GIB:.2f} | "
+            f"{c['error']:+.1%} | {terms} |")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="llama3-8b")
@@ -91,8 +110,12 @@ def main() -> int:
     p.add_argument("--store", default="docs/data/verify")
     p.add_argument("--commands", action="store_true", help="print NAME and command per strategy")
     p.add_argument("--run", metavar="NAME", help="dry-run the stored plan NAME")
+    p.add_argument("--stored", metavar="NAME", help="the row of a stored dry run of any command (NAME.cmd)")
     args = p.parse_args()
     store = Path(args.store)
+    if args.stored:
+        print(stored_row(store, args.stored))
+        return 0
     store.mkdir(parents=True, exist_ok=True)
     plans = {name_of(args, r["config"]["train"]): (label, r["config"]["train"]) for label, r in best_rows(args).items()}
     if args.commands:
