@@ -239,10 +239,12 @@ def run_planner(ns) -> int:
             raise ValueError(f"--verify takes K >= 1 plans of --mode train, got K={ns.verify}, mode {ns.mode}")
         if ns.max_seq_len:
             res = max_seq_len(model, ns.gpus, hw, ns.mode, ns.batch, fixed=fixed)
-            if ns.verify:
-                from .verify import max_len_rows
-                return _verified(ns, max_len_rows(res, ns.verify, lambda n: plan(
-                    model, n, ns.gpus, hw, ns.mode, ns.batch, model_name=ns.model, fixed=fixed)))
+            if ns.verify:  # only lengths a dry run confirms fit, with headroom (.verify_len)
+                from .verify_len import confirm_lengths, format_confirmed
+                done = confirm_lengths(res, ns.verify, lambda n: plan(
+                    model, n, ns.gpus, hw, ns.mode, ns.batch, model_name=ns.model, fixed=fixed), hw.mem_bytes)
+                print(json.dumps({"confirmed": done}) if ns.json else format_confirmed(done, hw.mem_bytes))
+                return 0
             if ns.json:
                 print(json.dumps({"max_seq_len": {k: v["tokens"] for k, v in res.items()},
                                   "degrees": {k: v["degrees"] for k, v in res.items()},

@@ -192,6 +192,7 @@ class Llama(nn.Module):
         check_offload(offload)
         self.config, self.checkpointing, self.offload = config, checkpointing, offload
         self.offload_copies_on_cpu = False  # tests: make the CPU offload copy, to exercise it
+        self.offload_host = None  # the dry run: where its CPU (fake) tensors' host copies go (HostOffload.host)
         self.attn = attn if attn is not None else AttnCall()
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
         self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
@@ -234,7 +235,8 @@ class Llama(nn.Module):
             raise ValueError(f"Llama.forward: labels {tuple(labels.shape)} must match tokens {tuple(tokens.shape)} "
                              f"and come with total_targets (got {total_targets!r})")
         training = torch.is_grad_enabled()
-        off = HostOffload(self.offload if training else "none", copy_on_cpu=self.offload_copies_on_cpu)
+        off = HostOffload(self.offload if training else "none", copy_on_cpu=self.offload_copies_on_cpu,
+                          host=self.offload_host)
         run = LayerRun(self.checkpointing if training else "none", self.config.mlp_chunk,
                        bool(getattr(attn, "through_op", False)), off if off.active else None)
         with off.hooks():

@@ -9,6 +9,14 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
+
+
+def plain(t) -> bool:
+    """Whether ``t`` is a plain tensor (or parameter) for the fused autograd nodes: a ``torch.Tensor``,
+    or a fake one (``burstattn train --dry-run``: the fake tensor stands for a plain device tensor, so
+    it takes the path the real run takes), not a DTensor or another subclass."""
+    return type(t) in (torch.Tensor, nn.Parameter) or isinstance(t, FakeTensor)
 
 
 def _normalise(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,7 +56,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if type(x) is torch.Tensor and type(self.weight) in (torch.Tensor, nn.Parameter):
+        if plain(x) and plain(self.weight):
             return _RMSNormFunction.apply(x, self.weight, self.eps)
         normed, _ = _normalise(x, self.eps)  # DTensors (sequence parallelism): plain autograd
         return (normed * self.weight.to(normed.dtype)).to(x.dtype)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.multiprocessing.reductions import StorageWeakRef
 
 OFFLOAD = ("none", "inputs", "all")
@@ -58,7 +59,7 @@ class _Handle:
 
     def restore(self) -> torch.Tensor:
         view = self.copy.flat.as_strided(self.size, self.stride, self.offset)
-        if self.device.type == "cpu":
+        if self.copy.flat.device == self.device:  # CPU: the copy is where the tensor was
             return view
         if self.copy.event is not None:
             torch.cuda.current_stream(self.device).wait_event(self.copy.event)
@@ -70,12 +71,15 @@ class HostOffload:
 
     ``with off.hooks(): ...`` around the forward; :meth:`mark` the layer inputs before they are
     saved. ``bytes_on_host`` counts the storage bytes copied (CUDA, or CPU with ``copy_on_cpu``).
-    Instance state only: make one per forward.
+    ``host``: where the copies of CPU tensors go, for CPU tensors that stand for a device's
+    (``burstattn train --dry-run``'s fake tensors: ``meta``, a device the dry run's tracker does not
+    count as the GPU's, so the saved tensors leave the device as on a GPU and come back when
+    unpacked). Instance state only: make one per forward.
     """
 
-    def __init__(self, mode: str, *, copy_on_cpu: bool = False) -> None:
+    def __init__(self, mode: str, *, copy_on_cpu: bool = False, host: Optional[torch.device] = None) -> None:
         check_offload(mode)
-        self.mode, self.copy_on_cpu = mode, copy_on_cpu
+        self.mode, self.copy_on_cpu, self.host = mode, copy_on_cpu, host
         self._copies: dict[tuple, _HostCopy] = {}
         self._marked: list[StorageWeakRef] = []
         self._stream = None
@@ -102,9 +106,10 @@ class HostOffload:
         """Whether a saved ``t`` goes to host memory: floating-point activations only (never a
         parameter or a view of one, an index tensor or a tensor subclass); CPU tensors only with
         ``copy_on_cpu``."""
-        if not self.active or type(t) is not torch.Tensor or t.layout != torch.strided or not t.is_floating_point():
+        plain = type(t) is torch.Tensor or isinstance(t, FakeTensor)  # a fake tensor stands for a plain one
+        if not self.active or not plain or t.layout != torch.strided or not t.is_floating_point():
             return False
-        if t.device.type == "cpu" and not self.copy_on_cpu:
+        if t.device.type == "cpu" and not (self.copy_on_cpu or self.host is not None):
             return False
         base = t._base if t._base is not None else t
         if base.is_leaf and base.requires_grad:  # a weight the backward reads (it stays where it is)
@@ -120,7 +125,7 @@ class HostOffload:
         if not self.wants(t):
             return t
         storage = t.untyped_storage()
-        key = (t.device, storage.data_ptr(), storage.nbytes())
+        key = (t.device, StorageWeakRef(storage).cdata, storage.nbytes())  # the storage itself (a fake one has no data)
         copy = self._copies.get(key)
         if copy is None or copy.source.expired():  # a new storage (perhaps at a freed one's address)
             copy = self._copy_to_host(t, storage)
@@ -133,8 +138,12 @@ class HostOffload:
         return packed.restore() if isinstance(packed, _Handle) else packed
 
     def _copy_to_host(self, t: torch.Tensor, storage) -> _HostCopy:
-        whole = t.new_empty(0).set_(storage)  # 1-D over the whole storage, t's dtype
         self.bytes_on_host += storage.nbytes()
+        if t.device.type == "cpu" and self.host is not None:  # no data to copy (the host is meta); a
+            # whole-storage view (``set_``) of a fake tensor would keep its storage alive in the fake mode
+            flat = torch.empty(storage.nbytes() // t.element_size(), dtype=t.dtype, device=self.host)
+            return _HostCopy(flat, None, StorageWeakRef(storage))
+        whole = t.new_empty(0).set_(storage)  # 1-D over the whole storage, t's dtype
         if t.device.type == "cpu":
             return _HostCopy(whole.clone(), None, StorageWeakRef(storage))
         if self._stream is None:

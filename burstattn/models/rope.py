@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from .norms import plain
+
 
 def rotary_angles(positions: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
     """``emb [n, head_dim]`` float32: ``cat(angles, angles)`` with
@@ -36,7 +38,7 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torc
                          f"positions {tuple(positions.shape)}")
     if x.shape[-1] % 2:
         raise ValueError(f"apply_rotary: head_dim must be even, got {x.shape[-1]}")
-    if type(x) is torch.Tensor:
+    if plain(x):
         return _RotaryFunction.apply(x, positions, theta)
     return _rotate(x, positions, theta, sign=1.0)
 

@@ -42,6 +42,11 @@ class ActivationShape:
     e: int = 2
     """Bytes per element of the compute dtype."""
 
+    def norm(self, h: int) -> float:
+        """Bytes per row an RMSNorm of width ``h`` keeps (:func:`norm_kept`; under sequence
+        parallelism its input is a DTensor: the plain-autograd path)."""
+        return norm_kept(h, self.e, plain=self.rows < self.attn_rows)
+
 
 @dataclass
 class Activations:
@@ -69,10 +74,12 @@ def _dims(m: LlamaConfig, tp: int):
     return m.dim, m.head_dim, hq, hkv, m.ffn_dim / tp, m.vocab_size
 
 
-def norm_kept(h: int, e: int) -> float:
+def norm_kept(h: int, e: int, plain: bool = False) -> float:
     """Bytes per row an RMSNorm keeps: its input and its per-row rsqrt (the float32 normalised
-    values are rebuilt in the backward: ``burstattn.models.norms``)."""
-    return h * e + 4
+    values are rebuilt in the backward: ``burstattn.models.norms``). ``plain``: a DTensor input
+    (tp-v3's sequence-parallel norms) takes plain autograd, which keeps the float32 input and the
+    float32 normalised values (seen in the dry run's saved tensors)."""
+    return 8 * h + 4 if plain else h * e + 4
 
 
 def layer_kept(m: LlamaConfig, s: ActivationShape, checkpointing: str, eager_units: float, through_op: bool,
@@ -93,8 +100,8 @@ def layer_kept(m: LlamaConfig, s: ActivationShape, checkpointing: str, eager_uni
     if not through_op:
         attention += a * qu * max(0.0, eager_units - 1.0)
     if mlp_chunk:
-        return r * norm_kept(h, e) + a * h * e + attention
-    return r * 2 * norm_kept(h, e) + a * 2 * h * e + attention + a * 4 * f * e
+        return r * s.norm(h) + a * h * e + attention
+    return r * 2 * s.norm(h) + a * 2 * h * e + attention + a * 4 * f * e
 
 
 def head_kept(m: LlamaConfig, s: ActivationShape, loss_chunk: int, fused: bool = False) -> float:
@@ -103,10 +110,10 @@ def head_kept(m: LlamaConfig, s: ActivationShape, loss_chunk: int, fused: bool =
     norm's input and rsqrt, the gradient of the head's (gathered) input and the float32 weight
     gradient ``vocab / tp x dim``."""
     if fused:
-        return s.rows * norm_kept(m.dim, s.e) + fused_gradients(m, s)
+        return s.rows * s.norm(m.dim) + fused_gradients(m, s)
     if loss_chunk:
         return s.rows * m.dim * s.e
-    return s.rows * norm_kept(m.dim, s.e) + s.attn_rows * (m.dim * s.e + 4 * m.vocab_size)
+    return s.rows * s.norm(m.dim) + s.attn_rows * (m.dim * s.e + 4 * m.vocab_size)
 
 
 def fused_gradients(m: LlamaConfig, s: ActivationShape) -> float:
@@ -117,22 +124,24 @@ def fused_gradients(m: LlamaConfig, s: ActivationShape) -> float:
 
 
 def head_transient(m: LlamaConfig, s: ActivationShape, loss_chunk: int, backward: bool, fused: bool = False) -> float:
-    """The loss head's extra bytes: one chunk's logits (16-bit and float32) and log-probabilities in
-    the forward; in the backward their gradients too (a chunk also recomputes its forward). The fused
-    loss: in the forward the normed input (gathered over tp) and one chunk's logits and their
-    float32 gradient over the local vocabulary; in the backward the two scaled gradients."""
+    """The loss head's extra bytes (counted against the dry run, ``burstattn train --dry-run``, of
+    ``burstattn.models.blockwise`` and ``.fused_loss``; tests/unit/test_dryrun_model.py). The
+    blockwise loss: in the forward one chunk's float32 logits beside their log-probabilities (the
+    16-bit logits are freed by then); in the backward a chunk's recomputed log-probabilities, their
+    gradient and the logits' gradient, all float32 (a whole loss keeps its log-probabilities:
+    :func:`head_kept`). The fused loss: in the forward the normed input (gathered over tp) and one
+    more row copy, a ``[vocab / tp, dim]`` product of the weight gradient, and 16 bytes per element
+    of one chunk's ``[rows, vocab / tp]`` (the float32 logits, their shifted copy, exponentials and
+    gradient); in the backward the two scaled gradients."""
     v, e = m.vocab_size, s.e
-    up = 4 if e < 4 else 0
     rows = s.attn_rows if not loss_chunk else min(loss_chunk, s.rows) * s.attn_rows // max(s.rows, 1)
     if fused:
         if backward:
             return s.attn_rows * m.dim * e + v // s.tp * m.dim * (4 + e)
-        return s.attn_rows * m.dim * e + rows * v // s.tp * (e + up + 4 + 4)
-    fwd = rows * v * (e + up + 4)
-    grads = rows * v * (4 + 4 + (e if e < 4 else 0))
+        return 2 * s.attn_rows * m.dim * e + v // s.tp * m.dim * e + rows * v // s.tp * 16
     if not loss_chunk:
-        return grads if backward else rows * v * (e + up)  # the log-probabilities are kept (head_kept)
-    return fwd + grads if backward else fwd
+        return rows * v * 8 if backward else rows * v * 4  # the log-probabilities are kept (head_kept)
+    return rows * v * 12 if backward else rows * v * 8
 
 
 def mlp_transient(m: LlamaConfig, s: ActivationShape, mlp_chunk: int, recomputed: bool) -> float:
@@ -142,7 +151,7 @@ def mlp_transient(m: LlamaConfig, s: ActivationShape, mlp_chunk: int, recomputed
     h, _, _, _, f, _ = _dims(m, s.tp)
     rows = min(mlp_chunk, s.rows) if mlp_chunk else s.rows
     arows = rows * s.attn_rows // max(s.rows, 1)
-    forward = rows * norm_kept(h, s.e) + arows * (h * s.e + 4 * f * s.e) if recomputed else 0.0
+    forward = rows * s.norm(h) + arows * (h * s.e + 4 * f * s.e) if recomputed else 0.0
     return forward + arows * 2 * f * s.e + rows * 2 * h * s.e
 
 
@@ -159,7 +168,7 @@ def layer_backward(m: LlamaConfig, s: ActivationShape, checkpointing: str, mlp_c
     elif checkpointing == "full":  # the whole layer again but its input, its MLP in chunks
         recompute = layer_kept(m, s, "none", eager_units, through_op, mlp_chunk=1) - r * h * e
     else:
-        recompute = r * (norm_kept(h, e) - h * e) + a * (h * e + (hq + 2 * hkv) * hd * e)
+        recompute = r * (s.norm(h) - h * e) + a * (h * e + (hq + 2 * hkv) * hd * e)
     mlp = mlp_transient(m, s, mlp_chunk, recomputed=checkpointing != "none" or mlp_chunk > 0)
     return recompute + grads, mlp + (recompute if checkpointing == "full" else 0.0)
 

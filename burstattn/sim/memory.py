@@ -1,11 +1,12 @@
 """Per-device memory: parameters, gradients and optimizer state (with or without ZeRO-3 / FSDP),
 activations per checkpointing mode, the attention call's buffers and the KV cache (pure).
 
-Training keeps mixed-precision Adam state: 16-bit weights and gradients (2 + 2 bytes per
-parameter), float32 master weights and two float32 moments (12 bytes): 16 bytes per parameter
-(the ZeRO paper's count). FSDP / ZeRO-3 shards all of it over the data-parallel ranks (``dp * cp``:
-context-parallel ranks hold the same weights) and gathers two layers at a time (the one computing
-and the one prefetched). Tensor parallelism divides the weights by ``tp``.
+Training state as ``burstattn.train.job`` stores it (:func:`state_bytes`): with FSDP2's mixed
+precision, float32 weights, gradients and two AdamW moments (16 bytes per parameter, the ZeRO
+paper's count) sharded over the data-parallel ranks (``dp * cp``: context-parallel ranks hold the
+same weights), two 16-bit layers gathered at a time (the one computing and the one prefetched);
+without FSDP the weights cast to the run's dtype, and gradients and moments in it. Tensor
+parallelism divides the weights by ``tp``.
 
 Activations by checkpointing mode, blockwise chunk and offload, phase by phase (forward, the
 loss's backward, a layer's backward, the optimizer step): :mod:`.activations`. The attention
@@ -144,6 +145,35 @@ FORWARD_SHARE = 0.55  # forward-only peak over fwd+bwd peak of the others (no gr
 CHUNK_CONCAT = 2.3
 
 
+# A 16-bit backward runs on float32 copies of one square tile at a time (``engine.passes.BlockCalls``: q, dO,
+# O and K, V, and the kernel's float32 gradients): TILE_BYTES bytes per tile row and (query + kv) head
+# element of the call's head group, the tile's side the kernel call's query rows capped by
+# ``kernels.base.chunk_rows`` (32 MiB of float32 per side). Fitted against the dry run's attention call
+# (bf16, world 2, zigzag, n = 8,192-32,768, heads 4/1 and 8/2, d = 64: within 2%; MHA 4/4: 16% over).
+TILE_BYTES = 12
+
+
+def tile_bytes(strategy: str, *, batch: int, local_seq: int, world: int, q_heads: int, kv_heads: int,
+               head_dim: int, e: int, groups: int = 1, ulysses: int = 1) -> float:
+    """The float32 tile copies of a 16-bit attention backward (:data:`TILE_BYTES`; 0 for 32 and 64
+    bits). The kernel call's query rows: half the local shard for the ring strategies and allgather
+    (zigzag's halves), half of what the all-to-all gathers for ulysses and usp (their heads over its
+    degree), the whole sequence for tp (``local_seq``)."""
+    from ..kernels.base import chunk_rows
+
+    if e >= 4:
+        return 0.0
+    hq, hkv = q_heads / groups, kv_heads / groups
+    rows = local_seq // 2
+    if strategy in ("ulysses", "usp"):
+        degree = world if strategy == "ulysses" else max(1, ulysses)
+        rows, hq, hkv = local_seq * degree // 2, hq / degree, max(1.0, hkv / degree)
+    elif strategy.startswith("tp"):
+        rows = local_seq
+    side = min(rows, chunk_rows(int(batch * hq * head_dim)))
+    return TILE_BYTES * batch * side * (hq + hkv) * head_dim
+
+
 def attention_buffers(strategy: str, *, batch: int, local_seq: int, world: int, q_heads: int, kv_heads: int,
                       head_dim: int, e: int, backward: bool, schedule: str = "ring", bwd_mode: str = "burst",
                       ulysses: int = 1, head_chunks: int = 1) -> float:
@@ -172,6 +202,9 @@ def attention_buffers(strategy: str, *, batch: int, local_seq: int, world: int, 
         gq, gkv = GROUP_UNITS[key]
         units = units + (gq + gkv * ratio) / groups if backward else GROUP_FORWARD[0] + GROUP_FORWARD[1] / groups
     total = units * q_heads * batch * local_seq * head_dim * per_elem
+    if backward:
+        total += tile_bytes(key, batch=batch, local_seq=local_seq, world=world, q_heads=q_heads, kv_heads=kv_heads,
+                            head_dim=head_dim, e=e, groups=groups if grouped else 1, ulysses=ulysses)
     if strategy == "rsa":
         total += 2 * batch * q_heads * local_seq * world * local_seq * 4
     return total if (backward or grouped) else FORWARD_SHARE * total
@@ -224,17 +257,19 @@ def gathered_bytes(model: LlamaConfig, *, tp: int, e: int) -> float:
 
 
 def state_bytes(model: LlamaConfig, *, tp: int, shards: int, fsdp: bool, train: bool, e: int) -> tuple[float, float, float]:
-    """``(params, grads, optimizer)`` bytes on one device (``shards`` = dp * cp ranks; with FSDP the
-    parameters' shard plus :func:`gathered_bytes`). Adam's two float32 moments, and float32 master
-    weights when the weights are 16-bit (``e < 4``): 12 bytes per parameter, 8 in float32."""
+    """``(params, grads, optimizer)`` bytes on one device (``shards`` = dp * cp ranks), as
+    ``burstattn.train.job`` stores them. With FSDP the parameters' float32 shard (the master weights:
+    FSDP2's ``MixedPrecisionPolicy`` computes in the 16-bit dtype) plus :func:`gathered_bytes`, the
+    float32 gradient shard (``reduce_dtype``) plus two blocks' unsharded gradients, and AdamW's two
+    float32 moments: 16 bytes per parameter over the shards. Without FSDP the weights are cast to the
+    run's dtype (``cast_parameters``): weights, gradients and both moments in it, ``4 e`` bytes."""
     n = model.num_params() / tp + replicated_kv_params(model, tp)
     if not train:
         return n * e, 0.0, 0.0
-    opt = n * (8 + (4 if e < 4 else 0))
     if not fsdp:
-        return n * e, n * e, opt
+        return n * e, n * e, 2 * n * e
     layer = n / model.n_layers
-    return n * e / shards + gathered_bytes(model, tp=tp, e=e), n * e / shards + 2 * layer * e, opt / shards
+    return 4 * n / shards + gathered_bytes(model, tp=tp, e=e), 4 * n / shards + 2 * layer * e, 8 * n / shards
 
 
 def kv_cache_bytes(model: LlamaConfig, *, batch: int, tokens: int, tp: int, e: int) -> float:

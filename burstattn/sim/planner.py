@@ -136,7 +136,7 @@ class MemoryChoice:
     offload: Optional[str] = None
     dtype: torch.dtype = torch.bfloat16
     """The training / inference dtype (not searched): float32 keeps float32 weights and two moments,
-    bfloat16 / float16 16-bit weights with float32 master weights (:func:`.memory.state_bytes`)."""
+    bfloat16 / float16 16-bit compute (float32 master weights with FSDP) (:func:`.memory.state_bytes`)."""
     offload_optimizer: Optional[bool] = None
     """FSDP2's CPUOffloadPolicy (``None``: searched with FSDP, off when ``offload`` is fixed to ``none``)."""
     head_chunks: Optional[int] = None

@@ -355,7 +355,7 @@ def memory_model(cfg: SimConfig, bwd_mode: Optional[str] = None) -> mem.Memory:
                                loss_chunk=cfg.loss_chunk, attention_fwd=attn_fwd, fused_loss=cfg.fused_loss,
                                offload="none" if hw.host_is_device else cfg.offload,  # host = device: nothing moves
                                attention_bwd=attn_bwd, grads=0.0 if cfg.offload_optimizer else grads,
-                               param_fp32=0.0 if cfg.offload_optimizer else 4 * m.num_params() / tp / (cfg.dp * cp if cfg.fsdp else 1))
+                               param_fp32=0.0 if cfg.offload_optimizer else (4 if cfg.fsdp else e) * m.num_params() / tp / (cfg.dp * cp if cfg.fsdp else 1))
     t = acts.terms
     rest = sum(v for k, v in t.items() if k not in (GRADIENTS, ATTENTION))
     return mem.Memory(params, grads, opt, rest, t.get(ATTENTION, 0.0), 0.0, hw.mem_bytes, host=acts.host + host_state,

@@ -17,7 +17,10 @@ What is measured and what is not:
   allocates a float32 ``dq`` accumulator and a float32 row sum ``D`` of the largest local kernel
   call: :func:`cuda_workspace_bytes` adds ``B x n_q x Hq x (d + 1) x 4`` bytes (flash-attn 2's
   ``dq_accum`` and ``softmax_d``) to the backward's peak and says so (``workspace_bytes``).
-* Host: saved activations offloaded to host memory (``--offload``) are reported as ``host_bytes``.
+* Host: saved activations offloaded to host memory (``--offload``) are copied, as on a GPU, to
+  another device (``meta``: fake tensors there are not the tracked device's memory) and back when the
+  backward unpacks them; ``host_bytes`` is the bytes of the offloaded storages
+  (:class:`~burstattn.models.offload.HostOffload`).
 * The step is a steady-state one (the optimizer state exists before it, as in
   :func:`burstattn.bench.train_memory.probe_step`); the peak includes the parameters, gradients and
   optimizer state, and ``step_peak_bytes`` is the peak above what the step started with.
@@ -138,6 +141,7 @@ def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool 
     t0 = time.perf_counter()
     with _fake_group(rank, world_size), FakeTensorMode(allow_non_fake_inputs=True):
         job = build_job(cfg)
+        job.model.offload_host = torch.device("meta")  # --offload: the host copies leave the tracked device
         batch = _batch(job, DRY_STEP)
         device = next(job.model.parameters()).device
         tracker = (FSDPDryRunTracker(job.model, job.optimizer, device) if cfg.fsdp else DryRunTracker(device))

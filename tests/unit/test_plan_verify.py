@@ -47,3 +47,23 @@ def test_plan_verify_text_and_bad_k(capsys):
     assert main([*args, "--verify", "0"]) == 2
     err = capsys.readouterr().err
     assert "--verify" in err and err.count("\n") == 1, err
+
+
+def test_max_seq_len_verify_confirms_only_what_fits(capsys):
+    """``--max-seq-len --verify``: each answer's length is dry-run; only a length whose dry run leaves the
+    headroom free is confirmed, shorter ones are tried when it does not (tiny model on 2 devices of 20 MiB)."""
+    from burstattn.cli.verify_len import HEADROOM
+
+    cap = 0.02 * 2**30
+    assert main(["plan", "--model", "tiny", "--gpus", "2", "--cluster", "h100-nvlink-ib", "--gpu-mem-gib", "0.02",
+                 "--max-seq-len", "--verify", "1", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["confirmed"]
+    checks = row["checks"]
+    assert checks and checks[0]["tokens"] == row["planned_tokens"]
+    assert [c["tokens"] for c in checks] == sorted((c["tokens"] for c in checks), reverse=True)
+    for c in checks[:-1]:
+        assert not c["fits"] and c["dry_run_peak_bytes"] > (1 - HEADROOM) * cap
+    last = checks[-1]
+    assert last["fits"] == (row["confirmed_tokens"] is not None)
+    if last["fits"]:
+        assert row["confirmed_tokens"] == last["tokens"] and last["dry_run_peak_bytes"] <= (1 - HEADROOM) * cap

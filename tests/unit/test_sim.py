@@ -138,8 +138,11 @@ def test_memory_model_orders_checkpointing_and_fsdp():
     mem = {ck: memory_model(dataclasses.replace(cfg, checkpointing=ck, fsdp=True)).peak for ck in ("none", "remat", "full")}
     assert mem["none"] > mem["remat"] > mem["full"]
     plain, fsdp = memory_model(cfg), memory_model(dataclasses.replace(cfg, fsdp=True))
-    assert plain.optimizer == pytest.approx(12 * model_preset("llama-7b").num_params())
-    assert fsdp.optimizer == pytest.approx(plain.optimizer / 8)
+    n = model_preset("llama-7b").num_params()
+    # as burstattn.train.job stores them: without FSDP the weights are cast to bf16 and AdamW's moments
+    # follow them (2 x 2 bytes); with FSDP2's mixed precision the moments are float32 (8 bytes) over 8 shards
+    assert plain.optimizer == pytest.approx(4 * n)
+    assert fsdp.optimizer == pytest.approx(8 * n / 8) and fsdp.params > 4 * n / 8
 
 
 def test_planner_never_recommends_a_config_over_memory():

@@ -54,12 +54,13 @@ CPU_SPEC = "docs/bench-data/sim-calibration.json"
 
 def test_max_seq_len_searches_chunk_sizes():
     """small-l3 on 2 GPUs of 0.125 GiB: the automatic chunks stopped at 1,024 tokens ('chunks 0/0'); the
-    fixed 512 / 256 that bench train --max-len used (no head chunks, no optimizer offload) give 10,240; the
-    search finds at least that."""
+    fixed 512 / 256 that bench train --max-len used (no head chunks, no optimizer offload) give 9,216 in bf16
+    (10,240 before the attention backward's float32 tile copies were counted: sim.memory.tile_bytes, checked
+    against the dry run); the search finds at least that."""
     model = model_preset("small-l3")
     fixed = max_seq_len(model, 2, SMALL_MEM, labels=("burst",), fixed=MemoryChoice(512, 256, offload_optimizer=False, head_chunks=1))["burst"]
     found = max_seq_len(model, 2, SMALL_MEM, labels=("burst",))["burst"]
-    assert fixed["tokens"] == 10240
+    assert fixed["tokens"] == 9216
     assert found["tokens"] >= fixed["tokens"] and found["options"]["mlp_chunk"] and found["options"]["loss_chunk"], found
 
 
@@ -119,7 +120,8 @@ def test_dtype_float32_is_priced_as_float32(capsys):
 
     f32, bf16 = run("float32"), run("bfloat16")
     params = model_preset("llama-7b").num_params()
-    assert bf16["memory"]["optimizer"] == pytest.approx(12 * params, rel=1e-6)  # two moments + master weights
+    # without FSDP the weights are cast to bf16 and AdamW's two moments follow them (burstattn.train.job)
+    assert bf16["memory"]["optimizer"] == pytest.approx(4 * params, rel=1e-6)
     assert f32["memory"]["optimizer"] == pytest.approx(8 * params, rel=1e-6)  # two moments, no master copy
     assert f32["memory"]["params"] == pytest.approx(2 * bf16["memory"]["params"], rel=1e-6)
     assert f32["compute_s"] > 5 * bf16["compute_s"]  # A100: 19.5 TFLOP/s float32 against 312 bf16

@@ -1,0 +1,79 @@
+"""``burstattn plan --max-seq-len --verify [K]``: only lengths a dry run confirms fit, with headroom.
+
+For each of the K longest answers the plan row of that strategy and degrees is taken from the planner's
+ranking at that length and its ``burstattn train`` command is dry-run (rank 0, :mod:`.verify`). A length is
+confirmed when the dry run's peak leaves :data:`HEADROOM` of the device memory free; otherwise the length
+is shortened by the ratio of that limit to the dry run's peak (down to a multiple of the plan's sequence
+step) and dry-run again, at most :data:`TRIES` times. Every check is reported (length, predicted and dry-run
+peak, whether it fits); an answer no check confirmed says so (``confirmed_tokens: None``).
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+HEADROOM = 0.10
+"""Of the device memory a confirmed length leaves free: the CUDA caching allocator's fragmentation
+(its blocks are rounded and split; PyTorch's memory docs) and the communication library's own buffers
+(NCCL's channels and the ring's send/receive staging), which neither the dry run nor the model count. A
+stated assumption, not measured here (no GPU): docs/simulation.md."""
+TRIES = 3
+
+
+def _row(rows: list[dict], label: str, degrees: dict) -> Optional[dict]:
+    match = [r for r in rows if r["strategy"] == label and r["degrees"] == degrees and "train" in r.get("config", {})]
+    return match[0] if match else None
+
+
+def confirm_lengths(res: dict, k: int, ranking: Callable[[int], list[dict]], capacity: float,
+                    granularity: int = 1024) -> list[dict]:
+    """The ``k`` longest answers of ``res`` (``max_seq_len``'s ``{label: {"tokens", "degrees", ...}}``), each
+    ``{"strategy", "degrees", "planned_tokens", "confirmed_tokens", "headroom", "checks": [...]}`` (a check:
+    ``tokens``, ``predicted_peak_bytes``, ``dry_run_peak_bytes``, ``fits``; or ``dry_run_error``).
+    ``ranking(tokens)``: the planner's rows at that length; ``capacity``: device bytes."""
+    from ..train.dryrun import DryRunError, dry_run
+    from .verify import train_config
+
+    limit = (1.0 - HEADROOM) * capacity
+    out = []
+    for label, v in sorted(res.items(), key=lambda kv: -kv[1]["tokens"])[:k]:
+        tokens, checks, confirmed = v["tokens"], [], None
+        step = granularity * 2 * max(1, v["degrees"]["cp"])
+        for _ in range(TRIES):
+            row = _row(ranking(tokens), label, v["degrees"]) if tokens > 0 else None
+            if row is None:
+                break
+            cfg, world = train_config(row["config"]["train"])
+            try:
+                peak = dry_run(cfg, world, 0)["peak_bytes"]
+            except DryRunError as exc:
+                checks.append({"tokens": tokens, "dry_run_error": str(exc)})
+                break
+            fits = peak <= limit
+            checks.append({"tokens": tokens, "predicted_peak_bytes": int(row["peak_memory_bytes"]),
+                           "dry_run_peak_bytes": int(peak), "fits": fits})
+            if fits:
+                confirmed = tokens
+                break
+            tokens = int(tokens * limit / peak) // step * step  # peak grows at least as fast as the length
+        out.append({"strategy": label, "degrees": v["degrees"], "planned_tokens": v["tokens"],
+                    "confirmed_tokens": confirmed, "headroom": HEADROOM, "checks": checks})
+    return out
+
+
+def format_confirmed(rows: list[dict], capacity: float) -> str:
+    """One line per answer and one per check."""
+    from ..sim.names import size
+
+    lines = [f"dry-run check of the longest lengths (rank 0; confirmed when the peak leaves {HEADROOM:.0%} of "
+             f"{size(capacity)} free: at most {size((1 - HEADROOM) * capacity)}):"]
+    for r in rows:
+        d = r["degrees"]
+        got = f"{r['confirmed_tokens']:,} tokens confirmed" if r["confirmed_tokens"] else "no length confirmed"
+        lines.append(f"  {r['strategy']} (dp={d['dp']} cp={d['cp']} tp={d['tp']}): planned {r['planned_tokens']:,}; {got}")
+        for c in r["checks"]:
+            if "dry_run_error" in c:
+                lines.append(f"    {c['tokens']:>12,}: no dry run: {c['dry_run_error']}")
+                continue
+            lines.append(f"    {c['tokens']:>12,}: predicted {size(c['predicted_peak_bytes'])}, dry run "
+                         f"{size(c['dry_run_peak_bytes'])}: {'fits' if c['fits'] else 'over the limit'}")
+    return "\n".join(lines)
