@@ -20,12 +20,15 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                         "and phase, host memory of offload, bytes sent, attention calls")
     p.add_argument("--dry-run-rank", type=int, default=0, metavar="R", help="with --dry-run: the rank to run (default 0)")
     p.add_argument("--json", action="store_true", help="with --dry-run: print the report as one JSON object (last line)")
+    p.add_argument("--dry-run-device", choices=("cuda", "cpu"), default="cuda",
+                   help="with --dry-run: the device the step is modelled for (default cuda: a GPU's fused AdamW and "
+                        "attention workspace; cpu: this machine's, to compare with a real step here)")
 
 
 def check_flags(ns: argparse.Namespace) -> None:
     """``ValueError`` for dry-run flags given without ``--dry-run``."""
-    if not ns.dry_run and (ns.dry_run_rank != 0 or ns.json):
-        raise ValueError("--dry-run-rank and --json are options of --dry-run")
+    if not ns.dry_run and (ns.dry_run_rank != 0 or ns.json or ns.dry_run_device != "cuda"):
+        raise ValueError("--dry-run-rank and --json are options of --dry-run (and --dry-run-device)")
 
 
 def _gib(n: float) -> str:
@@ -53,7 +56,7 @@ def run_dry(ns: argparse.Namespace, cfg) -> int:
     from ..train.dryrun import DryRunError, dry_run
 
     try:
-        report = dry_run(cfg, ns.world_size or 1, ns.dry_run_rank)
+        report = dry_run(cfg, ns.world_size or 1, ns.dry_run_rank, device=ns.dry_run_device)
     except DryRunError as exc:
         print(f"burstattn train --dry-run: failed: {exc}", file=sys.stderr)
         return 1

@@ -17,6 +17,7 @@ from .local import local_backward, local_forward
 from .op import prepare, run_call
 
 EXACT_ALONE = (torch.float32, torch.float64)  # 16-bit: the engine's float32 tiles unless grad_partials="kernel"
+GPU_KERNELS = ("sdpa", "flash_attn")  # 16-bit alone on CUDA: the kernel's own backward (see alone)
 
 
 def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backward="auto", schedule="ring",
@@ -47,13 +48,16 @@ def plan_of(call, q, k):
 def alone(call, q, k) -> bool:
     """Whether this call is one dense kernel block: a world of one, the same query and key length, no
     mask, score modifier or sinks, and gradient partials that the kernel's own backward produces exactly
-    (float32 / float64, or ``grad_partials="kernel"``). The engine would run the same single block
-    through its loop (its copies, float32 accumulators and merges), which costs 10-15% at 1,024 tokens."""
+    (float32 / float64, ``grad_partials="kernel"``, or a GPU's cuDNN / flash kernel: one block has no
+    partials to sum, and its float32-accumulated 16-bit gradients are flash-attn's own, the rule's
+    reference; the float32 tiles would run it in float32, SDPA's memory-efficient kernel, 6-10x slower on
+    an H200, docs/cuda). The engine would run the same single block through its loop (its copies, float32
+    accumulators and merges), which costs 10-15% at 1,024 tokens on CPU."""
     w = call.where
     return ((w is None or w.world_size == 1) and call.plan is None and call.mask is None and call.alibi is None
             and call.sinks is None and not call.softcap and q.shape[1] == k.shape[1]
             and isinstance(call.layout, str) and (call.kv_layout is None or isinstance(call.kv_layout, str))
-            and (q.dtype in EXACT_ALONE or call.grad_partials == "kernel"))
+            and (q.dtype in EXACT_ALONE or call.grad_partials == "kernel" or (q.is_cuda and call.backend in GPU_KERNELS)))
 
 
 def forward(call, q, k, v):

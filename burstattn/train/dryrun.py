@@ -120,8 +120,11 @@ def _phase_hooks(job, tracker) -> list:
     return [job.model.register_forward_pre_hook(forward), job.model.register_forward_hook(backward)]
 
 
-def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool = False) -> dict[str, Any]:
-    """One step of ``cfg`` on rank ``rank`` of ``world_size``, with fake tensors. Returns the report
+def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool = False,
+            device: str = "cuda") -> dict[str, Any]:
+    """One step of ``cfg`` on rank ``rank`` of ``world_size``, with fake tensors, as it would run on
+    ``device`` ("cuda": a GPU's AdamW (fused) and kernel workspace; "cpu": this machine's, to compare
+    with a real step here). Returns the report
     (bytes are per rank): ``peak_bytes``, ``peak_by_category`` (:data:`CATEGORIES`), ``peak_by_phase``
     (:data:`PHASES`), ``step_peak_bytes``, ``start_bytes``, ``workspace_bytes``, ``host_bytes``,
     ``sent_bytes``, ``sent_by_op``, ``attention_calls``, ``ops``, ``seconds``; with ``timeline`` also
@@ -138,13 +141,15 @@ def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool 
     from .step import step_tensors
 
     _check(cfg, world_size, rank)
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"dry_run: device must be 'cuda' or 'cpu', got {device!r}")
     t0 = time.perf_counter()
     with _fake_group(rank, world_size), FakeTensorMode(allow_non_fake_inputs=True):
-        job = build_job(cfg)
+        job = build_job(cfg, optimizer_device=device)
         job.model.offload_host = torch.device("meta")  # --offload: the host copies leave the tracked device
         batch = _batch(job, DRY_STEP)
-        device = next(job.model.parameters()).device
-        tracker = (FSDPDryRunTracker(job.model, job.optimizer, device) if cfg.fsdp else DryRunTracker(device))
+        tracked = next(job.model.parameters()).device
+        tracker = (FSDPDryRunTracker(job.model, job.optimizer, tracked) if cfg.fsdp else DryRunTracker(tracked))
         if not cfg.fsdp:
             tracker.track_external(job.model, job.optimizer)
         hooks = _phase_hooks(job, tracker)
@@ -163,13 +168,13 @@ def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool 
         finally:
             for h in hooks:
                 h.remove()
-    workspace = cuda_workspace_bytes(job)
+    workspace = cuda_workspace_bytes(job) if device == "cuda" else 0
     phase_peaks = dict(tracker.phase_peaks)
     phase_peaks["backward"] += workspace
     peak = max(tracker.peak_bytes, phase_peaks["backward"])
     split = dict(tracker.peak_split)
     split["temporaries"] += peak - tracker.peak_bytes
-    report = dict(rank=rank, world_size=world_size, peak_bytes=int(peak), peak_by_category=split,
+    report = dict(rank=rank, world_size=world_size, device=device, peak_bytes=int(peak), peak_by_category=split,
                   peak_by_phase=phase_peaks, step_peak_bytes=int(tracker.peak_bytes - tracker.start_bytes),
                   start_bytes=int(tracker.start_bytes), workspace_bytes=workspace,
                   workspace="CPU flash op's outputs counted; flash-attn 2 backward dq_accum + softmax_d (float32) "

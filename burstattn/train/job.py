@@ -138,8 +138,23 @@ def _device_type() -> str:
     return "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
 
 
-def build_job(cfg: TrainConfig) -> Job:
+def adamw_impl(model: nn.Module, device_type: str, on_host: bool) -> dict:
+    """AdamW's implementation flags for parameters on ``device_type``: on a GPU the fused kernel where
+    every parameter is a DTensor or none is; else (a mix: tensor parallelism without FSDP, which the
+    fused and multi-tensor kernels refuse; the host, CPU or ``--offload-optimizer``) PyTorch's default."""
+    if device_type != "cuda" or on_host:
+        return {}
+    dtensors = [hasattr(p, "to_local") for p in model.parameters()]
+    return {"fused": True} if all(dtensors) or not any(dtensors) else {}
+
+
+def build_job(cfg: TrainConfig, *, optimizer_device: Optional[str] = None) -> Job:
     """The job of ``cfg`` on this rank (every rank of the default group must call it).
+
+    AdamW is PyTorch's fused kernel where the parameters live on a GPU (torchtitan's default: no
+    temporaries of the optimizer state's size, which the multi-tensor default allocates; see
+    :func:`adamw_impl`), else the default. ``optimizer_device`` ("cuda" or "cpu") chooses for another device than this job's: the dry
+    run, on fake CPU tensors, builds the GPU's.
 
     Raises:
         ValueError: on every rank, for degrees, layouts, batch or model shapes that do not fit
@@ -175,7 +190,8 @@ def build_job(cfg: TrainConfig) -> Job:
     elif dtype != torch.float32:
         cast_parameters(model, dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), eps=cfg.adam_eps,
-                                  weight_decay=cfg.weight_decay)
+                                  weight_decay=cfg.weight_decay,
+                                  **adamw_impl(model, optimizer_device or device.type, cfg.offload_optimizer))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     b = cfg.batch // dims.dp
     docs = cfg.doc_lengths or cfg.eod_id is not None or cfg.doc_offsets

@@ -46,7 +46,7 @@ def both(pools):
         runs = pools.get(world).run(probe_many, [_cfg(world, i) for i in range(len(CASES[world]))])
         for i in range(len(CASES[world])):
             real[(world, i)] = [r[i]["peak_bytes"] for r in runs]
-    dry = {(w, i): dry_run(_cfg(w, i), w, 0)["step_peak_bytes"] for w, i in IDS}
+    dry = {(w, i): dry_run(_cfg(w, i), w, 0, device="cpu")["step_peak_bytes"] for w, i in IDS}
     return real, dry
 
 
