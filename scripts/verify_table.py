@@ -51,7 +51,7 @@ def name_of(args, command: str) -> str:
 def dry_run(store: Path, name: str, command: str) -> None:
     """Run ``command --dry-run --json`` and keep its JSON line as ``NAME.json`` (its text as ``NAME.out``)."""
     words = command.split()[1:]  # drop "burstattn": run this checkout's CLI
-    res = subprocess.run([sys.executable, "-m", "burstattn", *words, "--dry-run", "--json"], capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "burstattn.cli", *words, "--dry-run", "--json"], capture_output=True,
                          text=True, check=False)
     (store / f"{name}.cmd").write_text(command + "\n")
     (store / f"{name}.out").write_text(res.stdout + res.stderr[-4000:])
