@@ -48,9 +48,10 @@ def test_sigkill_of_the_parent_leaves_no_rank_and_no_new_checkpoint(tmp_path):
 
 
 # Ctrl-C runs with -m slow: in two full `.ci/run`s of 2026-12-04 (fresh venvs) the interrupted parent had not
-# exited 30 s and then 60 s after SIGINT; it passes alone (3 of 3), beside 8 busy loops (18 of 19: once a
-# multiprocessing resource_tracker warning about a leaked semaphore added lines to stderr), in the three
-# test_train_* files together, and in a whole `pytest tests/dist` run. Cause not found: open work.
+# exited 30 s and then 60 s after SIGINT; it passes alone (3 of 3), beside 6-8 busy loops (6 of 7: once a
+# multiprocessing resource_tracker warning about a leaked semaphore added lines to stderr; the same run by a
+# harness 14 of 14), in the three test_train_* files together, and in a whole `pytest tests/dist` run.
+# Cause not found: open work.
 @pytest.mark.slow
 def test_ctrl_c_prints_one_line_and_stops_every_rank(tmp_path, slow_selected):
     if not slow_selected:
