@@ -1,0 +1,1 @@
+burstattn train --model llama3-8b --seq-len 131072 --batch 1 --strategy ring --world-size 8 --dp 1 --cp 2 --tp 4 --checkpointing none --mlp-chunk 8192 --loss-chunk 8192 --offload none --dtype bfloat16 --fsdp --fused-loss

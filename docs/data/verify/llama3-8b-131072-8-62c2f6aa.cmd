@@ -1,0 +1,1 @@
+burstattn train --model llama3-8b --seq-len 131072 --batch 1 --strategy tp-v3 --world-size 8 --dp 1 --cp 1 --tp 8 --checkpointing none --mlp-chunk 8192 --loss-chunk 2048 --offload none --dtype bfloat16 --fused-loss

@@ -1,0 +1,1 @@
+burstattn train --model llama3-8b --seq-len 131072 --batch 1 --strategy tp-v1 --world-size 8 --dp 1 --cp 1 --tp 8 --checkpointing remat --mlp-chunk 65536 --loss-chunk 65536 --offload none --dtype bfloat16 --fused-loss
