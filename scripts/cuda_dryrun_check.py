@@ -11,6 +11,7 @@ fragmentation, which the planner's 10% headroom stands for).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -51,12 +52,12 @@ def main() -> None:
         t0 = time.perf_counter()
         try:
             rep = dry_run(cfg, 1, 0)
-            rows.append(dict(config=cfg.__dict__ | {}, dry_peak_bytes=rep["peak_bytes"],
+            rows.append(dict(config=dataclasses.asdict(cfg), dry_peak_bytes=rep["peak_bytes"],
                              dry_step_peak_bytes=rep["step_peak_bytes"], dry_start_bytes=rep["start_bytes"],
                              dry_workspace_bytes=rep["workspace_bytes"], dry_by_category=rep["peak_by_category"],
                              dry_seconds=time.perf_counter() - t0))
         except Exception as exc:  # noqa: BLE001 - recorded, the next case runs
-            rows.append(dict(config=cfg.__dict__ | {}, dry_error=f"{type(exc).__name__}: {exc}"[:500]))
+            rows.append(dict(config=dataclasses.asdict(cfg), dry_error=f"{type(exc).__name__}: {exc}"[:500]))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "config"}), flush=True)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -83,7 +84,7 @@ def step_peak_blocks(cfg: TrainConfig) -> dict:
     groups = Counter()
     for size, where in at_best.values():
         groups[where] += size
-    return dict(config=cfg.__dict__ | {}, traced_peak_above_start=best, max_allocated=torch.cuda.max_memory_allocated(),
+    return dict(config=dataclasses.asdict(cfg), traced_peak_above_start=best, max_allocated=torch.cuda.max_memory_allocated(),
                 groups=groups.most_common(25))
 
 

@@ -4,9 +4,13 @@ fwd+bwd on rank 0 (docs/benchmarks.md, "The grid again on today's engine").
 
     python scripts/profile_8k_noncausal.py
 """
-import time, sys
-import torch, torch.distributed as dist
 import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import burstattn
 from burstattn.testing.launch import run_local
