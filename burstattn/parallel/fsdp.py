@@ -17,12 +17,15 @@ over ``dp x cp``: the divide factor is set to 1.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+from ..config import host_side
 
 
 def mixed_precision(param_dtype: torch.dtype) -> Optional[MixedPrecisionPolicy]:
@@ -31,6 +34,35 @@ def mixed_precision(param_dtype: torch.dtype) -> Optional[MixedPrecisionPolicy]:
     if param_dtype == torch.float32:
         return None
     return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+
+
+@contextlib.contextmanager
+def _mesh_coordinates_on_host():
+    """Inside the block, a DeviceMesh finds this rank's coordinates on real host tensors.
+
+    FSDP2 over tensor-parallel parameters concatenates the ``(dp x cp)`` and ``tp`` meshes per parameter
+    (``DeviceMesh._concatenate``), and the new mesh finds its coordinates (``_compute_coordinate_on_dim``) with
+    ``(mesh == rank).nonzero()``
+    on its rank list: host bookkeeping, no device memory. Inside the dry run's ``FakeTensorMode`` that
+    list would be a fake tensor, and ``nonzero`` has no fake kernel (its output shape depends on the
+    data). Outside a fake mode the block changes nothing: :func:`~burstattn.config.host_side` is then a
+    no-op. PyTorch releases without that method are left as they are."""
+    from torch.distributed.device_mesh import DeviceMesh as Mesh
+
+    original = Mesh.__dict__.get("_compute_coordinate_on_dim")
+    if original is None:
+        yield
+        return
+
+    def on_host(self):
+        with host_side():
+            return original(self)
+
+    Mesh._compute_coordinate_on_dim = on_host
+    try:
+        yield
+    finally:
+        Mesh._compute_coordinate_on_dim = original
 
 
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, zero: int = 3,
@@ -50,8 +82,9 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, zero: int = 3,
         kwargs["mp_policy"] = mp_policy
     if offload:
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda")
-    for unit in [*model.layers, model]:  # blocks first, the root (embedding, norm, head) last
-        fully_shard(unit, **kwargs)
+    with _mesh_coordinates_on_host():
+        for unit in [*model.layers, model]:  # blocks first, the root (embedding, norm, head) last
+            fully_shard(unit, **kwargs)
     for unit in [*model.layers, model]:
         unit.set_gradient_divide_factor(1.0)  # a sum, not a mean
         unit.set_force_sum_reduction_for_comms(True)  # plain SUM collectives (gloo has no PREMUL_SUM)

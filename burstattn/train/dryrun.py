@@ -76,6 +76,12 @@ def _check(cfg: TrainConfig, world_size: int, rank: int) -> None:
         raise ValueError("--dry-run runs one step of a fresh job: drop --resume / --ckpt-dir")
 
 
+def _one_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` (at most 200 characters of it)."""
+    reason = (str(exc).strip().splitlines() or [""])[0][:200]
+    return f"{type(exc).__name__}: {reason}" if reason else type(exc).__name__
+
+
 def _where(tracker) -> str:
     parents = [p for p in getattr(tracker._mod_tracker, "parents", ()) if p != "Global"]
     return max(parents, key=len) if parents else "(outside any module)"
@@ -145,7 +151,12 @@ def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool 
         raise ValueError(f"dry_run: device must be 'cuda' or 'cpu', got {device!r}")
     t0 = time.perf_counter()
     with _fake_group(rank, world_size), FakeTensorMode(allow_non_fake_inputs=True):
-        job = build_job(cfg, optimizer_device=device)
+        try:
+            job = build_job(cfg, optimizer_device=device)
+        except ValueError:
+            raise
+        except Exception as exc:  # building the job (meshes, TP, FSDP2): one line, as for the step
+            raise DryRunError(f"the fake mode cannot build the job: {_one_line(exc)}") from exc
         job.model.offload_host = torch.device("meta")  # --offload: the host copies leave the tracked device
         batch = _batch(job, DRY_STEP)
         tracked = next(job.model.parameters()).device
@@ -162,9 +173,8 @@ def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool 
                 except (ValueError, DryRunError):
                     raise
                 except Exception as exc:  # one line: the op, the module, the reason
-                    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
                     raise DryRunError(f"the fake mode cannot follow {tracker.last_op or 'an op'} in module "
-                                      f"{_where(tracker)}: {type(exc).__name__}: {reason}") from exc
+                                      f"{_where(tracker)}: {_one_line(exc)}") from exc
         finally:
             for h in hooks:
                 h.remove()

@@ -179,5 +179,6 @@ def probe_many(rank: int, world: int, cfgs: list) -> list[dict]:
     from burstattn.bench.train_memory import probe_step
 
     return [probe_step(rank, world, c, copy_offload=True,
-                       repeats=2 if c.fsdp or c.strategy == "ulysses" or c.strategy.startswith("tp") else 1)
+                       repeats=2 if c.fsdp or c.strategy == "ulysses" or c.strategy.startswith("tp") or c.tp not in (None, 1)
+                       else 1)
             for c in cfgs]

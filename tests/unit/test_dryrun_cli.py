@@ -73,3 +73,24 @@ def test_fake_mode_failure_is_one_line(capsys, monkeypatch):
     assert main(["train", "--dry-run", "--model", "tiny", "--seq-len", "256", "--world-size", "2"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "aten._local_scalar_dense" in err and "in module" in err, err
+
+
+def test_tp_with_fsdp_dry_runs(capsys):
+    """Ring over a cp x tp mesh with FSDP2: FSDP's per-parameter (dp x cp, tp) mesh is built on the host
+    (it failed on a fake tensor's nonzero, inside DeviceMesh)."""
+    assert main(["train", "--dry-run", "--model", "tiny", "--seq-len", "256", "--world-size", "4", "--strategy",
+                 "ring", "--cp", "2", "--tp", "2", "--fsdp", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["dims"] == dict(dp=1, cp=2, tp=2) and report["attention_calls"] == 2, report
+
+
+def test_job_build_failure_is_one_line(capsys, monkeypatch):
+    import burstattn.train.job as job
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no fake kernel for this\n  and a second line")
+
+    monkeypatch.setattr(job, "apply_fsdp", broken)
+    assert main(["train", "--dry-run", "--model", "tiny", "--seq-len", "256", "--world-size", "2", "--fsdp"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot build the job: RuntimeError: no fake kernel for this" in err, err
