@@ -83,9 +83,11 @@ def norm_kept(h: int, e: int, plain: bool = False) -> float:
 
 
 def layer_kept(m: LlamaConfig, s: ActivationShape, checkpointing: str, eager_units: float, through_op: bool,
-               mlp_chunk: int = 0) -> float:
+               mlp_chunk: int = 0, eager_shared: float = 0.0) -> float:
     """Bytes one layer keeps between forward and backward (``none`` with ``mlp_chunk``: the MLP
-    half is recomputed, only the attention half is kept)."""
+    half is recomputed, only the attention half is kept). ``eager_shared``: the query shards of an
+    eager attention's kept tensors that are the layer's rotated q, k, v, which ``none`` keeps anyway
+    (``burstattn.sim.memory.eager_shared_units``)."""
     h, hd, hq, hkv, f, _ = _dims(m, s.tp)
     e, r, a = s.e, s.rows, s.attn_rows
     qu = hq * hd * e
@@ -98,7 +100,7 @@ def layer_kept(m: LlamaConfig, s: ActivationShape, checkpointing: str, eager_uni
         return r * h * e + a * qu * eager_units
     attention = a * (hq + 2 * hkv) * hd * e + out_lse  # rotated q, k, v (rotary keeps only positions), out, lse
     if not through_op:
-        attention += a * qu * max(0.0, eager_units - 1.0)
+        attention += a * qu * max(0.0, eager_units - 1.0 - eager_shared)
     if mlp_chunk:
         return r * s.norm(h) + a * h * e + attention
     return r * 2 * s.norm(h) + a * 2 * h * e + attention + a * 4 * f * e
@@ -156,7 +158,7 @@ def mlp_transient(m: LlamaConfig, s: ActivationShape, mlp_chunk: int, recomputed
 
 
 def layer_backward(m: LlamaConfig, s: ActivationShape, checkpointing: str, mlp_chunk: int, eager_units: float,
-                   through_op: bool) -> tuple[float, float]:
+                   through_op: bool, eager_shared: float = 0.0) -> tuple[float, float]:
     """One layer's backward beyond what is kept and the attention call's buffers: ``(while the
     attention differentiates: the recomputed norm output, q, k, v, and dO; while an MLP chunk
     differentiates)``."""
@@ -166,7 +168,7 @@ def layer_backward(m: LlamaConfig, s: ActivationShape, checkpointing: str, mlp_c
     if checkpointing == "none":
         recompute = 0.0
     elif checkpointing == "full":  # the whole layer again but its input, its MLP in chunks
-        recompute = layer_kept(m, s, "none", eager_units, through_op, mlp_chunk=1) - r * h * e
+        recompute = layer_kept(m, s, "none", eager_units, through_op, mlp_chunk=1, eager_shared=eager_shared) - r * h * e
     else:
         recompute = r * (s.norm(h) - h * e) + a * (h * e + (hq + 2 * hkv) * hd * e)
     mlp = mlp_transient(m, s, mlp_chunk, recomputed=checkpointing != "none" or mlp_chunk > 0)
@@ -184,7 +186,7 @@ def param_bytes(m: LlamaConfig, tp: int, e: int) -> tuple[float, float, float]:
 def training_activations(m: LlamaConfig, s: ActivationShape, *, checkpointing: str, eager_units: float,
                          through_op: bool, mlp_chunk: int, loss_chunk: int, offload: str,
                          attention_fwd: float, attention_bwd: float, grads: float, param_fp32: float,
-                         fused_loss: bool = False) -> Activations:
+                         fused_loss: bool = False, eager_shared: float = 0.0) -> Activations:
     """The bytes at the step's peak phase, by term (``kept activations``, :data:`ATTENTION`,
     :data:`GRADIENTS` and the phase's transient), of the phases: the forward (kept + the attention
     call's forward or a loss chunk), the loss's backward (kept + the head's gradients + logits and
@@ -193,15 +195,15 @@ def training_activations(m: LlamaConfig, s: ActivationShape, *, checkpointing: s
     layer's backward (one layer kept + every gradient but the embedding's) and the optimizer step
     (gradients + a float32 temporary of the parameters). ``attention_fwd`` / ``attention_bwd``: the
     attention call's forward peak and its backward buffers beyond its output and LSE; ``grads``:
-    every gradient (sharded, with FSDP)."""
-    layer = layer_kept(m, s, checkpointing, eager_units, through_op, mlp_chunk)
+    every gradient (sharded, with FSDP); ``eager_shared``: see :func:`layer_kept`."""
+    layer = layer_kept(m, s, checkpointing, eager_units, through_op, mlp_chunk, eager_shared)
     kept = m.n_layers * layer + head_kept(m, s, loss_chunk, fused_loss)
     inputs = (m.n_layers + (1 if loss_chunk or fused_loss else 0)) * s.rows * m.dim * s.e
     host = {"all": kept, "inputs": min(kept, inputs)}.get(offload, 0.0)
     dev = kept - host
     one = layer * (dev / kept if kept else 0.0)
     after_loss = dev - (fused_gradients(m, s) if fused_loss else 0.0)  # the fused loss's gradients are handed on
-    at_attention, at_mlp = layer_backward(m, s, checkpointing, mlp_chunk, eager_units, through_op)
+    at_attention, at_mlp = layer_backward(m, s, checkpointing, mlp_chunk, eager_units, through_op, eager_shared)
     transient, name = (at_attention + attention_bwd, None) if at_attention + attention_bwd >= at_mlp else (at_mlp, "MLP chunk")
     g_layer, g_head, g_emb = param_bytes(m, s.tp, s.e)
     logits = head_transient(m, s, loss_chunk, False, fused_loss)

@@ -218,7 +218,8 @@ def eager_kept_units(strategy: str, *, world: int, q_heads: int, kv_heads: int, 
     d32; in training, small-l3): ``ulysses`` its head-sharded q, k, v (kv heads repeated to
     ``lcm(Hkv, P)``, the unrepeated k, v kept too), output and the returned output; ``usp`` that over its Ulysses degree plus the ring's (conservative);
     ``rsa`` its ``[Hq, n, N]`` float32 scores; ``tp`` its gathered heads (grows with P);
-    ``allgather`` the largest seen. The op strategies keep their output and LSE: 1."""
+    ``allgather`` its local q, k, v, output and LSE (small-l3, remat: 2.6 measured, 2.53 here; it
+    gathers K/V again in its backward). The op strategies keep their output and LSE: 1."""
     import math
 
     def a2a(degree: int) -> float:  # its q, k, v sent and received (kv repeated), output twice; k, v before
@@ -233,9 +234,19 @@ def eager_kept_units(strategy: str, *, world: int, q_heads: int, kv_heads: int, 
         return 2.0 + seq_len * 4 / (head_dim * e)
     if strategy == "tp":
         return 1.0 + 4.8 * world
-    if strategy == "allgather":
-        return 3.1
+    if strategy == "allgather":  # its q, k, v (local, not the gathered K/V) and output, with the LSE
+        return 1.0 + (q_heads + 2 * kv_heads) / q_heads + 4 / (head_dim * e)
     return 1.0
+
+
+def eager_shared_units(strategy: str, *, q_heads: int, kv_heads: int) -> float:
+    """Query shards of :func:`eager_kept_units` that a layer keeps anyway without checkpointing: its
+    rotated q, k, v, ``(Hq + 2 Hkv) / Hq``, for allgather and ulysses; 0 for the others. Read off the
+    same steps with and without these strategies (small-l3 at 2,048 tokens over 2 ranks, float32, and the
+    dry run of llama3-8b at 128K over 8, bf16: allgather's ``none`` step holds what burst's holds,
+    ulysses' one query shard more at llama3-8b and 1.5 at small-l3's repeated kv heads, docs/simulation.md).
+    ``usp`` is left at 0 (not measured: conservative)."""
+    return (q_heads + 2 * kv_heads) / q_heads if strategy in ("allgather", "ulysses") else 0.0
 
 
 def replicated_kv_params(model: LlamaConfig, tp: int) -> float:

@@ -353,6 +353,7 @@ def memory_model(cfg: SimConfig, bwd_mode: Optional[str] = None) -> mem.Memory:
     acts = training_activations(m, shape, checkpointing=cfg.checkpointing, eager_units=eager,
                                 through_op=cfg.strategy in THROUGH_OP, mlp_chunk=cfg.mlp_chunk,
                                loss_chunk=cfg.loss_chunk, attention_fwd=attn_fwd, fused_loss=cfg.fused_loss,
+                               eager_shared=mem.eager_shared_units(cfg.strategy, q_heads=m.n_heads // tp, kv_heads=kv_heads),
                                offload="none" if hw.host_is_device else cfg.offload,  # host = device: nothing moves
                                attention_bwd=attn_bwd, grads=0.0 if cfg.offload_optimizer else grads,
                                param_fp32=0.0 if cfg.offload_optimizer else (4 if cfg.fsdp else e) * m.num_params() / tp / (cfg.dp * cp if cfg.fsdp else 1))

@@ -17,6 +17,10 @@ What is measured and what is not:
   allocates a float32 ``dq`` accumulator and a float32 row sum ``D`` of the largest local kernel
   call: :func:`cuda_workspace_bytes` adds ``B x n_q x Hq x (d + 1) x 4`` bytes (flash-attn 2's
   ``dq_accum`` and ``softmax_d``) to the backward's peak and says so (``workspace_bytes``).
+* Host state: with ``--offload-optimizer`` (FSDP2's ``CPUOffloadPolicy``) the sharded parameters,
+  gradients and optimizer state are host memory on a GPU; here every fake tensor is a CPU tensor, so
+  the tracker leaves those reference types out of the device's bytes and reports them as
+  ``host_state_bytes`` (:data:`~burstattn.train.dryrun_tracker.OFFLOADED`).
 * Host: saved activations offloaded to host memory (``--offload``) are copied, as on a GPU, to
   another device (``meta``: fake tensors there are not the tracked device's memory) and back when the
   backward unpacks them; ``host_bytes`` is the bytes of the offloaded storages
@@ -37,7 +41,7 @@ import torch.distributed as dist
 
 from .checks import check_config
 from .config import TrainConfig
-from .dryrun_tracker import CATEGORIES, PHASES, DryRunTracker, FSDPDryRunTracker
+from .dryrun_tracker import CATEGORIES, OFFLOADED, PHASES, DryRunTracker, FSDPDryRunTracker
 
 MAX_WORLD = 1024
 DRY_STEP = 1  # the data of step 1: a steady-state step after the optimizer state exists
@@ -160,7 +164,9 @@ def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool 
         job.model.offload_host = torch.device("meta")  # --offload: the host copies leave the tracked device
         batch = _batch(job, DRY_STEP)
         tracked = next(job.model.parameters()).device
-        tracker = (FSDPDryRunTracker(job.model, job.optimizer, tracked) if cfg.fsdp else DryRunTracker(tracked))
+        host_refs = OFFLOADED if cfg.offload_optimizer and device == "cuda" else frozenset()  # CPUOffloadPolicy: host
+        tracker = (FSDPDryRunTracker(job.model, job.optimizer, tracked, host_refs) if cfg.fsdp
+                   else DryRunTracker(tracked))
         if not cfg.fsdp:
             tracker.track_external(job.model, job.optimizer)
         hooks = _phase_hooks(job, tracker)
@@ -189,7 +195,8 @@ def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool 
                   start_bytes=int(tracker.start_bytes), workspace_bytes=workspace,
                   workspace="CPU flash op's outputs counted; flash-attn 2 backward dq_accum + softmax_d (float32) "
                             "added to the backward",
-                  host_bytes=int(host_bytes), sent_bytes=int(stats.sent()), sent_by_op=stats.sent_by_op("str"),
+                  host_bytes=int(host_bytes) + tracker.host_state_bytes, host_activation_bytes=int(host_bytes),
+                  host_state_bytes=int(tracker.host_state_bytes), sent_bytes=int(stats.sent()), sent_by_op=stats.sent_by_op("str"),
                   attention_calls=tracker.attention_calls, peak_at=dict(zip(("op", "phase", "module"), tracker.peak_at)), ops=tracker.ops,
                   dims=dict(dp=job.dims.dp, cp=job.dims.cp, tp=job.dims.tp), strategy=cfg.strategy,
                   layout=job.layout, chunks=[job.model.config.mlp_chunk, job.model.config.loss_chunk],

@@ -13,6 +13,11 @@ FSDP's sharded and unsharded parameters and all-gather outputs), ``gradients`` (
 sharded and unsharded gradients and reduce-scatter inputs), ``optimizer`` (optimizer state),
 ``activations`` (what the forward and its recomputation allocate, and the step's inputs),
 ``temporaries`` (what the backward allocates beyond that, and anything else).
+
+Host-resident state: with FSDP2's ``CPUOffloadPolicy`` (``--offload-optimizer``) the sharded
+parameters, their sharded gradients and the optimizer state live in host memory. The fake tensors
+are all CPU tensors, so the tracker tells them apart by reference type (:data:`OFFLOADED`): they are
+left out of the device's bytes and counted as ``host_state_bytes`` (the most held at once).
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ _CATEGORY = {"Parameter": "parameters", "Buffer": "parameters", "Sharded Param":
              "Sharded Grad": "gradients", "Unsharded Grad": "gradients", "Reduce Scatter": "gradients",
              "Optstate": "optimizer", "OptState": "optimizer", "Activation": "activations", "Inputs": "activations",
              "Temp": "temporaries", "Other": "temporaries"}
+OFFLOADED = frozenset({"Sharded Param", "Sharded Grad", "Optstate", "OptState"})  # host-resident with offload
 LIBRARY = "burstattn"
 ATTENTION_OPS = ("burstattn::attention_fwd", "burstattn::strategy_fwd")
 # A fake tensor answers `.device` through the dispatcher (``prim.device``): it allocates nothing and
@@ -70,8 +76,9 @@ class _Timeline:
     model returns, backward until the optimizer steps, optimizer after). ``device``: the device
     whose memory is tracked (the fake tensors' device)."""
 
-    def _init_timeline(self, device: torch.device) -> None:
+    def _init_timeline(self, device: torch.device, host_refs: frozenset = frozenset()) -> None:
         self.device, self.phase, self.recording = device, "forward", False
+        self.host_refs, self.host_state_bytes = frozenset(host_refs), 0
         self.points: list[tuple[int, str, tuple[int, ...]]] = []
         self.peak_bytes, self.peak_split = 0, dict.fromkeys(CATEGORIES, 0)
         self.phase_peaks = dict.fromkeys(PHASES, 0)
@@ -80,17 +87,29 @@ class _Timeline:
         self._impls: dict = {}  # op -> the library's implementation (None: any other op)
 
     def now(self) -> dict[str, int]:
-        """The device's bytes now, by category."""
+        """The device's bytes now, by category (host-resident references left out)."""
         split = dict.fromkeys(CATEGORIES, 0)
         for ref, nbytes in self._curr_mem_snap.get(self.device, {}).items():
-            if str(ref) != "Total":
+            name = str(getattr(ref, "value", ref))
+            if name != "Total" and name not in self.host_refs:
                 split[category_of(ref)] += nbytes
         return split
+
+    def _device_total(self) -> int:
+        """The device's bytes now: the tracker's total less the host-resident references (noted)."""
+        snap = self._curr_mem_snap.get(self.device, {})
+        total = snap.get("Total", 0)
+        if self.host_refs:
+            host = sum(n for ref, n in snap.items() if str(getattr(ref, "value", ref)) in self.host_refs)
+            self.host_state_bytes = max(self.host_state_bytes, host)
+            total -= host
+        return total
 
     def start(self) -> None:
         """Begin the measured step: forget the peak so far (the warm-up's) and note the bytes held now."""
         split = self.now()
         self.recording, self.start_bytes = True, sum(split.values())
+        self._device_total()  # the host state held before the step
         self.peak_bytes, self.peak_split = self.start_bytes, split
         self.phase_peaks = dict.fromkeys(PHASES, 0)
         self.points = [(0, self.phase, tuple(split[c] for c in CATEGORIES))]
@@ -103,7 +122,7 @@ class _Timeline:
         if not self.recording:
             return
         self.ops += 1
-        total = self._curr_mem_snap.get(self.device, {}).get("Total", 0)
+        total = self._device_total()
         phase = "optimizer" if self._in_opt else self.phase
         if total > self.phase_peaks[phase]:
             self.phase_peaks[phase] = total
@@ -143,6 +162,6 @@ class DryRunTracker(_Timeline, MemTracker):
 class FSDPDryRunTracker(_Timeline, FSDPMemTracker):
     """``FSDPMemTracker`` with the dry run's timeline (FSDP2 models; ``mod`` the root FSDP module)."""
 
-    def __init__(self, mod, optimizer, device: torch.device) -> None:
+    def __init__(self, mod, optimizer, device: torch.device, host_refs: frozenset = frozenset()) -> None:
         super().__init__(mod, optimizer)
-        self._init_timeline(device)
+        self._init_timeline(device, host_refs)

@@ -1,0 +1,1 @@
+burstattn train --model llama3-8b --seq-len 131072 --batch 1 --strategy rsa --world-size 8 --dp 1 --cp 8 --tp 1 --checkpointing remat --mlp-chunk 0 --loss-chunk 0 --offload all --dtype bfloat16 --fsdp --offload-optimizer --head-chunks 8
