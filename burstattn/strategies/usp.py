@@ -35,7 +35,7 @@ import torch.distributed as dist
 from ..passes import backward_pass, forward_pass
 from ..comm.collectives import Collectives
 from ..comm.stats import active_stats
-from ..config import Call
+from ..config import Call, host_side
 from ..formulas import accum_dtype, byte_totals, choose_backward, meta_bytes, ring_bytes
 from ..groups import UspGroups, group_context, group_name, mesh_usp_groups, resolve_group, usp_subgroups
 from ..layout import local_positions
@@ -186,8 +186,9 @@ class _Inner:
         self.groups = _groups(call)
         u, r = self.groups.ulysses_degree, self.groups.ring_degree
         self.u, self.reps = u, kv_repeats(k.shape[2], u)
-        layout, sorted_rows = ring_layout(call.layout, q.shape[1] * p, u, r)
-        self.order = rows_order(sorted_rows, self.groups.ring_rank)
+        with host_side():  # positions and their order are host-side (real tensors in a dry run too)
+            layout, sorted_rows = ring_layout(call.layout, q.shape[1] * p, u, r)
+            self.order = rows_order(sorted_rows, self.groups.ring_rank)
         self.where = group_context(self.groups.ring_group) if self.groups.ring_group is not None else ALONE
         self.layout = layout
 

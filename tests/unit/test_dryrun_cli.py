@@ -94,3 +94,11 @@ def test_job_build_failure_is_one_line(capsys, monkeypatch):
     assert main(["train", "--dry-run", "--model", "tiny", "--seq-len", "256", "--world-size", "2", "--fsdp"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot build the job: RuntimeError: no fake kernel for this" in err, err
+
+
+def test_usp_dry_runs(capsys):
+    """USP's ring layout and row order are host-side positions (a torch.equal on fake tensors failed)."""
+    assert main(["train", "--dry-run", "--model", "tiny", "--seq-len", "512", "--world-size", "4", "--strategy",
+                 "usp", "--ulysses-degree", "2", "--fsdp", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["sent_by_op"]["forward/qkv"] > 0 and report["sent_by_op"]["forward/kv"] > 0, report["sent_by_op"]

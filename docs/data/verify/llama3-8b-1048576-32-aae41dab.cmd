@@ -1,0 +1,1 @@
+burstattn train --model llama3-8b --seq-len 1048576 --batch 1 --strategy ulysses --world-size 32 --dp 1 --cp 32 --tp 1 --checkpointing none --mlp-chunk 16384 --loss-chunk 2048 --offload none --dtype bfloat16 --fsdp --fused-loss
