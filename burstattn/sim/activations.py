@@ -197,10 +197,14 @@ def training_activations(m: LlamaConfig, s: ActivationShape, *, checkpointing: s
     attention call's forward peak and its backward buffers beyond its output and LSE; ``grads``:
     every gradient (sharded, with FSDP); ``eager_shared``: see :func:`layer_kept`."""
     layer = layer_kept(m, s, checkpointing, eager_units, through_op, mlp_chunk, eager_shared)
-    kept = m.n_layers * layer + head_kept(m, s, loss_chunk, fused_loss)
+    head = head_kept(m, s, loss_chunk, fused_loss)
+    kept = m.n_layers * layer + head
     inputs = (m.n_layers + (1 if loss_chunk or fused_loss else 0)) * s.rows * m.dim * s.e
     host = {"all": kept, "inputs": min(kept, inputs)}.get(offload, 0.0)
     dev = kept - host
+    # the loss's backward unpacks what the head kept back onto the device (offload "all": all of it, e.g. a
+    # whole loss's float32 log-probabilities; "inputs": the final hidden state of a chunked or fused loss)
+    head_back = {"all": head, "inputs": s.rows * m.dim * s.e if (loss_chunk or fused_loss) else 0.0}.get(offload, 0.0)
     one = layer * (dev / kept if kept else 0.0)
     after_loss = dev - (fused_gradients(m, s) if fused_loss else 0.0)  # the fused loss's gradients are handed on
     at_attention, at_mlp = layer_backward(m, s, checkpointing, mlp_chunk, eager_units, through_op, eager_shared)
@@ -216,7 +220,8 @@ def training_activations(m: LlamaConfig, s: ActivationShape, *, checkpointing: s
 
     phases = {
         "forward": {k: dev, ATTENTION: attention_fwd} if attention_fwd >= logits else {k: dev, "logits": logits},
-        "loss backward": {k: dev, "logits": head_transient(m, s, loss_chunk, True, fused_loss)},  # before any weight gradient
+        "loss backward": {k: dev + min(head_back, host),  # before any weight gradient
+                          "logits": head_transient(m, s, loss_chunk, True, fused_loss)},
         "first layer's backward": backward(after_loss, g_head + g_layer),
         "last layer's backward": backward(one, max(g_head + g_layer, grads - g_emb)),
         "optimizer": {GRADIENTS: grads, "optimizer temporary": param_fp32},
