@@ -70,6 +70,18 @@ def cuda_workspace_bytes(job) -> int:
     return int((cfg.batch // dims.dp) * rows * heads * (m.head_dim + 1) * 4)
 
 
+def as_on_a_gpu(job) -> None:
+    """The attention's path as a GPU takes it: where the context-parallel group is one rank (``cp = 1``:
+    one GPU, or tensor parallelism alone), a 16-bit call on a GPU's cuDNN / flash kernel is one dense
+    block with the kernel's own backward (``strategies.burst.alone``), while the CPU kernel of the fake
+    tensors would run the engine's float32 tiles (other buffers; at a million tokens, hours of fake ops).
+    ``grad_partials="kernel"`` takes the GPU's path on the fake CPU tensors (the same allocations: the
+    kernel's outputs, the workspace of :func:`cuda_workspace_bytes` added). Other groups are left as
+    they are: a GPU's multi-rank 16-bit call runs the float32 tiles too."""
+    if job.dims.cp == 1 and job.attn.strategy in ("burst", "ring") and "grad_partials" not in job.attn.options:
+        job.attn.options["grad_partials"] = "kernel"
+
+
 def _check(cfg: TrainConfig, world_size: int, rank: int) -> None:
     if not isinstance(world_size, int) or not 1 <= world_size <= MAX_WORLD:
         raise ValueError(f"--world-size must be an int from 1 to {MAX_WORLD} for --dry-run, got {world_size!r}")
@@ -162,6 +174,8 @@ def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool 
         except Exception as exc:  # building the job (meshes, TP, FSDP2): one line, as for the step
             raise DryRunError(f"the fake mode cannot build the job: {_one_line(exc)}") from exc
         job.model.offload_host = torch.device("meta")  # --offload: the host copies leave the tracked device
+        if device == "cuda":
+            as_on_a_gpu(job)
         batch = _batch(job, DRY_STEP)
         tracked = next(job.model.parameters()).device
         host_refs = OFFLOADED if cfg.offload_optimizer and device == "cuda" else frozenset()  # CPUOffloadPolicy: host
