@@ -158,10 +158,12 @@ def tile_bytes(strategy: str, *, batch: int, local_seq: int, world: int, q_heads
     """The float32 tile copies of a 16-bit attention backward (:data:`TILE_BYTES`; 0 for 32 and 64
     bits). The kernel call's query rows: half the local shard for the ring strategies and allgather
     (zigzag's halves), half of what the all-to-all gathers for ulysses and usp (their heads over its
-    degree), the whole sequence for tp (``local_seq``)."""
+    degree), the whole sequence for tp (``local_seq``). None over one rank (``world`` 1: tp alone, or one
+    GPU): on a GPU such a call is one dense block with the kernel's own 16-bit backward
+    (``strategies.burst.alone``; the dry run takes that path, ``train.dryrun.as_on_a_gpu``)."""
     from ..kernels.base import chunk_rows
 
-    if e >= 4:
+    if e >= 4 or world == 1:  # one rank (tp, one GPU): one dense block, the GPU kernel's own backward (alone())
         return 0.0
     hq, hkv = q_heads / groups, kv_heads / groups
     rows = local_seq // 2

@@ -1,0 +1,1 @@
+burstattn train --model llama3-8b --seq-len 1048576 --batch 1 --strategy usp --world-size 32 --dp 1 --cp 16 --tp 2 --checkpointing remat --mlp-chunk 16384 --loss-chunk 16384 --offload all --dtype bfloat16 --fsdp --fused-loss --ulysses-degree 4
