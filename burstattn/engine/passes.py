@@ -220,15 +220,15 @@ class ForwardAccs:
         if isinstance(c, Whole):
             return self.received(side, acc, (c.acc[1], c.acc[0]))
         rows, (o_j, lse_j) = c.rows, c.tensors
-        if acc is None and _full(rows, self.shape[2]):  # the first partial covers every row: adopt it
-            return o_j.to(self.acc).contiguous(), lse_j.to(self.acc).contiguous()
+        if acc is None and _full(rows, self.shape[2]):  # the first partial covers every row: adopt it, in the
+            return o_j.to(self.acc), lse_j.to(self.acc)  # kernel's own strides (made contiguous only to be sent)
         acc = self.empty() if acc is None else acc
         merge_(acc[0][:, :, rows], acc[1][:, :, rows], o_j, lse_j)
         return acc
 
     def wire(self, side, acc):
         out, lse = self.empty() if acc is None else acc
-        return lse, out.to(self.dtype)
+        return lse.contiguous(), out.to(self.dtype).contiguous()
 
     def like(self, side):
         b, h, n, d = self.shape
@@ -262,15 +262,15 @@ class BackwardAccs:
             return self.received(side, acc, c.acc)
         rows, parts = c.rows, c.tensors
         n = self.shapes[side][0][2]
-        if acc is None and _full(rows, n):  # the first partial covers every row: adopt it (sendable)
-            return tuple(x.to(self.acc).contiguous() for x in parts)
+        if acc is None and _full(rows, n):  # the first partial covers every row: adopt it, in the kernel's
+            return tuple(x.to(self.acc) for x in parts)  # own strides (made contiguous only to be sent: wire)
         acc = self.zeros(side) if acc is None else acc
         for a, x in zip(acc, parts):
             a[:, :, rows].add_(x)  # in place on the view (`+=` on an index also writes the view back)
         return acc
 
     def wire(self, side, acc):
-        return self.zeros(side) if acc is None else acc
+        return self.zeros(side) if acc is None else tuple(x.contiguous() for x in acc)
 
     def like(self, side):
         return tuple(torch.empty(s, dtype=self.acc, device=self.device) for s in self.shapes[side])

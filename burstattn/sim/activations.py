@@ -106,6 +106,20 @@ def layer_kept(m: LlamaConfig, s: ActivationShape, checkpointing: str, eager_uni
     return r * 2 * s.norm(h) + a * 2 * h * e + attention + a * 4 * f * e
 
 
+def layer_forward(m: LlamaConfig, s: ActivationShape) -> float:
+    """One layer's forward working set beside what earlier layers keep (bytes), every tensor of its
+    attention half counted as alive at once: the residual side's input, the output projection's result and
+    the new residual (``3 rows x dim``); the attention side's norm output, q, k, v, the rotated q and k, the
+    attention output and its ``[rows, Hq x hd]`` copy for ``wo``, and the rotation's float32 copies of q and k.
+    Small against what is kept at tens of thousands of tokens per rank; at a million tokens on one rank
+    with everything offloaded it is the forward's peak (llama3-8b, one GPU, 1,144,832 tokens, remat, offload
+    ``all``: 91 KB per token counted here, 95 measured by the dry run, docs/simulation.md)."""
+    h, hd, hq, hkv, _, _ = _dims(m, s.tp)
+    e, r, a = s.e, s.rows, s.attn_rows
+    attention = a * (h + 2 * hq * hd + 3 * hkv * hd + 2 * hq * hd) * e + a * (hq + hkv) * hd * 4
+    return 3 * r * h * e + attention
+
+
 def head_kept(m: LlamaConfig, s: ActivationShape, loss_chunk: int, fused: bool = False) -> float:
     """Bytes the final norm and the loss keep: the float32 log-probabilities of every row, or, in
     chunks, only the final hidden state; the fused loss (``burstattn.models.fused_loss``) keeps the
@@ -211,6 +225,8 @@ def training_activations(m: LlamaConfig, s: ActivationShape, *, checkpointing: s
     transient, name = (at_attention + attention_bwd, None) if at_attention + attention_bwd >= at_mlp else (at_mlp, "MLP chunk")
     g_layer, g_head, g_emb = param_bytes(m, s.tp, s.e)
     logits = head_transient(m, s, loss_chunk, False, fused_loss)
+    # the layer's input is part of what every checkpointing mode keeps: counted once, in `dev`, unless offloaded
+    working = layer_forward(m, s) - (s.rows * m.dim * s.e if offload == "none" else 0.0)
     k = "kept activations"
 
     def backward(kept_now: float, grads_now: float) -> dict:
@@ -219,7 +235,8 @@ def training_activations(m: LlamaConfig, s: ActivationShape, *, checkpointing: s
         return {k: kept_now, GRADIENTS: grads_now, ATTENTION: attention_bwd, "recomputed layer": at_attention}
 
     phases = {
-        "forward": {k: dev, ATTENTION: attention_fwd} if attention_fwd >= logits else {k: dev, "logits": logits},
+        "forward": ({k: dev, "layer forward": working, ATTENTION: attention_fwd} if working + attention_fwd >= logits
+                    else {k: dev, "logits": logits}),
         "loss backward": {k: dev + min(head_back, host),  # before any weight gradient
                           "logits": head_transient(m, s, loss_chunk, True, fused_loss)},
         "first layer's backward": backward(after_loss, g_head + g_layer),

@@ -8,8 +8,12 @@ from burstattn.sim.validation import target_rows, targets_markdown
 
 def test_planner_targets():
     rows = target_rows()
+    missed = {(r["model"], r["gpus"], r["offload"]) for r in rows if r["tokens"] < r["published"]}
+    # the one target the planner misses since the memory model counts a layer's forward working set
+    # (sim.activations.layer_forward, found by the one-GPU dry run at 1.1M tokens): llama3-8b on 32 GPUs
+    # without offload, 6,250,496 tokens against 6 x 2^20 (docs/simulation.md, "The targets of issue 27")
+    assert missed == {("llama3-8b", 32, "none")}, missed
     for r in rows:
-        assert r["tokens"] >= r["published"], (r["model"], r["offload"], r["tokens"], r["published"])
         assert r["binding"] and r["peak_memory_bytes"] <= 80e9
         if r["offload"] == "none":
             assert r["options"]["offload"] == "none" and r["host_memory_bytes"] == 0
