@@ -136,7 +136,8 @@ def sim_config(cfg, world: int, hw=None):
     return SimConfig(model_config(cfg), cfg.seq_len, hw or hw_preset("h100-nvlink-ib"), cfg.strategy, "train", cp=dims.cp,
                      tp=dims.tp, dp=dims.dp, batch=cfg.batch, checkpointing=cfg.checkpointing, fsdp=cfg.fsdp,
                      dtype=getattr(torch, cfg.dtype), mlp_chunk=mcfg.mlp_chunk, loss_chunk=mcfg.loss_chunk,
-                     offload=cfg.offload, fused_loss=cfg.fused_loss)
+                     offload=cfg.offload, fused_loss=cfg.fused_loss, offload_optimizer=cfg.offload_optimizer,
+                     head_chunks=cfg.head_chunks, schedule=cfg.schedule, ulysses_degree=cfg.ulysses_degree)
 
 
 def fresh_probe(world: int, cfg, variant: str = "lean", threads: int = 1,

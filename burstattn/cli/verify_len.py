@@ -4,7 +4,8 @@ For each of the K longest answers the plan row of that strategy and degrees is t
 ranking at that length and its ``burstattn train`` command is dry-run (rank 0, :mod:`.verify`). A length is
 confirmed when the dry run's peak leaves :data:`HEADROOM` of the device memory free; otherwise the length
 is shortened by the ratio of that limit to the dry run's peak (down to a multiple of the plan's sequence
-step) and dry-run again, at most :data:`TRIES` times. Every check is reported (length, predicted and dry-run
+step) and dry-run again with the same options where the ranking there has that plan, at most :data:`TRIES`
+times. Every check is reported (length, predicted and dry-run
 peak, whether it fits); an answer no check confirmed says so (``confirmed_tokens: None``).
 """
 from __future__ import annotations
@@ -19,9 +20,29 @@ stated assumption, not measured here (no GPU): docs/simulation.md."""
 TRIES = 3
 
 
-def _row(rows: list[dict], label: str, degrees: dict) -> Optional[dict]:
+def _row(rows: list[dict], label: str, degrees: dict, command: Optional[str] = None) -> Optional[dict]:
+    """The first row of ``label`` at ``degrees``; with ``command`` (the first check's, its ``--seq-len``
+    changed), the row of that same plan if the ranking has it: a shortened length keeps its options, so its
+    peak falls with the length (the planner's best row there may fill the memory again with other options)."""
     match = [r for r in rows if r["strategy"] == label and r["degrees"] == degrees and "train" in r.get("config", {})]
-    return match[0] if match else None
+    same = [r for r in match if command is not None and r["config"]["train"] == command]
+    return (same or match or [None])[0]
+
+
+def _predicted(command: str) -> float:
+    """The memory model's peak of a ``burstattn train`` command (what the planner computes for it)."""
+    from ..bench.train_memory import sim_config
+    from ..sim.step import memory_model
+    from .verify import train_config
+
+    cfg, world = train_config(command)
+    return memory_model(sim_config(cfg, world)).peak
+
+
+def _with_length(command: str, tokens: int) -> str:
+    words = command.split()
+    words[words.index("--seq-len") + 1] = str(tokens)
+    return " ".join(words)
 
 
 def confirm_lengths(res: dict, k: int, ranking: Callable[[int], list[dict]], capacity: float,
@@ -36,12 +57,16 @@ def confirm_lengths(res: dict, k: int, ranking: Callable[[int], list[dict]], cap
     limit = (1.0 - HEADROOM) * capacity
     out = []
     for label, v in sorted(res.items(), key=lambda kv: -kv[1]["tokens"])[:k]:
-        tokens, checks, confirmed = v["tokens"], [], None
+        tokens, checks, confirmed, first = v["tokens"], [], None, None
         step = granularity * 2 * max(1, v["degrees"]["cp"])
         for _ in range(TRIES):
-            row = _row(ranking(tokens), label, v["degrees"]) if tokens > 0 else None
+            same = None if first is None else _with_length(first, tokens)
+            row = _row(ranking(tokens), label, v["degrees"], same) if tokens > 0 else None
             if row is None:
                 break
+            if same is not None and row["config"]["train"] != same:  # not in the ranking: the model of it
+                row = {"config": {"train": same}, "peak_memory_bytes": _predicted(same)}
+            first = first or row["config"]["train"]
             cfg, world = train_config(row["config"]["train"])
             try:
                 peak = dry_run(cfg, world, 0)["peak_bytes"]
