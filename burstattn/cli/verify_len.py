@@ -29,6 +29,20 @@ def _row(rows: list[dict], label: str, degrees: dict, command: Optional[str] = N
     return (same or match or [None])[0]
 
 
+def _shorter(checks: list[dict], limit: float, step: int) -> int:
+    """The next length to try, a multiple of ``step`` at least one step shorter: where the peak would meet
+    ``limit`` on the line through the last two checks (the same plan: the peak is a fixed part plus a part
+    that grows with the length), else the last length scaled by ``limit / peak`` (as if it all grew)."""
+    last = checks[-1]
+    t, p = last["tokens"], last["dry_run_peak_bytes"]
+    guess = t * limit / p
+    if len(checks) >= 2 and "dry_run_peak_bytes" in checks[-2]:
+        t0, p0 = checks[-2]["tokens"], checks[-2]["dry_run_peak_bytes"]
+        if t0 != t and p0 > p:
+            guess = t + (limit - p) * (t0 - t) / (p0 - p)
+    return min(int(guess) // step * step, (t // step - 1) * step)
+
+
 def _predicted(command: str) -> float:
     """The memory model's peak of a ``burstattn train`` command (what the planner computes for it)."""
     from ..bench.train_memory import sim_config
@@ -79,7 +93,7 @@ def confirm_lengths(res: dict, k: int, ranking: Callable[[int], list[dict]], cap
             if fits:
                 confirmed = tokens
                 break
-            tokens = int(tokens * limit / peak) // step * step  # peak grows at least as fast as the length
+            tokens = _shorter(checks, limit, step)
         out.append({"strategy": label, "degrees": v["degrees"], "planned_tokens": v["tokens"],
                     "confirmed_tokens": confirmed, "headroom": HEADROOM, "checks": checks})
     return out

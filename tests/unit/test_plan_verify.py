@@ -67,3 +67,15 @@ def test_max_seq_len_verify_confirms_only_what_fits(capsys):
     assert last["fits"] == (row["confirmed_tokens"] is not None)
     if last["fits"]:
         assert row["confirmed_tokens"] == last["tokens"] and last["dry_run_peak_bytes"] <= (1 - HEADROOM) * cap
+
+
+def test_shorter_meets_the_limit_on_the_line_through_two_checks():
+    from burstattn.cli.verify_len import _shorter
+
+    one = [{"tokens": 100 * 1024, "dry_run_peak_bytes": 120}]
+    assert _shorter(one, 100, 1024) == 83 * 1024  # 100K x 100/120, down to a step
+    # a fixed part of 20 and 1 per 1,024 tokens: the line meets 100 at 80K
+    two = one + [{"tokens": 90 * 1024, "dry_run_peak_bytes": 110}]
+    assert _shorter(two, 100, 1024) == 80 * 1024
+    # never the same length again: at least one step shorter
+    assert _shorter([{"tokens": 10 * 1024, "dry_run_peak_bytes": 101}], 100.9, 1024) == 9 * 1024
