@@ -137,7 +137,7 @@ def sim_config(cfg, world: int, hw=None):
                      tp=dims.tp, dp=dims.dp, batch=cfg.batch, checkpointing=cfg.checkpointing, fsdp=cfg.fsdp,
                      dtype=getattr(torch, cfg.dtype), mlp_chunk=mcfg.mlp_chunk, loss_chunk=mcfg.loss_chunk,
                      offload=cfg.offload, fused_loss=cfg.fused_loss, offload_optimizer=cfg.offload_optimizer,
-                     head_chunks=cfg.head_chunks, schedule=cfg.schedule, ulysses_degree=cfg.ulysses_degree)
+                     head_chunks=cfg.head_chunks, schedule=cfg.schedule, ulysses_degree=cfg.ulysses_degree or None)
 
 
 def fresh_probe(world: int, cfg, variant: str = "lean", threads: int = 1,
