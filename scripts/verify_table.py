@@ -84,13 +84,9 @@ def rows_md(args, store: Path) -> list[str]:
 def stored_row(store: Path, name: str) -> str:
     """The markdown row of a stored dry run of any ``burstattn train`` command (``NAME.cmd``), against the
     memory model of the same configuration (``sim.step.memory_model``: what the planner computes for it)."""
-    from burstattn.bench.train_memory import sim_config
-    from burstattn.cli.verify import TERMS, compare, train_config
-    from burstattn.sim.step import memory_model
+    from burstattn.cli.verify import TERMS, command_model, compare
 
-    cmd = (store / f"{name}.cmd").read_text().strip()
-    cfg, world = train_config(cmd)
-    mem = memory_model(sim_config(cfg, world))
+    cfg, _, mem = command_model((store / f"{name}.cmd").read_text().strip())
     c = compare(mem.by_term(), mem.peak, json.loads((store / f"{name}.json").read_text()), mem.capacity)
     terms = " ".join(f"{c['predicted_by_term'][t] / GIB:.1f}/{c['dry_run_by_term'][t] / GIB:.1f}" for t in TERMS)
     what = (f"{cfg.strategy}{'(' + cfg.schedule + ')' if cfg.schedule != 'ring' else ''} | {cfg.dp or 1}/{cfg.cp}/"

@@ -3,7 +3,7 @@ beside the dry run's, term by term.
 
 The plan's own ``burstattn train`` command (:func:`burstattn.sim.planner.configuration`) is parsed by
 ``train``'s own parser, so the dry run runs exactly the configuration the planner tells a user to run.
-The pure parts (:func:`train_config`, :func:`compare`) take no process group and are unit-tested.
+The pure parts (:func:`train_config`, :func:`command_model`, :func:`compare`) take no process group and are unit-tested.
 """
 from __future__ import annotations
 
@@ -25,6 +25,16 @@ def train_config(command: str):
     train.add(parser.add_subparsers(dest="command"))
     ns = parser.parse_args(words[1:])
     return train.config_of(ns), ns.world_size or 1
+
+
+def command_model(command: str):
+    """``(TrainConfig, world_size, MemoryModel)`` of a ``burstattn train ...`` command: the simulator's
+    memory model of exactly that configuration (what the planner computes for it; ``.peak``, ``.by_term()``)."""
+    from ..bench.train_memory import sim_config
+    from ..sim.step import memory_model
+
+    cfg, world = train_config(command)
+    return cfg, world, memory_model(sim_config(cfg, world))
 
 
 def compare(predicted: dict, predicted_peak: float, dry: dict, capacity: Optional[float]) -> dict:

@@ -45,12 +45,9 @@ def _shorter(checks: list[dict], limit: float, step: int) -> int:
 
 def _predicted(command: str) -> float:
     """The memory model's peak of a ``burstattn train`` command (what the planner computes for it)."""
-    from ..bench.train_memory import sim_config
-    from ..sim.step import memory_model
-    from .verify import train_config
+    from .verify import command_model
 
-    cfg, world = train_config(command)
-    return memory_model(sim_config(cfg, world)).peak
+    return command_model(command)[2].peak
 
 
 def _with_length(command: str, tokens: int) -> str:

@@ -16,12 +16,10 @@ RUNS = sorted(p.stem for p in STORE.glob("*.json"))
 
 
 def _model(name: str):
-    from burstattn.bench.train_memory import sim_config
-    from burstattn.cli.verify import train_config
-    from burstattn.sim.step import memory_model
+    from burstattn.cli.verify import command_model
 
-    cfg, world = train_config((STORE / f"{name}.cmd").read_text().strip())
-    return cfg, memory_model(sim_config(cfg, world)), json.loads((STORE / f"{name}.json").read_text())
+    cfg, _, mem = command_model((STORE / f"{name}.cmd").read_text().strip())
+    return cfg, mem, json.loads((STORE / f"{name}.json").read_text())
 
 
 def test_the_store_has_every_strategy():
