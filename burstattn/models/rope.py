@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.base import chunk_rows
 from .norms import plain
 
 
@@ -52,16 +53,33 @@ def _rotate(x: torch.Tensor, positions: torch.Tensor, theta: float, sign: float)
     return (xf * emb.cos() - rotate_half(xf * emb.sin())).to(x.dtype)
 
 
+def _rotate_chunks(x: torch.Tensor, positions: torch.Tensor, theta: float, sign: float) -> torch.Tensor:
+    """:func:`_rotate` of ``x [B, n, H, head_dim]`` over :func:`~burstattn.kernels.base.chunk_rows` positions
+    at a time (32 MiB of float32 per temporary), into one output in x's dtype: the same values (the rotation
+    is elementwise per position), but the float32 temporaries of a long shard (at half a million tokens on
+    one GPU, four float32 copies of q: the backward's largest buffers) stay one chunk's. One chunk (the
+    usual case) runs the whole shard at once."""
+    n = x.shape[1]
+    step = chunk_rows(x[:, :1].numel())
+    if n <= step:
+        return _rotate(x, positions, theta, sign)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    for i in range(0, n, step):
+        out[:, i:i + step] = _rotate(x[:, i:i + step], positions[i:i + step], theta, sign)
+    return out
+
+
 class _RotaryFunction(torch.autograd.Function):
-    """The rotation as one autograd node that saves only the positions (cos/sin rebuilt backward)."""
+    """The rotation as one autograd node that saves only the positions (cos/sin rebuilt backward),
+    positions in chunks (:func:`_rotate_chunks`), forward and backward."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
         ctx.save_for_backward(positions)
         ctx.theta = theta
-        return _rotate(x, positions, theta, sign=1.0)
+        return _rotate_chunks(x, positions, theta, sign=1.0)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (positions,) = ctx.saved_tensors
-        return _rotate(grad, positions, ctx.theta, sign=-1.0), None, None
+        return _rotate_chunks(grad, positions, ctx.theta, sign=-1.0), None, None

@@ -107,17 +107,16 @@ def layer_kept(m: LlamaConfig, s: ActivationShape, checkpointing: str, eager_uni
 
 
 def layer_forward(m: LlamaConfig, s: ActivationShape) -> float:
-    """One layer's forward working set beside what earlier layers keep (bytes), every tensor of its
-    attention half counted as alive at once: the residual side's input, the output projection's result and
-    the new residual (``3 rows x dim``); the attention side's norm output, q, k, v, the rotated q and k, the
-    attention output and its ``[rows, Hq x hd]`` copy for ``wo``, and the rotation's float32 copies of q and k.
-    Small against what is kept at tens of thousands of tokens per rank; at a million tokens on one rank
-    with everything offloaded it is the forward's peak (llama3-8b, one GPU, 1,144,832 tokens, remat, offload
-    ``all``: 91 KB per token counted here, 95 measured by the dry run, docs/simulation.md)."""
+    """One layer's forward working set beside what earlier layers keep (bytes), at the attention call:
+    the layer's input, its normed copy (gathered over tp), the rotated q and k and v (the rotation runs
+    in chunks of positions: ``models.rope``, its float32 temporaries one chunk's); the call's own output,
+    LSE and buffers are the attention call's term. The residual side (input, attention output, its
+    projection and the new residual: ``4 x rows x dim``) is smaller for LLaMA's shapes. Counted against
+    the dry run's allocations (llama3-8b, one GPU, 65,536 tokens, remat, offload ``all``: 28.7 KB per token
+    here, 28.7 measured before the call's output and LSE, docs/simulation.md)."""
     h, hd, hq, hkv, _, _ = _dims(m, s.tp)
     e, r, a = s.e, s.rows, s.attn_rows
-    attention = a * (h + 2 * hq * hd + 3 * hkv * hd + 2 * hq * hd) * e + a * (hq + hkv) * hd * 4
-    return 3 * r * h * e + attention
+    return r * h * e + a * (h + (hq + 2 * hkv) * hd) * e
 
 
 def head_kept(m: LlamaConfig, s: ActivationShape, loss_chunk: int, fused: bool = False) -> float:
@@ -178,7 +177,7 @@ def layer_backward(m: LlamaConfig, s: ActivationShape, checkpointing: str, mlp_c
     differentiates)``."""
     h, hd, hq, hkv, _, _ = _dims(m, s.tp)
     e, r, a = s.e, s.rows, s.attn_rows
-    grads = a * hq * hd * e  # dO (the residual's gradient is not alive at the attention call's peak: measured)
+    grads = a * hq * hd * e + r * h * e  # dO and the residual's gradient (it waits for the attention branch's)
     if checkpointing == "none":
         recompute = 0.0
     elif checkpointing == "full":  # the whole layer again but its input, its MLP in chunks
@@ -206,7 +205,8 @@ def training_activations(m: LlamaConfig, s: ActivationShape, *, checkpointing: s
     call's forward or a loss chunk), the loss's backward (kept + the head's gradients + logits and
     their gradients), the first layer's backward (kept + the head's and that layer's gradients + the
     attention call's backward buffers and the layer's recomputation, or an MLP chunk), the last
-    layer's backward (one layer kept + every gradient but the embedding's) and the optimizer step
+    layer's backward (one layer kept, back from the host where offloaded + the head's and that layer's gradients
+    and the other layers') and the optimizer step
     (gradients + a float32 temporary of the parameters). ``attention_fwd`` / ``attention_bwd``: the
     attention call's forward peak and its backward buffers beyond its output and LSE; ``grads``:
     every gradient (sharded, with FSDP); ``eager_shared``: see :func:`layer_kept`."""
@@ -219,12 +219,17 @@ def training_activations(m: LlamaConfig, s: ActivationShape, *, checkpointing: s
     # the loss's backward unpacks what the head kept back onto the device (offload "all": all of it, e.g. a
     # whole loss's float32 log-probabilities; "inputs": the final hidden state of a chunked or fused loss)
     head_back = {"all": head, "inputs": s.rows * m.dim * s.e if (loss_chunk or fused_loss) else 0.0}.get(offload, 0.0)
-    one = layer * (dev / kept if kept else 0.0)
+    on_host = layer * (host / kept if kept else 0.0)  # of one layer's kept tensors: unpacked when it differentiates
     after_loss = dev - (fused_gradients(m, s) if fused_loss else 0.0)  # the fused loss's gradients are handed on
     at_attention, at_mlp = layer_backward(m, s, checkpointing, mlp_chunk, eager_units, through_op, eager_shared)
     transient, name = (at_attention + attention_bwd, None) if at_attention + attention_bwd >= at_mlp else (at_mlp, "MLP chunk")
     g_layer, g_head, g_emb = param_bytes(m, s.tp, s.e)
+    # of every gradient, the other layers' (done by the last layer's backward; the head's and the embedding's
+    # are reduced with the root's at the end under FSDP2, its unsharded head gradient held till then)
+    others = (m.n_layers - 1) * g_layer / (m.n_layers * g_layer + g_head + g_emb)
     logits = head_transient(m, s, loss_chunk, False, fused_loss)
+    if fused_loss and offload == "all":  # its gradients are filled on the device, offloaded only once saved
+        logits += fused_gradients(m, s)
     # the layer's input is part of what every checkpointing mode keeps: counted once, in `dev`, unless offloaded
     working = layer_forward(m, s) - (s.rows * m.dim * s.e if offload == "none" else 0.0)
     k = "kept activations"
@@ -239,8 +244,8 @@ def training_activations(m: LlamaConfig, s: ActivationShape, *, checkpointing: s
                     else {k: dev, "logits": logits}),
         "loss backward": {k: dev + min(head_back, host),  # before any weight gradient
                           "logits": head_transient(m, s, loss_chunk, True, fused_loss)},
-        "first layer's backward": backward(after_loss, g_head + g_layer),
-        "last layer's backward": backward(one, max(g_head + g_layer, grads - g_emb)),
+        "first layer's backward": backward(after_loss + on_host, g_head + g_layer),
+        "last layer's backward": backward(layer, g_head + g_layer + grads * others),
         "optimizer": {GRADIENTS: grads, "optimizer temporary": param_fp32},
     }
     totals = {p: sum(t.values()) for p, t in phases.items()}

@@ -145,6 +145,21 @@ FORWARD_SHARE = 0.55  # forward-only peak over fwd+bwd peak of the others (no gr
 CHUNK_CONCAT = 2.3
 
 
+ALONE = ("burst", "ring", "distflash")  # over one rank: one kernel call (strategies.burst.alone)
+
+
+def alone_buffers(*, batch: int, local_seq: int, q_heads: int, kv_heads: int, head_dim: int, e: int,
+                  backward: bool) -> float:
+    """A ring strategy over one rank (one GPU, or cp = 1 beside tp): one kernel call, forward its output
+    and LSE; backward also dQ, dK, dV and flash-attn 2's backward workspace (float32 ``dq_accum
+    [B, n, Hq, d]`` and ``softmax_d [B, Hq, n]``: ``train.dryrun.flash_workspace_bytes``)."""
+    rows = batch * local_seq
+    out_lse = rows * q_heads * (head_dim * e + 4)
+    if not backward:
+        return out_lse
+    return out_lse + rows * (q_heads + 2 * kv_heads) * head_dim * e + rows * q_heads * (head_dim + 1) * 4
+
+
 # A 16-bit backward runs on float32 copies of one square tile at a time (``engine.passes.BlockCalls``: q, dO,
 # O and K, V, and the kernel's float32 gradients): TILE_BYTES bytes per tile row and (query + kv) head
 # element of the call's head group, the tile's side the kernel call's query rows capped by
@@ -192,6 +207,9 @@ def attention_buffers(strategy: str, *, batch: int, local_seq: int, world: int, 
         unit = q_heads * batch * local_seq * head_dim * (e + 4) / 2
         return group + unit * (whole * (head_chunks - 1) / head_chunks + (CHUNK_CONCAT if backward else 1.0))
     key = "distflash" if (strategy == "burst" and schedule == "distflash") else strategy
+    if world == 1 and key in ALONE:
+        return alone_buffers(batch=batch, local_seq=local_seq, q_heads=q_heads, kv_heads=kv_heads,
+                             head_dim=head_dim, e=e, backward=backward)
     if key not in CALL_UNITS:
         raise ValueError(f"no memory model for strategy {strategy!r}; known: {sorted(CALL_UNITS)}")
     cq, ckv, cg = CALL_UNITS[key]

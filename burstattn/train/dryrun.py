@@ -15,8 +15,9 @@ What is measured and what is not:
 * Kernel workspace: the local attention kernel is the CPU flash op, whose fake implementation
   allocates its outputs (output, LSE, gradients) only. A GPU's flash-attention backward also
   allocates a float32 ``dq`` accumulator and a float32 row sum ``D`` of the largest local kernel
-  call: :func:`cuda_workspace_bytes` adds ``B x n_q x Hq x (d + 1) x 4`` bytes (flash-attn 2's
-  ``dq_accum`` and ``softmax_d``) to the backward's peak and says so (``workspace_bytes``).
+  call: :func:`flash_workspace_bytes` adds ``B x n_q x Hq x (d + 1) x 4`` bytes (flash-attn 2's
+  ``dq_accum`` and ``softmax_d``) at each kernel backward call, to what is alive then (its outputs
+  allocated), and says so (``workspace_bytes``: the largest call's).
 * Host state: with ``--offload-optimizer`` (FSDP2's ``CPUOffloadPolicy``) the sharded parameters,
   gradients and optimizer state are host memory on a GPU; here every fake tensor is a CPU tensor, so
   the tracker leaves those reference types out of the device's bytes and reports them as
@@ -60,14 +61,17 @@ def warm_optimizer(job) -> None:
     job.optimizer.zero_grad(set_to_none=True)
 
 
-def cuda_workspace_bytes(job) -> int:
-    """flash-attn 2's backward workspace of this rank's attention call: float32 ``dq_accum
-    [B, n, Hq, d]`` and ``softmax_d [B, Hq, n]`` (``n`` the local query rows one kernel call sees:
-    the full sequence for ulysses and tp, the local shard otherwise)."""
-    m, dims, cfg = job.model.config, job.dims, job.cfg
-    rows = cfg.seq_len if job.attn_strategy in ("ulysses", "allgather") or dims.tp > 1 else cfg.seq_len // dims.cp
-    heads = m.n_heads // dims.tp // (dims.cp if job.attn_strategy == "ulysses" else 1)
-    return int((cfg.batch // dims.dp) * rows * heads * (m.head_dim + 1) * 4)
+_CPU_FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
+
+def flash_workspace_bytes(func, args) -> int:
+    """flash-attn 2's backward workspace of one local kernel call, for the CPU flash op's backward that
+    stands for it on the fake tensors: float32 ``dq_accum [B, n_q, Hq, d]`` and ``softmax_d [B, Hq, n_q]``
+    (``args[1]``: the call's ``q [B, Hq, n_q, d]``), alive while the call runs; 0 for any other op."""
+    if func is not _CPU_FLASH_BWD:
+        return 0
+    b, h, n, d = args[1].shape
+    return int(b * h * n * (d + 1) * 4)
 
 
 def as_on_a_gpu(job) -> None:
@@ -76,7 +80,7 @@ def as_on_a_gpu(job) -> None:
     block with the kernel's own backward (``strategies.burst.alone``), while the CPU kernel of the fake
     tensors would run the engine's float32 tiles (other buffers; at a million tokens, hours of fake ops).
     ``grad_partials="kernel"`` takes the GPU's path on the fake CPU tensors (the same allocations: the
-    kernel's outputs, the workspace of :func:`cuda_workspace_bytes` added). Other groups are left as
+    kernel's outputs, the workspace of :func:`flash_workspace_bytes` added). Other groups are left as
     they are: a GPU's multi-rank 16-bit call runs the float32 tiles too."""
     if job.dims.cp == 1 and job.attn.strategy in ("burst", "ring") and "grad_partials" not in job.attn.options:
         job.attn.options["grad_partials"] = "kernel"
@@ -183,6 +187,8 @@ def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool 
                    else DryRunTracker(tracked))
         if not cfg.fsdp:
             tracker.track_external(job.model, job.optimizer)
+        if device == "cuda":
+            tracker.workspace_of = flash_workspace_bytes
         hooks = _phase_hooks(job, tracker)
         try:
             with tracker, comm_stats() as stats:
@@ -198,17 +204,13 @@ def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool 
         finally:
             for h in hooks:
                 h.remove()
-    workspace = cuda_workspace_bytes(job) if device == "cuda" else 0
-    phase_peaks = dict(tracker.phase_peaks)
-    phase_peaks["backward"] += workspace
-    peak = max(tracker.peak_bytes, phase_peaks["backward"])
-    split = dict(tracker.peak_split)
-    split["temporaries"] += peak - tracker.peak_bytes
+    workspace, phase_peaks = tracker.workspace_bytes, dict(tracker.phase_peaks)
+    peak, split = tracker.peak_bytes, dict(tracker.peak_split)
     report = dict(rank=rank, world_size=world_size, device=device, peak_bytes=int(peak), peak_by_category=split,
                   peak_by_phase=phase_peaks, step_peak_bytes=int(tracker.peak_bytes - tracker.start_bytes),
                   start_bytes=int(tracker.start_bytes), workspace_bytes=workspace,
                   workspace="CPU flash op's outputs counted; flash-attn 2 backward dq_accum + softmax_d (float32) "
-                            "added to the backward",
+                            "added at each kernel backward call",
                   host_bytes=int(host_bytes) + tracker.host_state_bytes, host_activation_bytes=int(host_bytes),
                   host_state_bytes=int(tracker.host_state_bytes), sent_bytes=int(stats.sent()), sent_by_op=stats.sent_by_op("str"),
                   attention_calls=tracker.attention_calls, peak_at=dict(zip(("op", "phase", "module"), tracker.peak_at)), ops=tracker.ops,

@@ -85,6 +85,25 @@ class _Timeline:
         self.start_bytes, self.ops, self.attention_calls = 0, 0, 0
         self.last_op, self._last_total, self.peak_at = "", -1, ("", "", "")
         self._impls: dict = {}  # op -> the library's implementation (None: any other op)
+        self.workspace_of: Optional[Any] = None  # (op, args) -> a GPU kernel's workspace bytes of that call
+        self.workspace_bytes = 0  # the largest workspace of one call
+
+    def _workspace(self, nbytes: int) -> None:
+        """A kernel call's workspace, alive while the call runs (its outputs allocated): a point of the
+        timeline and a candidate peak, as temporaries."""
+        if not self.recording or nbytes <= 0:
+            return
+        self.workspace_bytes = max(self.workspace_bytes, nbytes)
+        phase = "optimizer" if self._in_opt else self.phase
+        total = self._device_total() + nbytes
+        self.phase_peaks[phase] = max(self.phase_peaks[phase], total)
+        split = self.now()
+        split["temporaries"] += nbytes
+        self.points.append((self.ops, phase, tuple(split[c] for c in CATEGORIES)))
+        self._last_total = -1  # the next op's point comes back down
+        if total > self.peak_bytes:
+            self.peak_bytes, self.peak_split = total, split
+            self.peak_at = (self.last_op, phase, max(self._mod_tracker.parents, key=len, default=""))
 
     def now(self) -> dict[str, int]:
         """The device's bytes now, by category (host-resident references left out)."""
@@ -144,7 +163,10 @@ class _Timeline:
             self._impls[func] = _real_impl(func)
         impl = self._impls[func]
         if impl is None:
-            return super().__torch_dispatch__(func, types, args, kwargs)
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            if self.workspace_of is not None:
+                self._workspace(self.workspace_of(func, args))
+            return out
         if func.name().split(".")[0] in ATTENTION_OPS:
             self.attention_calls += 1
         with self:  # the op's own tensor code, seen by this tracker and run by the fake mode beneath

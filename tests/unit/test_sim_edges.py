@@ -54,13 +54,14 @@ CPU_SPEC = "docs/bench-data/sim-calibration.json"
 
 def test_max_seq_len_searches_chunk_sizes():
     """small-l3 on 2 GPUs of 0.125 GiB: the automatic chunks stopped at 1,024 tokens ('chunks 0/0'); the
-    fixed 512 / 256 that bench train --max-len used (no head chunks, no optimizer offload) give 9,216 in bf16
+    fixed 512 / 256 that bench train --max-len used (no head chunks, no optimizer offload) give 8,192 in bf16
     (10,240 before the attention backward's float32 tile copies were counted: sim.memory.tile_bytes, checked
-    against the dry run); the search finds at least that."""
+    against the dry run; 9,216 before the layer's backward counted the residual's gradient and its kept
+    tensors back from the host, found by the one-GPU dry run at 522K tokens); the search finds at least that."""
     model = model_preset("small-l3")
     fixed = max_seq_len(model, 2, SMALL_MEM, labels=("burst",), fixed=MemoryChoice(512, 256, offload_optimizer=False, head_chunks=1))["burst"]
     found = max_seq_len(model, 2, SMALL_MEM, labels=("burst",))["burst"]
-    assert fixed["tokens"] == 9216
+    assert fixed["tokens"] == 8192
     assert found["tokens"] >= fixed["tokens"] and found["options"]["mlp_chunk"] and found["options"]["loss_chunk"], found
 
 
