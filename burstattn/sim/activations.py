@@ -219,7 +219,10 @@ def training_activations(m: LlamaConfig, s: ActivationShape, *, checkpointing: s
     # the loss's backward unpacks what the head kept back onto the device (offload "all": all of it, e.g. a
     # whole loss's float32 log-probabilities; "inputs": the final hidden state of a chunked or fused loss)
     head_back = {"all": head, "inputs": s.rows * m.dim * s.e if (loss_chunk or fused_loss) else 0.0}.get(offload, 0.0)
-    on_host = layer * (host / kept if kept else 0.0)  # of one layer's kept tensors: unpacked when it differentiates
+    # one layer's kept tensors: on the device, and back from the host when it differentiates (an eager
+    # attention's own saved tensors, e.g. RSA's scores per head group, come back inside its call's backward)
+    one = layer * (dev / kept if kept else 0.0)
+    unpacked = min(layer, layer_kept(m, s, checkpointing, 1.0, True, mlp_chunk)) * (host / kept if kept else 0.0)
     after_loss = dev - (fused_gradients(m, s) if fused_loss else 0.0)  # the fused loss's gradients are handed on
     at_attention, at_mlp = layer_backward(m, s, checkpointing, mlp_chunk, eager_units, through_op, eager_shared)
     transient, name = (at_attention + attention_bwd, None) if at_attention + attention_bwd >= at_mlp else (at_mlp, "MLP chunk")
@@ -244,8 +247,8 @@ def training_activations(m: LlamaConfig, s: ActivationShape, *, checkpointing: s
                     else {k: dev, "logits": logits}),
         "loss backward": {k: dev + min(head_back, host),  # before any weight gradient
                           "logits": head_transient(m, s, loss_chunk, True, fused_loss)},
-        "first layer's backward": backward(after_loss + on_host, g_head + g_layer),
-        "last layer's backward": backward(layer, g_head + g_layer + grads * others),
+        "first layer's backward": backward(after_loss + unpacked, g_head + g_layer),
+        "last layer's backward": backward(one + unpacked, g_head + g_layer + grads * others),
         "optimizer": {GRADIENTS: grads, "optimizer temporary": param_fp32},
     }
     totals = {p: sum(t.values()) for p, t in phases.items()}
