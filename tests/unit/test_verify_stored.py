@@ -1,6 +1,7 @@
 """The real-scale table of docs/simulation.md as a regression test: every stored dry run of llama3-8b
 (``docs/data/verify/NAME.json``, made by ``scripts/verify_table.py --run NAME`` from the command in
-``NAME.cmd``) against the memory model of the same configuration, within the issue's 10%. No dry run
+``NAME.cmd``; the one-GPU row at 522,240 tokens by ``burstattn train ... --dry-run --json`` of its command)
+against the memory model of the same configuration, within the issue's 10%. No dry run
 runs here (each took CPU minutes); a change to the memory model that moves a prediction out of the band
 fails. Ring Self-Attention is left out: its plan needs 8 TiB of host memory (offloaded ``[Hq, n, N]``
 scores) and is never a plan that fits; its host bytes are checked instead."""

@@ -1,0 +1,1 @@
+burstattn train --model llama3-8b --seq-len 522240 --batch 1 --strategy burst --world-size 1 --dp 1 --cp 1 --tp 1 --checkpointing remat --mlp-chunk 65536 --loss-chunk 16384 --offload all --dtype bfloat16 --fsdp --offload-optimizer --fused-loss
