@@ -42,7 +42,7 @@ PASSIVE = frozenset({"position_ids", "use_cache", "output_attentions", "output_r
                      "burst_shard"})  # burstattn.hf.shard_batch's ShardSpec, read by the attention function
 APPLIED = frozenset({"softcap", "s_aux", "sliding_window", "is_causal"})
 SUPPORTED_KEY = "_burstattn_supported_mixers"  # on a model: the supported_mixers check_model accepted
-TESTED = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gpt_oss", "deepseek_v3", "t5gemma")
+TESTED = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gpt_oss", "deepseek_v3", "falcon", "t5gemma")
 
 Problem = Optional[tuple[type, str]]
 
@@ -160,6 +160,11 @@ def model_problem(model, supported_mixers: Iterable = (), *, implementation: boo
                 f"supports models whose layers mix tokens only through attention dispatched through transformers' "
                 f"AttentionInterface (convolutions, SSM / Mamba, linear attention and recurrences are refused)"
                 + "".join(f"; {h}" for h in dict.fromkeys(hint(m.cls) for m in found.mixers) if h))
+    if any(getattr(cfg, "alibi", False) is True for cfg in _configs(model, found.attention)):
+        return (f"burstattn.hf: model type {family!r} ({cls.__name__}) has alibi=True: it adds its ALiBi bias to "
+                f"the attention mask it builds over the whole sequence, which burstattn's sharded attention does not "
+                f"take (each rank would need its own rows and columns of it); burstattn applies ALiBi itself "
+                f"(burst_attn_func(..., alibi_slopes=...)), not through a model's mask")
     if implementation:
         bad: dict[str, str] = {}
         for path, module in found.attention:
@@ -189,15 +194,16 @@ def check_model(model, *, supported_mixers: Iterable = ()) -> None:
     Decided from what the model contains (:func:`burstattn.hf.mixers.survey`), call it on every rank once
     the model is built with the registered implementation:
 
-    * no module dispatches through transformers' ``ALL_ATTENTION_FUNCTIONS`` (T5, BART, BLOOM, MPT,
-      Falcon, ... in transformers 5.x): the registered name would be ignored;
+    * no module dispatches through transformers' ``ALL_ATTENTION_FUNCTIONS`` (T5, BART, BLOOM, MPT, ... in
+      transformers 5.x; Falcon before 5.25): the registered name would be ignored;
     * a module mixes the sequence outside that attention (:func:`burstattn.hf.mixers.sequence_mixers`:
       convolutions, SSM / Mamba, linear attention, recurrences, or a module the survey cannot classify,
       named by its class): it would run on each rank's shard alone. ``supported_mixers``: classes (or
       class names) accepted as a whole (a later table of sequence-parallel mixers);
     * an attention module's ``config._attn_implementation`` (the model's, or a sub-config's) is not a
       function registered with :func:`burstattn.hf.register` (``from_pretrained(DIR)`` keeps ``"sdpa"``);
-    * ``output_router_logits=True`` in a config (the MoE auxiliary loss is not additive over shards).
+    * ``output_router_logits=True`` in a config (the MoE auxiliary loss is not additive over shards);
+    * ``alibi=True`` in a config (Falcon's ALiBi: a bias added to the model's own whole-sequence mask).
 
     :class:`ContextParallelTrainer` calls it when it is built, :func:`~burstattn.hf.sync_gradients` before
     its first collective, and the attention and mask functions at the first forward of a model (the same

@@ -46,6 +46,10 @@ def build(kind: str, seed: int = 0):
                                   v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
                                   first_k_dense_replace=1, rope_parameters={"rope_type": "default", "rope_theta": 1e4})
         return tf.DeepseekV3ForCausalLM(cfg).float().eval()
+    if kind in ("falcon", "falcon_alibi"):  # dispatches through the interface since transformers 5.25
+        cfg = tf.FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                              new_decoder_architecture=True, num_kv_heads=2, alibi=kind == "falcon_alibi")
+        return tf.FalconForCausalLM(cfg).float().eval()
     if kind == "t5gemma":  # bidirectional encoder (sliding windows), causal decoder, cross-attention, softcap
         sub = dict(**small, intermediate_size=128, num_key_value_heads=2, head_dim=16, sliding_window=6,
                    attn_logit_softcapping=2.0)
@@ -53,6 +57,16 @@ def build(kind: str, seed: int = 0):
                                vocab_size=VOCAB)
         return _sharpen(tf.T5GemmaForConditionalGeneration(cfg).float().eval())
     raise ValueError(kind)
+
+
+def falcon_dispatches() -> bool:
+    """Whether this transformers' Falcon dispatches its attention through the interface (5.25 does; before,
+    check_model refuses it as a model that does not: tests/dist/test_hf_guards.py)."""
+    import inspect
+
+    from transformers.models.falcon import modeling_falcon
+
+    return "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(modeling_falcon)
 
 
 def _tokens(batch: int, seq: int, seed: int) -> torch.Tensor:
@@ -154,6 +168,11 @@ def refused(rank: int, world: int, what: str) -> str:
             batch.pop("burst_shard", None)  # Bloom's forward takes no such keyword
             model(**batch).loss.backward()
             bhf.sync_gradients(model)
+        elif what == "falcon_alibi":  # the bias rides in the model's own mask: refused at the first forward
+            bhf.register(strategy="burst", backend="auto")
+            model = build("falcon_alibi")
+            model.set_attn_implementation("burst")
+            model(**bhf.shard_batch(_tokens(1, 8 * world, 0)))
         elif what == "t5gemma_generate":  # every rank runs the same tokens: no shard to attend to
             bhf.register(strategy="burst", backend="auto")
             model = build("t5gemma")

@@ -1,7 +1,8 @@
 """The model families of issue 20 under attn_implementation="burst" at world 2, against transformers'
 eager attention on one process: loss, logits and every parameter's gradient within 1e-4, greedy tokens
 equal. Gemma 2 (softcap, interleaved sliding windows), gpt-oss (learned sinks and their gradient,
-alternating windows, MoE), a DeepSeek-V3 MLA model (v_head_dim 16, qk head dim 24), T5Gemma (a
+alternating windows, MoE), a DeepSeek-V3 MLA model (v_head_dim 16, qk head dim 24), Falcon's new decoder
+architecture (GQA, parallel attention and MLP; transformers 5.25 dispatches it), T5Gemma (a
 bidirectional windowed encoder, a causal decoder and cross-attention between two sharded sequences of
 their own lengths). And what cannot be honoured is refused, clearly, on every rank."""
 from __future__ import annotations
@@ -22,8 +23,10 @@ def _check(results: list) -> None:
         assert res["tokens"].tolist() == res["ref_tokens"].tolist(), (rank, res["tokens"], res["ref_tokens"])
 
 
-@pytest.mark.parametrize("kind", ["gemma2", "gpt_oss", "deepseek_v3"])
+@pytest.mark.parametrize("kind", ["gemma2", "gpt_oss", "deepseek_v3", "falcon"])
 def test_decoder_families_match_eager(pools, kind):
+    if kind == "falcon" and not hc.falcon_dispatches():
+        pytest.skip("this transformers' Falcon does not dispatch its attention through the interface")
     _check(pools.get(2).run(hc.decoder_only, kind))
 
 
@@ -40,6 +43,7 @@ def test_encoder_decoder_with_cross_attention_matches_eager(pools):
     ("t5gemma_generate", "position_ids are not its share of layout"),
     ("ulysses_sinks", "strategy 'ulysses' does not take ['sinks']"),
     ("unknown_kwarg", "passes ['position_bias'] to its attention, which burstattn does not know how to apply"),
+    ("falcon_alibi", "'falcon' (FalconForCausalLM) has alibi=True: it adds its ALiBi bias to the attention mask"),
 ])
 def test_unsupported_is_refused_on_every_rank(pools, what, needle):
     for text in pools.get(2).run(hc.refused, what):

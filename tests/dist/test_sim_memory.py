@@ -82,6 +82,7 @@ def measured(pools, slow_selected):
     return out
 
 
+@pytest.mark.slow  # its core cases run always; `-m slow` selects it and runs every variant (slow_selected)
 @pytest.mark.parametrize("world,i,j", CASES, ids=[f"w{w}-" + "-".join(f"{k}={v}" for k, v in
                                                                     {**SIZES[w][j], **OPTIONS[w][i]}.items())
                                                   for w, i, j in CASES])
