@@ -56,9 +56,9 @@ def _check(results: list, cases) -> None:
 
 # Falcon: before transformers 5.25 its attention never reaches transformers' interface, and check_model refuses
 # it; 5.25 dispatches it through the interface (modeling_falcon's ALL_ATTENTION_FUNCTIONS), and it runs exact
-# under burstattn (tests/dist/test_hf_families.py; ALiBi Falcon refused there). That was the "flake" of a full
-# suite run on 2026-12-03: CI's fresh venv had 5.25, this machine 5.24. These cases run where Falcon does not
-# dispatch.
+# under burstattn (tests/dist/test_hf_families.py; ALiBi Falcon refused there). Most likely the "flake" of a
+# full suite run on 2026-12-03 (Falcon's forward reached burstattn's attention): a venv with 5.25 beside one
+# with an older 5.x. These cases run where Falcon does not dispatch.
 FALCON = {"switched:falcon": (DISPATCH, "'falcon'")}
 
 
