@@ -94,13 +94,17 @@ class _Timeline:
         if not self.recording or nbytes <= 0:
             return
         self.workspace_bytes = max(self.workspace_bytes, nbytes)
+        self._point(self._device_total() + nbytes, nbytes)
+        self._last_total = -1  # the next op's point comes back down
+
+    def _point(self, total: int, extra: int = 0) -> None:
+        """A point of the timeline at ``total`` device bytes (``extra`` of them temporaries the tracker does
+        not hold: a kernel's workspace), the phase's peak and the step's."""
         phase = "optimizer" if self._in_opt else self.phase
-        total = self._device_total() + nbytes
         self.phase_peaks[phase] = max(self.phase_peaks[phase], total)
         split = self.now()
-        split["temporaries"] += nbytes
+        split["temporaries"] += extra
         self.points.append((self.ops, phase, tuple(split[c] for c in CATEGORIES)))
-        self._last_total = -1  # the next op's point comes back down
         if total > self.peak_bytes:
             self.peak_bytes, self.peak_split = total, split
             self.peak_at = (self.last_op, phase, max(self._mod_tracker.parents, key=len, default=""))
@@ -143,15 +147,10 @@ class _Timeline:
         self.ops += 1
         total = self._device_total()
         phase = "optimizer" if self._in_opt else self.phase
-        if total > self.phase_peaks[phase]:
-            self.phase_peaks[phase] = total
+        self.phase_peaks[phase] = max(self.phase_peaks[phase], total)  # a phase may begin at an unchanged total
         if total != self._last_total:
             self._last_total = total
-            split = self.now()
-            self.points.append((self.ops, phase, tuple(split[c] for c in CATEGORIES)))
-            if total > self.peak_bytes:
-                self.peak_bytes, self.peak_split = total, split
-                self.peak_at = (self.last_op, phase, max(self._mod_tracker.parents, key=len, default=""))
+            self._point(total)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is _DEVICE:  # a fake tensor's `.device` (half of all dispatches): no memory to track
