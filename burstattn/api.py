@@ -8,8 +8,9 @@ import torch.distributed as dist
 from torch import nn
 
 from .masks.setup import build_mask
-from .options import BurstOptions, burst_options, mask_args, with_sinks
-from .strategies.op import prepare, run_call
+from .call.options import BurstOptions, burst_options, mask_args, with_sinks
+from .call.prepare import prepare
+from .ops import run_call
 
 
 def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dropout_p: float = 0.0,

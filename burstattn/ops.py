@@ -12,14 +12,14 @@ One op pair serves every strategy (burst, ring, rsa, ulysses, allgather, usp, tp
 ``spec`` names the strategy; its module (``burstattn.strategies.NAME``) provides ``check`` (the
 cross-rank input check, inside the op), ``plan_of``, ``forward`` (``out`` and ``saved``: what its backward
 needs besides the inputs, outputs without a gradient; burst and ring save the LSE), ``backward`` and
-``fake`` (the shapes of ``[out, *saved]``); see :mod:`burstattn.strategies.op`.
+``fake`` (the shapes of ``[out, *saved]``); see :mod:`burstattn.call.prepare`.
 
-The :class:`~burstattn.config.Call` crosses generically (:mod:`burstattn.boundary`): every field in
+The :class:`~burstattn.call.Call` crosses generically (:mod:`burstattn.call.boundary`): every field in
 ``spec`` (a constant string for the compiler; the process group by its name), the tensors of its typed
 values in ``tensors`` (a partition's positions ``[P, n]``, a document mask's bounds ``[D + 1]``, int64).
 ALiBi slopes (``[Hq]`` / ``[B, Hq]``) and sink logits (``[Hq]``) are tensor arguments of their own
 (``None`` when absent; the sinks get a gradient). A ``mask_mod`` (a Python function) cannot be an op argument: such calls run the eager
-:class:`~burstattn.strategies.op.EagerCall` instead (the same functions; they work, but graph-break
+:class:`~burstattn.ops.EagerCall` instead (the same functions; they work, but graph-break
 under compile).
 
 Validation under ``torch.compile``: the cross-rank check (one all-gather of a signature, plus
@@ -34,6 +34,7 @@ recomputation of a checkpointed block never reruns the distributed forward.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from importlib import import_module
 from typing import Callable, Optional
@@ -41,19 +42,20 @@ from typing import Callable, Optional
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .passes import DOUBLE_BACKWARD, without_autocast
-from .boundary import call_from, op_arguments, shapes_call
-from .config import Call, decode_spec
+from .call.boundary import call_from, decode_spec, op_arguments, shapes_call
+from .call.call import Call
+from .call.engine_adapter import DOUBLE_BACKWARD, refuse_double_backward, without_autocast
+from .call.prepare import prepare
+from .comm.stats import active_stats
+from .comm.trace import active_trace
 
 __all__ = ["attention_fwd", "attention_bwd", "Call", "remat_policy", "save_attention_context", "SAVED_OPS",
-           "call_op"]
+           "call_op", "run_call", "EagerCall"]
 
 
 def __getattr__(name: str):
-    if name == "OpSpec":  # the op's former second config type
-        raise AttributeError("burstattn.ops.OpSpec is gone: a call is one burstattn.ops.Call (burstattn.config.Call), "
-                             "encoded for the op by burstattn.boundary.op_arguments / call_from")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # names that moved out of this module (the table burstattn.MOVED): refused with the new spelling
+    return sys.modules["burstattn"].moved_attribute(__name__, name)
 
 
 def owned(outputs: list[torch.Tensor], inputs) -> list[torch.Tensor]:
@@ -174,6 +176,53 @@ attention_bwd.register_autograd(_refuse_double_backward, setup_context=_setup_bw
 def call_op(call: Call, q, k, v) -> list[torch.Tensor]:
     """``[out, *saved]`` of a prepared call through the custom op (the cross-rank check inside)."""
     return torch.ops.burstattn.attention_fwd(q, k, v, call.alibi, call.sinks, *op_arguments(call))
+
+
+class EagerCall(torch.autograd.Function):
+    """The op's forward and backward, eager: for calls the op cannot carry (a ``mask_mod``). The call is
+    checked in the forward (as inside the op). The backward records into the meter and trace active
+    during the forward when none is active (a backward in another thread). Second-order gradients are
+    refused."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, call: Call):
+        mod = strategy_module(call.strategy)
+        call = mod.check(replace(call, sinks=sinks), q, k, v)
+        out, saved = without_autocast(mod.forward)(call, q, k, v)
+        out, *saved = owned([out, *saved], (q, k, v, sinks))  # out may be a saved tensor (ulysses at world 1)
+        ctx.mark_non_differentiable(*saved)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(q, k, v, out, *saved)
+        ctx.call, ctx.meters = call, (active_stats(), active_trace())
+        return (out, *saved)
+
+    @staticmethod
+    def backward(ctx, dout, *_):
+        refuse_double_backward()
+        from .comm import stats, trace
+
+        q, k, v, out, *saved = ctx.saved_tensors
+        call = ctx.call
+        tokens = [(var, var.set(meter)) for var, meter in zip((stats._ACTIVE, trace._ACTIVE), ctx.meters)
+                  if meter is not None and var.get() is None]
+        try:
+            dq, dk, dv, dsinks = grads_of(strategy_module(call.strategy), call, dout, q, k, v, out, saved)
+        finally:
+            for var, token in tokens:
+                var.reset(token)
+        return dq, dk, dv, dsinks if call.sinks is not None else None, None
+
+
+def run_call(call: Call, q, k, v) -> list[torch.Tensor]:
+    """``[out, *saved]`` of a prepared call: the custom op, or :class:`EagerCall` with a ``mask_mod``."""
+    if call.mask is not None and call.mask.mask_mod is not None:
+        return list(EagerCall.apply(q, k, v, call.sinks, call))
+    return call_op(call, q, k, v)
+
+
+def strategy_call(name: str, q, k, v, **kwargs) -> torch.Tensor:
+    """``out`` of one call of strategy ``name`` (:func:`prepare`'s keywords)."""
+    return run_call(prepare(name, q, k, v, **kwargs), q, k, v)[0]
 
 
 # ------------------------------------------------------------------------------ checkpointing

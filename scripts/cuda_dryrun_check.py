@@ -2,7 +2,7 @@
 
 For each configuration: ``burstattn train --dry-run``'s peak (fake CPU tensors in the GPU's dtype, the
 flash-attn 2 workspace added by formula) beside one steady-state step run for real on the GPU
-(:func:`burstattn.bench.train_memory.probe_step`: ``torch.cuda.max_memory_allocated`` above what exists
+(:func:`bench.train_memory.probe_step`: ``torch.cuda.max_memory_allocated`` above what exists
 before the step), and ``torch.cuda.max_memory_reserved`` (the caching allocator's own rounding and
 fragmentation, which the planner's 10% headroom stands for).
 
@@ -43,7 +43,7 @@ def main() -> None:
     ap.add_argument("--out", default="cuda_dryrun.json")
     ap.add_argument("--cases", default="small,large")
     args = ap.parse_args()
-    from burstattn.bench.train_memory import probe_step
+    from bench.train_memory import probe_step
     from burstattn.train.dryrun import dry_run
 
     cfgs = [base.with_overrides(**o) for name in args.cases.split(",") for base, o in CASES[name]]

@@ -28,7 +28,7 @@ SHAPES = {"small-l3": (4, 1, 64), "llama3-8b": (32, 8, 128)}
 
 
 def attention_peak(n: int, hq: int, hkv: int, d: int, device, prefer_cudnn: bool) -> dict:
-    from burstattn.bench.memory import measure_peak
+    from burstattn.meter.memory import measure_peak
     from burstattn.kernels import sdpa
 
     gen = torch.Generator().manual_seed(0)
@@ -59,7 +59,7 @@ def frame_of(frames: list) -> str:
 
 
 def step_peak_blocks(cfg: TrainConfig) -> dict:
-    from burstattn.bench.train_memory import build, warm_optimizer
+    from bench.train_memory import build, warm_optimizer
     from burstattn.train import train_step
 
     job = build(cfg, "lean")

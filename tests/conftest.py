@@ -23,7 +23,7 @@ class Pools:
 
     def get(self, world_size: int, threads: int = 1) -> LocalPool:
         """The pool of ``world_size`` ranks (1 thread each: the only kind the session keeps; ``threads``
-        is there for callers written against :class:`burstattn.bench.driver.Pools`)."""
+        is there for callers written against :class:`bench.driver.Pools`)."""
         assert threads == 1, "the session pools run one thread per rank"
         pool = self._pools.get(world_size)
         if pool is None:

@@ -31,7 +31,7 @@ from typing import Optional
 
 import torch
 
-from burstattn.layout import local_positions
+from burstattn.layouts.named import local_positions
 from burstattn.testing.oracle import exact_attention
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,

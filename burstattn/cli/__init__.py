@@ -1,7 +1,7 @@
 """The ``burstattn`` console command: one module per command, every parser in this package.
 
     burstattn demo [flags]         # spawn local ranks, run + check burst attention on a long sequence
-    burstattn bench SUITE [flags]  # core | grid | maxlen | masks | train | infer (see cli/bench.py)
+    burstattn bench SUITE [flags]  # core | grid | maxlen | ... : forwarded to the repository's bench/
     burstattn bench --cluster PRESET|SPEC [flags]   # the strategies on an emulated cluster (root)
     burstattn cluster up --nodes N --ranks-per-node R --inter BW[,LAT] --intra BW[,LAT] | --preset NAME
     burstattn cluster down | status | run -- ARGS   # tear down / describe / torchrun ARGS on every node
@@ -23,6 +23,9 @@ import importlib
 import sys
 from typing import Optional, Sequence
 
+from . import forward
+from .forward import FORWARDED
+
 __all__ = ["COMMANDS", "build_parser", "light_parser", "main"]
 
 DESCRIPTION = "Exact distributed attention over long sequences (BurstAttention)."
@@ -30,8 +33,8 @@ DESCRIPTION = "Exact distributed attention over long sequences (BurstAttention).
 # a module may add several commands (sim adds sim and plan). Tests check this table against the parser.
 COMMANDS = {
     "demo": ("demo", "run and check burst attention on a long sequence over local ranks"),
-    "bench": ("bench", "benchmarks (JSON + Markdown)"),
-    "cluster": ("cluster", "emulated multi-node cluster on this machine (network namespaces, tc)"),
+    "bench": ("forward", "benchmarks (JSON + Markdown), from a source checkout (the repository's bench/)"),
+    "cluster": ("forward", "emulated multi-node cluster on this machine (network namespaces, tc), from a checkout"),
     "sim": ("sim", "simulate a strategy on a cluster (time, memory, timeline); `sim calibrate`"),
     "plan": ("sim", "rank every strategy and degree choice on a cluster; --max-seq-len"),
     "train": ("train", "train a LLaMA-style model with sequence / tensor parallelism"),
@@ -62,6 +65,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         light_parser().parse_args(args)  # prints the help (or the usage error) and exits
+    if args[0] in FORWARDED:  # measurement lives in the repository's bench/: its arguments go as given
+        return forward.run(args[0], args[1:])
     ns = build_parser().parse_args(args)
     try:
         return int(ns.handler(ns) or 0)

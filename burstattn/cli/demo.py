@@ -1,4 +1,4 @@
-"""``burstattn demo``: flags and handler (the job itself is :mod:`burstattn.bench.demo`)."""
+"""``burstattn demo``: flags and handler (the job itself is :mod:`burstattn.cli.demo_run`)."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,7 @@ HELP = "run and check burst attention on a long sequence over local ranks"
 
 def add(sub: argparse._SubParsersAction) -> None:
     """Add ``burstattn demo`` to the subcommands ``sub``."""
-    from ..bench import demo
+    from . import demo_run as demo
 
     p = sub.add_parser("demo", help=HELP, description=demo.__doc__.split("\n\n")[0] if demo.__doc__ else None)
     add_demo_arguments(p)
@@ -16,14 +16,14 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
-    from ..bench import demo
+    from . import demo_run as demo
 
     return demo.run_demo(demo_config(ns))
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     """The demo's flags (defaults from :class:`DemoConfig`)."""
-    from ..bench.demo import DemoConfig
+    from .demo_run import DemoConfig
     from ..config import LOW_DTYPES
 
     d = DemoConfig()
@@ -50,6 +50,6 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
 
 def demo_config(ns: argparse.Namespace) -> DemoConfig:
     """A :class:`DemoConfig` from parsed flags."""
-    from ..bench.demo import DemoConfig
+    from .demo_run import DemoConfig
 
     return DemoConfig(**{f: getattr(ns, f) for f in DemoConfig.__dataclass_fields__})

@@ -60,7 +60,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 def run(ns: argparse.Namespace) -> int:
     import json
 
-    from ..bench.generate_run import GenerateConfig, run_generate
+    from .generate_run import GenerateConfig, run_generate
     from ..testing.launch import LocalGroupError
 
     if ns.world_size < 1:
@@ -70,7 +70,7 @@ def run(ns: argparse.Namespace) -> int:
     if problem:
         print(f"burstattn generate: {problem}", file=sys.stderr)
         return 2
-    from ..bench.generate_run import is_hf_dir, missing_transformers
+    from .generate_run import is_hf_dir, missing_transformers
 
     if is_hf_dir(ns.model) and missing_transformers():
         print(f"burstattn generate: --model {ns.model} is a Hugging Face directory, which needs transformers: "

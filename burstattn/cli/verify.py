@@ -30,7 +30,7 @@ def train_config(command: str):
 def command_model(command: str):
     """``(TrainConfig, world_size, MemoryModel)`` of a ``burstattn train ...`` command: the simulator's
     memory model of exactly that configuration (what the planner computes for it; ``.peak``, ``.by_term()``)."""
-    from ..bench.train_memory import sim_config
+    from ..sim.from_train import sim_config
     from ..sim.step import memory_model
 
     cfg, world = train_config(command)

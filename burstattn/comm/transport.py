@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..groups import GroupContext
+from .groups import GroupContext
 from .stats import CommStats
 from .trace import StepTrace, now_ns
 
@@ -126,7 +126,7 @@ class TwoLevel:
 def pass_transport(ctx: GroupContext, phase: str, stats: Optional[CommStats], trace: Optional[StepTrace],
                    topology=None):
     """A fresh transport for one pass over ``ctx``'s group (``None`` for a world of one); with a
-    ``topology`` (:class:`~burstattn.groups.TwoLevelGroups`, schedule "double") the inner and outer
+    ``topology`` (:class:`~burstattn.comm.groups.TwoLevelGroups`, schedule "double") the inner and outer
     transports (:class:`TwoLevel`)."""
     if ctx.world_size == 1:
         return None

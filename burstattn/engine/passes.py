@@ -20,7 +20,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..formulas import accum_dtype
+from .bytes import accum_dtype
 from ..kernels.base import CHUNK_ELEMENTS, ROW_CHUNK, Kernel, ScoreMods, chunk_rows, row_dot
 from .loop import Partial, Whole
 from .merge import merge_

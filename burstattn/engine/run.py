@@ -21,8 +21,8 @@ from typing import Optional
 
 import torch
 
-from ..config import LruCache
-from ..formulas import accum_dtype
+from ..comm.host import LruCache
+from .bytes import accum_dtype
 from .direct import direct, distflash_steps, sparse_steps
 from .loop import run_plan
 from .merge import add_sinks_, sinks_grad
@@ -80,7 +80,7 @@ def make_plan(rank: int, world_size: int, *, positions: list, causal: bool, trav
     :func:`~.pairs.position_ops` (see :meth:`burstattn.AttnMask.aligned` when the two sequences differ),
     the queries' own for a mask's summary (:class:`burstattn.masks.blocks.MaskBlocks`, which aligns them
     itself). ``travelling``: the side that moves, ``"kv"`` (forward, RingAttention's backward) or ``"q"``
-    (BurstAttention's backward; :meth:`burstattn.config.Call.travelling`). ``schedule``: ``"ring"``,
+    (BurstAttention's backward; :meth:`burstattn.call.Call.travelling`). ``schedule``: ``"ring"``,
     ``"distflash"``, ``"double"`` (``ranks_per_node``), ``"sparse"`` (:func:`~.direct.sparse_steps`:
     transfers only for the non-empty pairs; masks and partitions), or ``"gathered"``: one step without
     transfers over every rank's K/V, held here after an all-gather (:func:`~.plan.local`)."""

@@ -35,12 +35,12 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from ..groups import group_context
+from ..comm.groups import group_context
 from ..infer.sharded import replicated_attention
-from ..layout import layout_or_default, local_positions, split_error
+from ..layouts.named import layout_or_default, local_positions, split_error
 from ..strategies import STRATEGIES, attention
 from ..strategies.base import MASK_OPTIONS
-from ..strategies.op import label, refuse
+from ..call.prepare import label, refuse
 from .families import describe, registered_options
 from .guard import check_running_model
 

@@ -21,10 +21,10 @@ import torch
 import torch.distributed as dist
 
 from ..infer.generate import check_every_rank
-from ..groups import group_context
-from ..layout import gather_sequence, layout_or_default, local_positions
+from ..comm.groups import group_context
+from ..layouts.named import gather_sequence, layout_or_default, local_positions
 from ..masks import AttnMask
-from ..partition import document_partition
+from ..layouts.partition import document_partition
 from ..strategies import STRATEGIES
 from .attention import registered_options
 from .families import check_model
@@ -93,7 +93,7 @@ class ShardSpec:
     """Where this rank's tokens of a :func:`shard_batch` batch sit (passed to the model as ``burst_shard``).
 
     Attributes:
-        layout: the layout (name or :class:`~burstattn.partition.Partition`) of the global sequence.
+        layout: the layout (name or :class:`~burstattn.layouts.partition.Partition`) of the global sequence.
         plan: the :class:`~burstattn.hf.packing.BatchPlan` (rows, padding, documents).
         rank, world_size: this rank in the group the batch was sharded for.
         positions: this rank's global positions ``[n]`` in a row of the sharded batch.
@@ -240,7 +240,7 @@ def shard_batch(input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None, 
         cu_seq_lens_q, cu_seq_lens_k: packed documents of a one-row batch, flash-attn's convention.
         group: the group of the attention (default: the one registered under ``name``).
         layout: ``None`` (default) takes the layout registered under ``name``; if that is ``None`` too,
-            a document-balanced :class:`~burstattn.partition.Partition` for packed or padded batches (when
+            a document-balanced :class:`~burstattn.layouts.partition.Partition` for packed or padded batches (when
             the strategy takes partitions) and the strategy's default layout otherwise. Another layout
             than the registered one raises.
         name: the ``attn_implementation`` registered with :func:`burstattn.hf.register`.

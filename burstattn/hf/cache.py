@@ -35,7 +35,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from ..comm.stats import active_stats
 from ..infer.cache import append_rows
 from ..infer.placement import placement_counts
-from ..groups import group_context
+from ..comm.groups import group_context
 from .attention import ShardedOffset
 
 

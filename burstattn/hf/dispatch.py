@@ -5,7 +5,7 @@ group of ranks :func:`burstattn.parallel.dispatch.plan_dispatch` gives it (the d
 Every rank holds the whole global batch (the Trainer's dataloader as for one process). Its sequences
 are the documents of packed rows (``position_ids`` restarts, ``cu_seq_lens_q``, ``seq_idx``), the real
 tokens of padded rows (``attention_mask``), or the rows themselves. Each gets a degree ``d`` (a divisor of
-the world) and one of the aligned groups of that degree (:func:`burstattn.groups.degree_groups`, made once);
+the world) and one of the aligned groups of that degree (:func:`burstattn.comm.groups.degree_groups`, made once);
 a rank runs its sequences in plan order: those at ``d > 1`` one per forward, sharded over their group
 (a document-balanced partition, or the registered layout), those at ``d = 1`` packed into micro-batches of at
 most ``budget`` tokens (default: the longest sequence) with a document mask.
@@ -26,8 +26,8 @@ from typing import Mapping, Optional
 import torch
 import torch.distributed as dist
 
-from ..groups import degree_groups, group_context
-from ..layout import local_positions
+from ..comm.groups import degree_groups, group_context
+from ..layouts.named import local_positions
 from ..parallel.dispatch import DispatchCost, Placement, divisors, micro_batches, plan_dispatch
 from ..strategies import STRATEGIES
 from .batch import SHARD_KEY, ShardSpec, batch_kwargs, checked_plan, place, sync_gradients

@@ -29,7 +29,7 @@ from typing import Optional
 
 from torch import nn
 
-from ..groups import group_context
+from ..comm.groups import group_context
 from .attention import registered_options
 from .guard import CACHE_KEY, calling_model
 from .hybrid_mixers import ADAPTERS, CachedOps, ShardedOps

@@ -14,8 +14,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..groups import group_context
-from ..layout import local_positions
+from ..comm.groups import group_context
+from ..layouts.named import local_positions
 from .batch import GlobalItemCount
 from .packing import IGNORE_INDEX
 

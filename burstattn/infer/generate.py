@@ -20,8 +20,8 @@ import torch.distributed as dist
 
 from ..strategies import STRATEGIES
 from .cache import ShardedKVCache, kv_bytes
-from ..groups import group_context
-from ..layout import layout_or_default
+from ..comm.groups import group_context
+from ..layouts.named import layout_or_default
 from .steps import continue_prompt, decode_step, padded_length, prefill
 
 

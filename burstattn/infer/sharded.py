@@ -3,7 +3,7 @@
 Every rank holds a shard of the cache: keys/values ``[B, S_r, Hkv, D]`` at known GLOBAL
 positions ``[S_r]`` (int64, increasing). Three exact ways to attend to the whole cache, each a plan of
 the one loop (:func:`burstattn.engine.loop.run_plan`) over per-rank positions of any lengths, run by the
-engine's forward pass (one kernel choice and one fallback, :func:`burstattn.passes.block_calls`), its
+engine's forward pass (one kernel choice and one fallback, :func:`burstattn.call.engine_adapter.block_calls`), its
 partials merged by the one log-sum-exp merge:
 
 * :func:`replicated_attention` (decoding): every rank holds the same queries; each attends them to
@@ -21,7 +21,7 @@ partials merged by the one log-sum-exp merge:
 
 Shards of different lengths travel padded to the longest (queries to ``m_max``, cache shards to
 ``S_max``: every rank posts messages of one size, and the byte formulas of
-:mod:`burstattn.infer.formulas` count exactly that); the padding is never attended, since the plan's
+:mod:`burstattn.infer.bytes` count exactly that); the padding is never attended, since the plan's
 block ops cover the real positions only.
 
 Visibility is by global positions: key ``j`` is visible to query ``i`` iff ``j <= i`` (``causal``,
@@ -39,18 +39,19 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ..passes import CallPositions, block_calls, kernel_needs
+from ..call.engine_adapter import CallPositions, block_calls, kernel_needs
 from ..comm.collectives import Collectives
 from ..comm.stats import active_stats
 from ..comm.transport import Transport
-from ..config import AttnConfig, normalize_window
+from ..call.call import Call
+from ..config import normalize_window
 from ..engine.direct import direct, pass_q_steps
 from ..engine.merge import add_sinks_, merge_
 from ..engine.pairs import ops_from_positions
 from ..engine.plan import Channels, local, ring
 from ..engine.run import attention_partials
-from ..formulas import accum_dtype
-from ..groups import group_context
+from ..engine.bytes import accum_dtype
+from ..comm.groups import group_context
 from ..kernels import resolve_backend
 from ..masks.blocks import mask_ops
 from ..masks.spec import AttnMask
@@ -64,7 +65,7 @@ def _setup(q: torch.Tensor, v: torch.Tensor, q_pos: list, k_pos: list, *, scale:
     from their positions (under ``window``, as an :class:`~burstattn.AttnMask`), and the kernel calls."""
     window = normalize_window(window)
     mask = None if window is None else AttnMask(window=window)
-    cfg = AttnConfig(causal=causal, softmax_scale=scale, softcap=softcap, mask=mask)
+    cfg = Call(causal=causal, softmax_scale=scale, softcap=softcap, mask=mask)
     cfg = replace(cfg, backend=resolve_backend(backend, q.device, q.dtype, kernel_needs(cfg, q.shape[-1], v.shape[-1])))
     n = 1 + max([int(p.max()) for p in list(q_pos) + list(k_pos) if p.numel()], default=0)
     calls = block_calls(cfg, mask is not None, CallPositions(list(q_pos), list(q_pos), list(k_pos), n, n), scale, q, v,

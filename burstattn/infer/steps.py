@@ -25,11 +25,11 @@ import torch.distributed as dist
 
 from ..comm.collectives import Collectives
 from ..comm.stats import active_stats
-from ..layout import layout_or_default, local_positions
+from ..layouts.named import layout_or_default, local_positions
 from ..strategies import attention
 from .cache import ShardedKVCache
-from .formulas import choose_continuation
-from ..groups import group_context
+from .bytes import choose_continuation
+from ..comm.groups import group_context
 from .sharded import pass_kv_attention, pass_q_attention, replicated_attention
 
 

@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 
 from ..engine.pairs import BlockOp, MaskKind, positions_key
-from ..layout import local_positions
+from ..layouts.named import local_positions
 from .spec import AttnMask
 
 EMPTY, FULL, PARTIAL, CAUSAL, STRICT = 0, 1, 2, 3, 4

@@ -41,8 +41,8 @@ import torch
 
 from ..engine.direct import DirectStep, sparse_steps
 from ..engine.pairs import BlockOp, ops_from_positions
-from ..formulas import META_INTS, accum_dtype, byte_totals, element_size
-from ..layout import local_positions
+from ..engine.bytes import META_INTS, accum_dtype, byte_totals, element_size
+from ..layouts.named import local_positions
 from .blocks import MaskBlocks, layout_key, mask_blocks
 from .spec import AttnMask
 

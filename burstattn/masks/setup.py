@@ -4,13 +4,16 @@ becomes a problem that the check reports on every rank instead of an exception o
 (:func:`build_mask`, :func:`plan_for`; the strategies' ``check_call``)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from ..config import Call, LruCache
+from ..comm.host import LruCache
 from .plan import MaskPlan, mask_plan
 from .spec import AttnMask, make_mask
+
+if TYPE_CHECKING:  # a type only: the call layer sits above the masks
+    from ..call.call import Call
 
 Problem = Optional[tuple[type, str]]
 

@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..groups import group_context
-from ..layout import layout_or_default
-from ..partition import Partition
+from ..comm.groups import group_context
+from ..layouts.named import layout_or_default
+from ..layouts.partition import Partition
 from ..recurrent import sp_causal_conv1d, sp_gated_delta_rule
 from ..strategies.usp import usp_positions
 from .blockwise import blockwise_rows

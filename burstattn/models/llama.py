@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..strategies import attention as distributed_attention
-from ..strategies.head_chunks import head_chunked_attention
+from .head_chunks import head_chunked_attention
 from .blockwise import blockwise_cross_entropy, blockwise_rows, merge_shards
 from .checkpointing import LayerRun, check_checkpointing, checkpointed
 from .config import LlamaConfig
@@ -45,7 +45,7 @@ class AttnCall:
 
     ``group`` is the context-parallel group (``None``: the default group, or one process).
     ``layout`` must be the layout the tokens were sharded with. ``head_chunks``: run the call over
-    that many groups of heads, one after another (:mod:`burstattn.strategies.head_chunks`)."""
+    that many groups of heads, one after another (:mod:`burstattn.models.head_chunks`)."""
 
     strategy: str = "burst"
     group: Optional[dist.ProcessGroup] = None

@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from ..layout import local_positions
+from ..layouts.named import local_positions
 from ..models import AttnCall
 from ..strategies import STRATEGIES
 from ..strategies.usp import usp_positions
@@ -26,7 +26,7 @@ def shard_positions(seq_len: int, *, strategy: str, layout: str, cp_rank: int, c
     """Global positions held by context-parallel rank ``cp_rank`` of ``cp_size``: LongTensor
     ``[seq_len // cp_size]``, increasing. ``usp``: its ring x Ulysses grid layout (the ring-level
     ``layout`` split contiguously inside each Ulysses group); every other strategy:
-    :func:`burstattn.layout.local_positions` (what ``shard_sequence`` does).
+    :func:`burstattn.layouts.named.local_positions` (what ``shard_sequence`` does).
 
     Raises:
         ValueError: the length cannot be split so.

@@ -3,7 +3,7 @@ group of ranks, so that every rank's estimated step cost is balanced (pure: no p
 
 A step's global batch is a list of sequences of any lengths (documents of a stream, or rows). The
 plan gives sequence ``i`` a degree ``d`` (a divisor of the world P: the aligned groups of degree d are
-``[g d, (g + 1) d)``, created once, :func:`burstattn.groups.degree_groups`) and one of the ``P / d``
+``[g d, (g + 1) d)``, created once, :func:`burstattn.comm.groups.degree_groups`) and one of the ``P / d``
 groups. A rank's cost is the sum over the sequences it shares of :meth:`DispatchCost.per_rank`:
 
     attention  a = pairs(L) / d * pair_s      (causal pairs L (L + 1) / 2, forward + backward)

@@ -25,7 +25,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from ..config import host_side
+from ..comm.host import host_side
 
 
 def mixed_precision(param_dtype: torch.dtype) -> Optional[MixedPrecisionPolicy]:
@@ -45,7 +45,7 @@ def _mesh_coordinates_on_host():
     ``(mesh == rank).nonzero()``
     on its rank list: host bookkeeping, no device memory. Inside the dry run's ``FakeTensorMode`` that
     list would be a fake tensor, and ``nonzero`` has no fake kernel (its output shape depends on the
-    data). Outside a fake mode the block changes nothing: :func:`~burstattn.config.host_side` is then a
+    data). Outside a fake mode the block changes nothing: :func:`~burstattn.comm.host.host_side` is then a
     no-op. PyTorch releases without that method are left as they are."""
     from torch.distributed.device_mesh import DeviceMesh as Mesh
 

@@ -12,7 +12,7 @@ from typing import Optional
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from ..config import host_side
+from ..comm.host import host_side
 from ..strategies import STRATEGIES
 
 TP_STRATEGIES = ("tp-v1", "tp-v3")

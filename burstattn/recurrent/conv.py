@@ -14,8 +14,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ..groups import group_context
-from ..layout import layout_or_default
+from ..comm.groups import group_context
+from ..layouts.named import layout_or_default
 from .comm import all_gather, check_agree, crc
 from .passing import _common_problem, _cu_key, _layout_key
 from .segments import halo_plan

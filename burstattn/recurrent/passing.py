@@ -29,9 +29,9 @@ from typing import Callable, Optional
 
 import torch
 
-from ..groups import group_context
-from ..layout import check_layout, layout_or_default
-from ..partition import _check_cu_seqlens
+from ..comm.groups import group_context
+from ..layouts.named import check_layout, layout_or_default
+from ..layouts.partition import _check_cu_seqlens
 from .chunked import chunk_delta_rule, chunk_linear_attention, compute_dtype
 from .comm import all_gather, check_agree, crc
 from .segments import segment_plan

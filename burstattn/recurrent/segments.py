@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from ..partition import _check_cu_seqlens, layout_positions
+from ..layouts.partition import _check_cu_seqlens, layout_positions
 
 
 @dataclass(frozen=True)

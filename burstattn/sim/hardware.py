@@ -8,7 +8,7 @@ per GPU) or shared by the node (one NIC per node; the emulated cluster's loopbac
 
 Every figure of a preset has its source beside it in ``sources`` (``burstattn sim --cluster NAME
 --json`` prints them). ``a100-pcie-roce`` and ``h100-nvlink-ib`` are also the presets of ``burstattn
-cluster``: :func:`emulation_figures` is the one definition :mod:`burstattn.cluster.spec` reads.
+cluster``: :func:`emulation_figures` is the one definition :mod:`bench.cluster.spec` reads.
 """
 from __future__ import annotations
 

@@ -37,14 +37,14 @@ from ..engine.direct import direct, distflash_steps
 from ..engine.pairs import MaskKind, ops_from_positions, position_ops
 from ..engine.plan import Plan, ring, ring_source, two_level
 from ..engine.run import build_plan, head_groups
-from ..layout import local_positions
+from ..layouts.named import local_positions
 from ..masks.blocks import mask_blocks
 from ..masks.plan import mask_bytes, mask_plan
 from ..masks.spec import AttnMask
-from ..formulas import (accum_dtype, choose_backward, distflash_bytes, double_bytes, element_size, meta_bytes,
-                        ring_bytes)
+from ..engine.bytes import (accum_dtype, choose_backward, distflash_bytes, double_bytes, element_size, meta_bytes,
+                            ring_bytes)
 from ..strategies import STRATEGIES
-from ..strategies.head_chunks import head_chunks_problem
+from ..models.head_chunks import head_chunks_problem
 from ..strategies.heads import kv_repeats
 
 EXACT_P = 32

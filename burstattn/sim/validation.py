@@ -267,10 +267,10 @@ def _fmt(v: float, kind: str) -> str:
     return f"{v:.2f} s"
 
 
-def markdown(cal_path: str, data: str = "docs/bench-data") -> str:
+def markdown(cal_path: str, data: str = "bench/results") -> str:
     """The validation tables of docs/simulation.md."""
     cal = load(cal_path)
-    out = ["### Against `burstattn bench grid` (P=2 on this machine; `docs/bench-data/targets.json`)", "",
+    out = ["### Against `burstattn bench grid` (P=2 on this machine; `bench/results/targets.json`)", "",
            "| contender | N | mask | measured fwd+bwd | predicted | error |", "|---|---|---|---|---|---|"]
     grid = grid_rows(json.loads(Path(data, "targets.json").read_text()), cal)
     for r in grid:
@@ -305,8 +305,8 @@ def markdown(cal_path: str, data: str = "docs/bench-data") -> str:
 
 def main(argv: Optional[list] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--calibration", default="docs/bench-data/sim-calibration.json")
-    ap.add_argument("--data", default="docs/bench-data")
+    ap.add_argument("--calibration", default="bench/results/sim-calibration.json")
+    ap.add_argument("--data", default="bench/results")
     ns = ap.parse_args(argv)
     print(markdown(ns.calibration, ns.data))
 

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import LAYOUTS
-from ..layout import DEFAULT_LAYOUT, layout_or_default  # layout=None means this for every strategy, as for shard_sequence
+from ..layouts.named import DEFAULT_LAYOUT, layout_or_default  # layout=None means this for every strategy, as for shard_sequence
 from .base import MASK_OPTIONS, MODEL_OPTIONS, StrategySpec
 
 _ALL = LAYOUTS
@@ -76,7 +76,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, strategy: st
     if problem is not None:
         # raise on every rank: the ranks without this problem meet this check inside their
         # strategy (every strategy's first collective is the same input check)
-        from .op import label, refuse
+        from ..call.prepare import label, refuse
         refuse(label(strategy), problem, group)
     layout = layout_or_default(layout)
     return MODULES[spec.name].run(q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,

@@ -22,15 +22,15 @@ from dataclasses import replace
 
 import torch
 
-from ..passes import block_calls, call_positions
+from ..call.engine_adapter import block_calls, call_positions
 from ..comm.collectives import Collectives
 from ..comm.stats import active_stats
 from ..engine.run import build_plan, gathered_backward, gathered_forward
-from ..formulas import accum_dtype, byte_totals, element_size, meta_bytes
-from ..config import host_side
-from ..layout import local_positions
+from ..engine.bytes import accum_dtype, byte_totals, element_size, meta_bytes
+from ..comm.host import host_side
+from ..layouts.named import local_positions
 from .base import check_call
-from .op import strategy_call
+from ..ops import strategy_call
 
 
 def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", **mask_args) -> torch.Tensor:

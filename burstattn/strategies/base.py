@@ -7,7 +7,7 @@ from importlib import import_module
 from typing import Callable, Optional
 
 from ..masks.setup import plan_for
-from ..validate import check_inputs
+from ..call.validate import check_inputs
 
 MASK_OPTIONS = ("window", "cu_seqlens", "document_ids", "mask_mod", "mask")
 # the options of today's models (cross-attention, varlen documents of their own, score modifiers,
@@ -34,7 +34,7 @@ class StrategySpec:
         name: the ``strategy=`` value (and the module under ``burstattn.strategies`` holding its ``run``).
         layouts: sequence layouts it accepts; ``default_layout`` is used when ``layout=None``.
         options: the extra keyword options it takes (anything else is an error).
-        partitions: whether an explicit :class:`~burstattn.partition.Partition` is accepted as
+        partitions: whether an explicit :class:`~burstattn.layouts.partition.Partition` is accepted as
             ``layout`` (every strategy but rsa).
     """
 
@@ -54,7 +54,7 @@ def check_call(call, q, k, v, extra: Optional[tuple[type, str]] = None, group_pl
     """A strategy call's cross-rank input check (inside its op): ``check_inputs`` over the call's group,
     with the problem this rank found (``extra``, or the mask's: a sequence length it does not fit, a
     partition for another world size, a ``mask_mod`` that raises), so a bad input raises on every rank.
-    The local check ran once already (:func:`burstattn.strategies.op.prepare`). Returns this rank's
+    The local check ran once already (:func:`burstattn.call.prepare.prepare`). Returns this rank's
     :class:`~burstattn.masks.plan.MaskPlan` over the group (``None`` for a dense call, or when
     ``group_plan`` is false: the strategy plans its own, after the check)."""
     where = call.where

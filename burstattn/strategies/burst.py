@@ -9,12 +9,13 @@ from dataclasses import replace
 
 import torch
 
-from ..passes import backward_pass, forward_pass
-from ..formulas import accum_dtype, choose_backward, ring_bytes
+from ..call.engine_adapter import backward_pass, forward_pass
+from ..engine.bytes import accum_dtype, choose_backward, ring_bytes
 from ..masks.setup import plan_for
 from .base import check_call, split_options
 from .local import local_backward, local_forward
-from .op import prepare, run_call
+from ..call.prepare import prepare
+from ..ops import run_call
 
 EXACT_ALONE = (torch.float32, torch.float64)  # 16-bit: the engine's float32 tiles unless grad_partials="kernel"
 GPU_KERNELS = ("sdpa", "flash_attn")  # 16-bit alone on CUDA: the kernel's own backward (see alone)
@@ -51,7 +52,7 @@ def alone(call, q, k) -> bool:
     (float32 / float64, ``grad_partials="kernel"``, or a GPU's cuDNN / flash kernel: one block has no
     partials to sum, and its float32-accumulated 16-bit gradients are flash-attn's own, the rule's
     reference; the float32 tiles would run it in float32, SDPA's memory-efficient kernel, 6-10x slower on
-    an H200, docs/cuda). The engine would run the same single block through its loop (its copies, float32
+    an H200, bench/results/cuda). The engine would run the same single block through its loop (its copies, float32
     accumulators and merges), which costs 10-15% at 1,024 tokens on CPU."""
     w = call.where
     return ((w is None or w.world_size == 1) and call.plan is None and call.mask is None and call.alibi is None
@@ -62,7 +63,7 @@ def alone(call, q, k) -> bool:
 
 def forward(call, q, k, v):
     """``out [B, n, Hq, Dv]`` (q's dtype) and the saved ``[lse [B, Hq, n]]`` (float32; float64 for float64;
-    sinks included): :func:`burstattn.passes.forward_pass`, or one kernel call when :func:`alone`."""
+    sinks included): :func:`burstattn.call.engine_adapter.forward_pass`, or one kernel call when :func:`alone`."""
     if alone(call, q, k):
         out, lse = local_forward(call, q, k, v)
         return out, [lse]
@@ -72,7 +73,7 @@ def forward(call, q, k, v):
 
 def backward(call, dout, q, k, v, out, saved):
     """``dq, dk, dv`` (and ``dsinks [Hq]``, this rank's share, with sinks):
-    :func:`burstattn.passes.backward_pass` (one kernel call when :func:`alone`)."""
+    :func:`burstattn.call.engine_adapter.backward_pass` (one kernel call when :func:`alone`)."""
     (lse,) = saved
     if alone(call, q, k):
         return local_backward(call, dout, q, k, v, out, lse)
@@ -90,7 +91,7 @@ def fake(call, q, k, v):
 def bytes_formula(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,
                   head_dim: int, dtype: torch.dtype, backward: str = "auto", kv_local_seq=None,
                   v_head_dim=None) -> dict:
-    """Bytes each rank sends per call (:func:`burstattn.formulas.ring_bytes`, ``"auto"`` resolved
+    """Bytes each rank sends per call (:func:`burstattn.engine.bytes.ring_bytes`, ``"auto"`` resolved
     as :func:`burst_attn_func` resolves it)."""
     kw = dict(batch=batch, local_seq=local_seq, world_size=world_size, q_heads=q_heads, kv_heads=kv_heads,
               head_dim=head_dim, dtype=dtype, kv_local_seq=kv_local_seq, v_head_dim=v_head_dim)

@@ -19,8 +19,8 @@ from typing import Optional
 import torch
 
 from ..comm.collectives import Collectives
-from ..formulas import accum_dtype, element_size
-from ..layout import local_positions
+from ..engine.bytes import accum_dtype, element_size
+from ..layouts.named import local_positions
 
 
 def heads_problem(q_heads: int, degree: int, strategy: str, what: str = "group size") -> Optional[str]:

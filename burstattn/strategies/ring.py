@@ -8,10 +8,11 @@ and ``fake`` serve it (the op finds them here by the strategy's name).
 """
 from __future__ import annotations
 
-from ..formulas import ring_bytes
+from ..engine.bytes import ring_bytes
 from .base import split_options
 from .burst import backward, check, fake, forward, plan_of  # noqa: F401  (the op's functions of "ring")
-from .op import prepare, run_call
+from ..call.prepare import prepare
+from ..ops import run_call
 
 
 def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", **options):
@@ -26,7 +27,7 @@ def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", **opti
 
 def bytes_formula(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,
                   head_dim: int, dtype, kv_local_seq=None, v_head_dim=None) -> dict:
-    """Bytes each rank sends per call (:func:`burstattn.formulas.ring_bytes` with the K/V-ring backward)."""
+    """Bytes each rank sends per call (:func:`burstattn.engine.bytes.ring_bytes` with the K/V-ring backward)."""
     return ring_bytes(batch=batch, local_seq=local_seq, world_size=world_size, q_heads=q_heads,
                       kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, backward="kv", kv_local_seq=kv_local_seq,
                       v_head_dim=v_head_dim)

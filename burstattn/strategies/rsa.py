@@ -7,7 +7,7 @@ Forward, two rings (:func:`burstattn.engine.plan.ring` plans on the one loop,
 1. K circulates (op ``k``); each step fills the columns of the visiting rank's keys in this
    rank's full score matrix ``S [B, Hq, n, N]`` (float32; float64 for float64 inputs), with
    the causal mask taken from the global positions of both shards
-   (:func:`burstattn.layout.local_positions`), so every layout is exact. Blocks the mask hides
+   (:func:`burstattn.layouts.named.local_positions`), so every layout is exact. Blocks the mask hides
    entirely are not computed (their columns stay ``-inf``).
 2. A row softmax in place turns ``S`` into the probabilities ``P``.
 3. V circulates (op ``v``); each step adds ``P[:, :, :, block] @ V_block`` to the output.
@@ -34,16 +34,17 @@ import torch
 from ..comm.stats import active_stats
 from ..comm.trace import active_trace
 from ..comm.transport import pass_transport
-from ..config import Call, host_side
+from ..call.call import Call
+from ..comm.host import host_side
 from ..engine.loop import Partial, Whole, run_plan
 from ..engine.pairs import ops_from_positions
 from ..engine.plan import Channels, Key, Plan, ring
-from ..formulas import accum_dtype, byte_totals, element_size, meta_bytes
-from ..groups import GroupContext
+from ..engine.bytes import accum_dtype, byte_totals, element_size, meta_bytes
+from ..comm.groups import GroupContext
 from ..kernels.base import row_dot
-from ..layout import local_positions
+from ..layouts.named import local_positions
 from .base import check_call
-from .op import strategy_call
+from ..ops import strategy_call
 
 K_RING, V_RING, KV_RING = Channels(kv="k", dkv="k_acc"), Channels(kv="v", dkv="v_acc"), Channels()
 

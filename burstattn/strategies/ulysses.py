@@ -2,7 +2,7 @@
 
 One all-to-all turns sequence shards into head shards: rank j gets query heads
 ``[j*Hq/P, (j+1)*Hq/P)`` (and the kv heads they read) over the whole sequence, reordered from
-the layout's shards into global token order (:func:`burstattn.layout.local_positions`); it
+the layout's shards into global token order (:func:`burstattn.layouts.named.local_positions`); it
 runs single-device attention (:func:`~burstattn.strategies.local.local_forward`: the engine at a
 world of one, causal on the global order, so every layout is exact); a second all-to-all returns
 the output to sequence shards. The backward mirrors it: the adjoint of each all-to-all is the
@@ -25,12 +25,12 @@ import torch
 
 from ..comm.collectives import Collectives
 from ..comm.stats import active_stats
-from ..formulas import accum_dtype, byte_totals, meta_bytes
+from ..engine.bytes import accum_dtype, byte_totals, meta_bytes
 from .base import check_call
 from .heads import (a2a_bytes, from_global, heads_problem, heads_to_seq, kv_repeats, rank_order, repeat_kv,
                     seq_to_heads, to_global, unrepeat_kv)
 from .local import local_backward, local_forward, local_plan
-from .op import strategy_call
+from ..ops import strategy_call
 
 
 def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", **mask_args) -> torch.Tensor:

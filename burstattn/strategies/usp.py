@@ -22,7 +22,7 @@ become an explicit partition (the masked engine's direct schedule).
 Groups come from a ``DeviceMesh`` (``mesh``, dims ``("ring", "ulysses")``), from explicit
 ``ulysses_group`` and ``ring_group``, or from the degrees alone. Creating process groups is a
 collective of the whole job and costs a rendezvous and file descriptors, so with degrees alone the
-sub-groups are built on the first call and reused (:func:`burstattn.groups.usp_subgroups`).
+sub-groups are built on the first call and reused (:func:`burstattn.comm.groups.usp_subgroups`).
 """
 from __future__ import annotations
 
@@ -32,19 +32,21 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..passes import backward_pass, forward_pass
+from ..call.engine_adapter import backward_pass, forward_pass
 from ..comm.collectives import Collectives
 from ..comm.stats import active_stats
-from ..config import Call, host_side
-from ..formulas import accum_dtype, byte_totals, choose_backward, meta_bytes, ring_bytes
-from ..groups import UspGroups, group_context, group_name, mesh_usp_groups, resolve_group, usp_subgroups
-from ..layout import local_positions
+from ..call.call import Call
+from ..comm.host import host_side
+from ..engine.bytes import accum_dtype, byte_totals, choose_backward, meta_bytes, ring_bytes
+from ..comm.groups import UspGroups, group_context, group_name, mesh_usp_groups, resolve_group, usp_subgroups
+from ..layouts.named import local_positions
 from ..masks.setup import plan_for
 from .base import check_call
-from ..validate import check_inputs
+from ..call.validate import check_inputs
 from .heads import a2a_bytes, heads_problem, heads_to_seq, kv_repeats, repeat_kv, seq_to_heads, unrepeat_kv
 from .local import ALONE
-from .op import resolve_backward, strategy_call
+from ..call.prepare import resolve_backward
+from ..ops import strategy_call
 
 
 def usp_positions(seq_len: int, *, ring_rank: int, ring_degree: int, ulysses_rank: int, ulysses_degree: int,
@@ -68,9 +70,9 @@ def ring_layout(layout, seq_len: int, ulysses_degree: int, ring_degree: int):
     ``ring_layout`` names the sorted positions of every ring index: ``contiguous`` and ``zigzag``
     over the grid are ``contiguous`` and ``zigzag`` over the ring (zigzag's chunks are u times
     longer); any other layout (``striped``, a Partition) becomes an explicit
-    :class:`~burstattn.partition.Partition` (the masked engine's direct schedule). Pure.
+    :class:`~burstattn.layouts.partition.Partition` (the masked engine's direct schedule). Pure.
     """
-    from ..partition import Partition
+    from ..layouts.partition import Partition
 
     u, r = ulysses_degree, ring_degree
     if u == 1:
@@ -136,7 +138,7 @@ def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backwa
     """``q [B, n, Hq, D]``, ``k, v [B, n, Hkv, D]`` (this rank's shard in ``layout`` over the whole
     group, as :func:`burstattn.shard_sequence` gives it) -> ``[B, n, Hq, D]`` in q's dtype.
     ``backend``/``backward``: as in :func:`burst_attn_func`. Given only degrees, the sub-groups are
-    built on the first call and reused (:func:`burstattn.groups.usp_subgroups`). Runs as the custom op
+    built on the first call and reused (:func:`burstattn.comm.groups.usp_subgroups`). Runs as the custom op
     ``torch.ops.burstattn.attention_fwd`` (:mod:`.op`; the sub-groups travel by name).
 
     Raises:
@@ -271,7 +273,7 @@ def bytes_formula(*, batch: int, local_seq: int, world_size: int, q_heads: int, 
                   dtype: torch.dtype, ulysses_degree: int, backward: str = "auto", layout="zigzag",
                   causal: bool = False, rank: int = 0) -> dict:
     """Bytes group rank ``rank`` sends per call: ``{"forward", "backward", "ops": {(phase, op): bytes}}``:
-    the Ulysses all-to-alls, the inner burst ring (:func:`burstattn.formulas.ring_bytes`, or the masked
+    the Ulysses all-to-alls, the inner burst ring (:func:`burstattn.engine.bytes.ring_bytes`, or the masked
     engine's :func:`burstattn.masks.plan.mask_bytes` when the ring-level layout is a partition, see
     :func:`ring_layout`; with its own ``meta`` check over the ring group) and the outer input check."""
     from ..masks import AttnMask, choose_mask_backward, mask_bytes, mask_plan

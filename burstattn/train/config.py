@@ -90,7 +90,7 @@ class TrainConfig:
     one-GPU runs); the device holds only the parameters gathered for the layer computing."""
     head_chunks: int = 1
     """Run each layer's distributed attention over this many groups of heads, one group after another
-    (:mod:`burstattn.strategies.head_chunks`): the call's buffers scale with one group. Must divide
+    (:mod:`burstattn.models.head_chunks`): the call's buffers scale with one group. Must divide
     the kv heads per tensor-parallel rank."""
     dtype: str = "float32"
     """Compute dtype (with ``fsdp``: FSDP's param dtype; master weights and reductions stay float32)."""

@@ -18,8 +18,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..groups import degree_groups
-from ..layout import local_positions, split_error
+from ..comm.groups import degree_groups
+from ..layouts.named import local_positions, split_error
 from ..masks import AttnMask
 from ..models import AttnCall
 from ..parallel import IGNORE, sum_grads

@@ -27,7 +27,7 @@ What is measured and what is not:
   backward unpacks them; ``host_bytes`` is the bytes of the offloaded storages
   (:class:`~burstattn.models.offload.HostOffload`).
 * The step is a steady-state one (the optimizer state exists before it, as in
-  :func:`burstattn.bench.train_memory.probe_step`); the peak includes the parameters, gradients and
+  :func:`bench.train_memory.probe_step`); the peak includes the parameters, gradients and
   optimizer state, and ``step_peak_bytes`` is the peak above what the step started with.
 """
 from __future__ import annotations

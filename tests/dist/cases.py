@@ -9,7 +9,7 @@ import os
 import torch
 
 import burstattn
-from burstattn.layout import local_positions
+from burstattn.layouts.named import local_positions
 from tests.helpers import Case, full_inputs
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import burstattn
-from burstattn.layout import local_positions
+from burstattn.layouts.named import local_positions
 from tests.dist import feature_cases as fc
 
 

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 import burstattn
-from burstattn.layout import local_positions
+from burstattn.layouts.named import local_positions
 from burstattn.testing.oracle import exact_attention
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -170,7 +170,7 @@ def options(case: FCase, t: dict) -> dict:
 
 def formula(case: FCase, rank: int, dtype) -> dict:
     """The bytes ``rank`` must send: the sparse plan's (masks), the double ring's or the ring's."""
-    from burstattn import formulas
+    from burstattn.engine import bytes as formulas
     from burstattn.masks import AttnMask, choose_mask_backward, mask_bytes, mask_plan
 
     shape = dict(batch=case.batch, local_seq=case.nq, q_heads=case.hq, kv_heads=case.hkv, head_dim=case.d,

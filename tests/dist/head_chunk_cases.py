@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 import burstattn
-from burstattn.bench.memory import measure_peak
-from burstattn.strategies.head_chunks import head_chunked_attention
+from burstattn.meter.memory import measure_peak
+from burstattn.models.head_chunks import head_chunked_attention
 from tests.dist.strategy_cases import _leaves, _usp_options, destroy_usp_groups, positions
 from tests.helpers import Case
 

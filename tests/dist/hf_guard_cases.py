@@ -10,7 +10,7 @@ import tempfile
 import torch
 
 import burstattn.hf as bhf
-from burstattn.layout import local_positions
+from burstattn.layouts.named import local_positions
 
 VOCAB = 128
 SMALL = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

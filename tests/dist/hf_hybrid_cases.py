@@ -7,7 +7,7 @@ import torch
 
 import burstattn
 import burstattn.hf as bhf
-from burstattn.layout import local_positions
+from burstattn.layouts.named import local_positions
 from tests.dist.hf_guard_cases import build as guard_build
 from tests.dist.hf_guard_cases import MAMBA, SMALL, VOCAB
 from tests.dist.hf_guard_cases import config as guard_config

@@ -139,7 +139,7 @@ def refused(rank: int, world: int, what: str) -> str:
 def layout_mismatch(rank: int, world: int) -> dict:
     """Issue 17.2: register(layout='striped'); shard_batch without a layout takes it (exact loss); an
     explicit other layout, and a hand-sharded zigzag batch, raise on every rank."""
-    from burstattn.layout import local_positions
+    from burstattn.layouts.named import local_positions
 
     bhf.register(strategy="burst", layout="striped", backend="reference")
     model = build("llama")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 import burstattn
-from burstattn.groups import SUBGROUPS
+from burstattn.comm.groups import SUBGROUPS
 from tests.helpers import Case, full_inputs, reference_results, rel_err
 
 USP_DEGREES = {2: (2, 1), 3: (3, 1), 4: (2, 2)}  # world -> (ulysses_degree, ring_degree)

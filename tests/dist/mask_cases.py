@@ -83,7 +83,7 @@ def layout_of(case: Case, kind: str):
     """A named layout, or ``"documents"``: the document-aware partition of the mask's documents."""
     if case.layout != "documents":
         return case.layout
-    from burstattn.partition import document_partition
+    from burstattn.layouts.partition import document_partition
     return document_partition(mask_kwargs(kind, case.seq_len)["cu_seqlens"], case.world, causal=case.causal)
 
 

@@ -14,7 +14,7 @@ def attention_peak(rank: int, world: int, strategy: str, n: int, hq: int, hkv: i
     all-to-all sends (P-1)/P of its input, a gather P-1 times it); and the fastest fwd / fwd+bwd
     seconds of ``repeats`` timed calls."""
     import burstattn
-    from burstattn.bench.memory import measure_peak
+    from burstattn.meter.memory import measure_peak
     from burstattn.strategies import attention
 
     gen = torch.Generator().manual_seed(rank)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 
 import burstattn
-from burstattn.bench.memory import measure_peak
-from burstattn.layout import local_positions
-from burstattn.groups import usp_groups
+from burstattn.meter.memory import measure_peak
+from burstattn.layouts.named import local_positions
+from burstattn.comm.groups import usp_groups
 from burstattn.strategies.usp import usp_positions
 from tests.helpers import Case, full_inputs
 
@@ -40,7 +40,7 @@ def destroy_usp_groups(opts: dict) -> None:
     """Destroy the sub-groups a case made (given groups, a mesh's, or the cached ones of degrees)."""
     import torch.distributed as dist
 
-    from burstattn.groups import SUBGROUPS
+    from burstattn.comm.groups import SUBGROUPS
 
     if "mesh" in opts:
         groups = [opts["mesh"].get_group(name) for name in ("ring", "ulysses")]

@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from burstattn.formulas import ring_bytes
+from burstattn.engine.bytes import ring_bytes
 from tests.dist import cases
 from tests.dist.test_attention import check_against_reference
 from tests.helpers import DTYPES, Case

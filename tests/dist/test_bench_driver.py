@@ -1,4 +1,4 @@
-"""The bench suite driver (burstattn.bench.driver): points on a pool per world size, one record per
+"""The bench suite driver (bench.driver): points on a pool per world size, one record per
 point in order, a failing point as a record (the run goes on), the load per point and per world size,
 and the document and its files (JSON, Markdown, a docs file's section)."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
-from burstattn.bench.driver import Started, document, publish, run_points
-from burstattn.bench.progress import ProgressFile
+from bench.driver import Started, document, publish, run_points
+from burstattn.meter.progress import ProgressFile
 
 
 def _point(rank: int, world: int, p: dict, scale: int, progress_path) -> dict:

@@ -6,12 +6,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from burstattn.bench.grid import GridPoint, grid_point, combine
-from burstattn.bench.report import correct
+from bench.grid import GridPoint, grid_point, combine
+from bench.report import correct
 
 
 def _meter_conventions(rank: int, world: int) -> dict:
-    from burstattn.bench.distmeter import dist_meter
+    from bench.distmeter import dist_meter
 
     x = torch.ones(world * 4, dtype=torch.float32)  # 16 * world bytes
     originals = (dist.all_reduce, dist.isend, dist.distributed_c10d.isend)

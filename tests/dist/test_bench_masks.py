@@ -8,13 +8,13 @@ import json
 import pytest
 from rich.console import Console
 
-from burstattn.bench.mask_points import packed_documents
-from burstattn.bench.masks import MasksConfig, mask_grid
-from burstattn.bench.masks_report import SECTION, update_section
+from bench.mask_points import packed_documents
+from bench.masks import MasksConfig, mask_grid
+from bench.masks_report import SECTION, update_section
 
 
 def test_quick_run(tmp_path):
-    from burstattn.bench.masks import run_masks
+    from bench.masks import run_masks
 
     docs = tmp_path / "benchmarks.md"
     docs.write_text("# Benchmarks\n\nintro\n\n## Other section\n\nkept text\n")

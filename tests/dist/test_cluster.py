@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from burstattn.cluster import netns
-from burstattn.cluster.launch import ClusterJob, run_job
-from burstattn.cluster.spec import ClusterSpec, Link, parse_link
+from bench.cluster import netns
+from bench.cluster.launch import ClusterJob, run_job
+from bench.cluster.spec import ClusterSpec, Link, parse_link
 
 REASON = netns.requirements_problem()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no emulated cluster here: {REASON}")
@@ -34,7 +34,7 @@ def _results(out: Path, world: int) -> list[dict]:
 
 def test_burst_across_two_nodes_is_exact_and_bytes_match_the_link(cluster, tmp_path):
     cfg = dict(batch=1, seq_len=1024, heads=4, kv_heads=2, head_dim=32, causal=True, layout="zigzag", pg_timeout_s=60)
-    results = run_job(cluster, ["-m", "burstattn.cluster.worker", "check", "--out", str(tmp_path),
+    results = run_job(cluster, ["-m", "bench.cluster.worker", "check", "--out", str(tmp_path),
                                 "--config", json.dumps(cfg)], timeout_s=240)
     assert all(r.returncode == 0 for r in results), "\n".join(r.output[-2000:] for r in results)
     for r in _results(tmp_path, 2):
@@ -47,7 +47,7 @@ def test_burst_across_two_nodes_is_exact_and_bytes_match_the_link(cluster, tmp_p
 def _hold(cluster, tmp_path, fault, survivors=(0, 1)):
     cfg = dict(batch=1, seq_len=2048, heads=4, kv_heads=4, head_dim=32, seconds=90, pg_timeout_s=8,
                ready_dir=str(tmp_path / "ready"))
-    job = ClusterJob(cluster, ["-m", "burstattn.cluster.worker", "hold", "--out", str(tmp_path / "out"),
+    job = ClusterJob(cluster, ["-m", "bench.cluster.worker", "hold", "--out", str(tmp_path / "out"),
                                "--config", json.dumps(cfg)])
     deadline = time.time() + 120
     while len(list((tmp_path / "ready").glob("rank*"))) < 2:
@@ -111,12 +111,12 @@ def test_training_steps_across_two_nodes(cluster, tmp_path):
     multi-node torchrun group (burst over cp = 2 nodes; FSDP too), one record per point on every rank."""
     from dataclasses import asdict
 
-    from burstattn.bench.train import TrainBenchConfig, combine
+    from bench.train import TrainBenchConfig, combine
 
     bench = TrainBenchConfig(model="tiny", seq_lens=(128,), strategies=("burst",), fsdp=(False, True),
                              mode_strategies=(), repeats=1, world_size=2)
     cfg = dict(bench=asdict(bench), pg_timeout_s=60, threads=1)
-    results = run_job(cluster, ["-m", "burstattn.cluster.worker", "train", "--out", str(tmp_path),
+    results = run_job(cluster, ["-m", "bench.cluster.worker", "train", "--out", str(tmp_path),
                                 "--config", json.dumps(cfg)], timeout_s=300)
     assert all(r.returncode == 0 for r in results), "\n".join(r.output[-2000:] for r in results)
     ranks = _results(tmp_path, 2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from burstattn.formulas import distflash_bytes
+from burstattn.engine.bytes import distflash_bytes
 from tests.dist import distflash_cases
 from tests.helpers import DTYPES, Case, assemble, reference_results, tolerance_failures
 
@@ -69,7 +69,7 @@ DOUBLE = [
 
 @pytest.mark.parametrize("case,ranks_per_node", DOUBLE, ids=lambda x: x.id() if isinstance(x, Case) else f"R{x}")
 def test_double_ring_matches_reference_and_formula(pools, case, ranks_per_node):
-    from burstattn.formulas import double_bytes
+    from burstattn.engine.bytes import double_bytes
 
     results = pools.get(case.world).run(distflash_cases.double_ring, case, ranks_per_node)
     ref = reference_results(case)

@@ -1,6 +1,6 @@
 """``burstattn train --dry-run`` against the real step: the dry run's peak (fake tensors, fake process
 group, PyTorch's memory trackers) equals the allocator's peak of the same step run for real here
-(:func:`burstattn.bench.train_memory.probe_step`: the step's own bytes above the weights and optimizer
+(:func:`bench.train_memory.probe_step`: the step's own bytes above the weights and optimizer
 state that exist before it), within 5%, on every rank, for a representative set: checkpointing modes,
 blockwise chunks, burst / ulysses / DistFlashAttn's schedule, FSDP2 over dp x cp.
 

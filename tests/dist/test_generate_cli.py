@@ -75,7 +75,7 @@ def test_hf_dir_uses_the_current_cache_keyword(tmp_path):
     import warnings
 
     pytest.importorskip("transformers", minversion="5")
-    from burstattn.bench.generate_run import GenerateConfig, generate_rank
+    from burstattn.cli.generate_run import GenerateConfig, generate_rank
     from tests.dist.hf_cases import build
 
     build("llama", seed=3).save_pretrained(tmp_path / "m")

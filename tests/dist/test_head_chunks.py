@@ -1,4 +1,4 @@
-"""Attention chunked over heads (burstattn.strategies.head_chunks) against the float64 oracle.
+"""Attention chunked over heads (burstattn.models.head_chunks) against the float64 oracle.
 
 Every row runs forward + backward through ``head_chunked_attention`` on real gloo ranks (worlds 2
 and 3, several strategies, GQA groups kept whole) and the parent reassembles out, dq, dk, dv and
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from burstattn.strategies.head_chunks import head_chunks_problem, head_slices
+from burstattn.models.head_chunks import head_chunks_problem, head_slices
 from tests.dist import head_chunk_cases as hc
 from tests.dist.test_strategies import expected_bytes
 from tests.helpers import DTYPES, Case, full_inputs, reference_results, tolerance_failures

@@ -16,7 +16,7 @@ import torch
 
 pytest.importorskip("transformers", minversion="5")
 
-from burstattn.infer.formulas import decode_bytes  # noqa: E402
+from burstattn.infer.bytes import decode_bytes  # noqa: E402
 from tests.dist import hf_cases as hc  # noqa: E402
 
 TOL = 1e-4

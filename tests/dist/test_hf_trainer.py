@@ -86,7 +86,7 @@ def test_trl_sft_trainer_through_the_mixin(pools):
 @pytest.mark.parametrize("contender", ["cp-burst"])
 def test_bench_hf_points(pools, contender):
     """bench hf's per-rank work on the session pool: timed steps and a measured peak."""
-    from burstattn.bench.hf import HfBenchConfig, trainer_rank
+    from bench.hf import HfBenchConfig, trainer_rank
 
     cfg = HfBenchConfig(hidden=32, heads=4, kv_heads=2, vocab=64, mean_doc=40, steps=2, warmup=1)
     timed = pools.get(2).run(trainer_rank, cfg, contender, 128, True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from burstattn.infer.formulas import decode_bytes, pass_kv_bytes, pass_q_bytes
+from burstattn.infer.bytes import decode_bytes, pass_kv_bytes, pass_q_bytes
 from burstattn.infer.placement import placement_counts
 from burstattn.infer.steps import padded_length
 from burstattn.strategies import STRATEGIES

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from burstattn import ops
-from burstattn.groups import GroupContext
+from burstattn.comm.groups import GroupContext
 from tests.dist import op_cases
 
 
@@ -30,9 +30,10 @@ NAMES = ["partition:a;b", "a=b;c=d", "it's", 'say "hi"', "back\\slash\\", "tab\t
 def test_call_spec_round_trip_is_lossless(name):
     """Every spec field of a Call comes back exactly through the op's generic encoding (no field named by
     hand), whatever a name holds (the separator, quotes, escapes, line ends)."""
-    from burstattn.boundary import call_from, op_arguments
-    from burstattn.config import SPEC_FIELDS, Call, decode_spec
-    from burstattn.partition import Partition
+    from burstattn.call.boundary import call_from, op_arguments
+    from burstattn.call.boundary import SPEC_FIELDS, decode_spec
+    from burstattn.call.call import Call
+    from burstattn.layouts.partition import Partition
 
     call = Call(causal=True, softmax_scale=0.25, layout=Partition((torch.arange(4),), name=name),
                 backend="reference", backward="kv", softcap=30.0, grad_partials="kernel", grad=True, strategy="usp",
@@ -48,8 +49,8 @@ def test_call_spec_round_trip_is_lossless(name):
 
 
 def test_call_spec_round_trip_of_every_character():
-    from burstattn.boundary import call_from, op_arguments
-    from burstattn.config import Call
+    from burstattn.call.boundary import call_from, op_arguments
+    from burstattn.call.call import Call
 
     text = "".join(chr(c) for c in range(0x3000) if not 0xD800 <= c <= 0xDFFF) + "\U0001F600"
     call = Call(fn=text, kv_layout="partition-less " + text, options=(("name", text),), where=ALONE)

@@ -57,7 +57,7 @@ def test_predicted_time_matches_the_committed_measurement():
     from burstattn.sim.hardware import load
     from burstattn.sim.validation import grid_rows
 
-    root = Path(__file__).resolve().parents[2] / "docs" / "bench-data"
+    root = Path(__file__).resolve().parents[2] / "bench" / "results"
     rows = grid_rows(json.loads((root / "targets.json").read_text()), load(str(root / "sim-calibration.json")))
     checked = [r for r in rows if r["seq_len"] == 8192 and r["contender"] in ("burst", "ring", "ulysses", "usp")]
     assert len(checked) == 8

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from burstattn.bench.train_memory import sim_config
+from burstattn.sim.from_train import sim_config
 from burstattn.sim.step import memory_model
 from burstattn.train import TrainConfig
 from tests.dist.train_cases import probe_many

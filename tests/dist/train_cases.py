@@ -51,7 +51,7 @@ def checkpointing_modes(rank: int, world: int, cfg: TrainConfig) -> dict:
     allocated when the loss is computed, still held at the end of the forward; the same model states
     and batch in every mode)."""
     import burstattn
-    from burstattn.bench.memory import measure_peak
+    from burstattn.meter.memory import measure_peak
     from burstattn.train import local_batch
 
     out = {}
@@ -170,13 +170,13 @@ def run_many(rank: int, world: int, cfgs: list) -> list[dict]:
 
 
 def probe_many(rank: int, world: int, cfgs: list) -> list[dict]:
-    """One steady-state step of every config (:func:`burstattn.bench.train_memory.probe_step`), the
+    """One steady-state step of every config (:func:`bench.train_memory.probe_step`), the
     offload copies made on CPU so that their bytes are counted. Configs whose collectives run through
     gloo's worker thread in bulk (ulysses' all-to-alls, FSDP's all-gathers, tensor parallelism's
     all-reduces: one full-suite run measured tiny's tp-v3 at 8.79 MiB against 8.31 alone) take the
     smallest peak of 2 steps: that thread frees its buffers late at times, which a single measurement cannot tell from the
     program's own peak (the band rule in tests/helpers.py)."""
-    from burstattn.bench.train_memory import probe_step
+    from bench.train_memory import probe_step
 
     return [probe_step(rank, world, c, copy_offload=True,
                        repeats=2 if c.fsdp or c.strategy == "ulysses" or c.strategy.startswith("tp") or c.tp not in (None, 1)

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 import burstattn
-from burstattn.groups import SUBGROUPS
+from burstattn.comm.groups import SUBGROUPS
 
 
 def _error(fn) -> str:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from burstattn.bench.grid import GridConfig, grid_points
+from bench.grid import GridConfig, grid_points
 
 CONFIGS = Path(__file__).resolve().parents[2] / "bench" / "configs"
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from burstattn.bench.memory import measure_peak
+from burstattn.meter.memory import measure_peak
 from burstattn.models import IGNORE, AttnCall, HostOffload, Llama, LlamaConfig, auto_chunks, chunk_bounds, preset
 from burstattn.models.blockwise import take_rows
 from burstattn.models.offload import offload_problem, offloaded_bytes

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import burstattn
-from burstattn import kernels, passes, validate
-from burstattn.strategies import op
+from burstattn import kernels
+from burstattn.call import engine_adapter as passes, validate
+from burstattn.call import prepare as op
 
 
 @pytest.mark.parametrize("strategy", ["burst_attn_func", "burst", "ring", "ulysses", "allgather", "tp", "usp"])
@@ -45,7 +46,7 @@ def test_mask_summary_built_once_per_shape_in_the_users_mask(monkeypatch, kind):
     """BurstAttention keeps one AttnMask, and the op finds that object again (by its definition,
     registered when the call crosses the op; a mask_mod's call carries it directly): over 3 calls of one
     shape, forward and backward, the block summary is built once, and it is in the user's mask."""
-    from burstattn.config import LruCache
+    from burstattn.comm.host import LruCache
     from burstattn.masks import blocks, setup
 
     monkeypatch.setattr(setup, "DATA_MASKS", LruCache(32))  # no mask of an earlier test serves this one
@@ -80,21 +81,3 @@ def test_rare_keywords_one_typed_object_or_one_by_one():
         burstattn.burst_attn_func(q, k, v, options=burstattn.BurstOptions(), backend="reference")
     with pytest.raises(TypeError, match="BurstOptions.*backend"):
         burstattn.burst_attn_func(q, k, v, bakend="reference")
-
-
-def test_renamed_engine_adapter_names_its_new_module():
-    import importlib
-
-    with pytest.raises(AttributeError, match="burstattn.passes"):
-        burstattn.autograd  # noqa: B018
-    with pytest.raises(ImportError, match="burstattn.passes"):
-        importlib.import_module("burstattn.autograd")
-
-
-def test_removed_usp_mesh_names_the_torch_spelling():
-    """``burstattn.groups.usp_mesh`` (unused here, one torch call) is gone; outside code that imports it
-    still can, and calling it names the replacement instead of building a mesh."""
-    from burstattn.groups import usp_mesh
-
-    with pytest.raises(RuntimeError, match=r"init_device_mesh\(device_type, \(ring_degree, ulysses_degree\)"):
-        usp_mesh(2, 2)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from burstattn.cluster.spec import REAL, ClusterSpec, Link, parse_link, preset, resolve, ring_schedule
+from bench.cluster.spec import REAL, ClusterSpec, Link, parse_link, preset, resolve, ring_schedule
 
 
 @pytest.mark.parametrize("text,bw,lat", [("10mbit", 1.25e6, 0.0), ("2MB", 2e6, 0.0), ("8gbit,5ms", 1e9, 5.0),

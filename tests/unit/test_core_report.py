@@ -1,7 +1,7 @@
 """``bench core``'s Markdown when a suite's baseline did not run (``--suites speedup`` alone)."""
 from __future__ import annotations
 
-from burstattn.bench.report import write_markdown
+from bench.report import write_markdown
 
 
 def _speedup_record(name: str, causal: bool) -> dict:
@@ -26,7 +26,7 @@ def test_speedup_without_the_overhead_suite_reports_times_and_says_why_no_ratio(
 def test_overhead_against_the_kernel_on_the_callers_layout():
     """The overhead suite also times the kernel on views of the caller's ``[B, S, H, D]`` tensors: the ratio
     against it (the call path's own cost) beside the target's ratio against contiguous copies."""
-    from burstattn.bench.core import _derive
+    from bench.core import _derive
 
     cfg = dict(suite="overhead", name="causal", seq_len=4096, heads=8, kv_heads=8, head_dim=64, causal=True,
                layout="contiguous", backward="auto", dtype="float32", batch=1, target=1.03, grad_partials="float32")

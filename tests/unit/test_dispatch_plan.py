@@ -118,7 +118,7 @@ def test_train_cli_refuses_in_one_line(capsys, argv, text):
 
 
 def test_simulated_at_scale_beats_the_best_static_cp_with_a_long_tail(tmp_path):
-    from burstattn.bench.dispatch_balance import histogram_table, simulate
+    from bench.dispatch_balance import histogram_table, simulate
     from burstattn.models import preset
     from burstattn.sim.hardware import preset as hw_preset
 

@@ -7,7 +7,7 @@ import pytest
 from burstattn.engine.direct import direct, distflash_steps
 from burstattn.engine.pairs import ops_from_positions
 from burstattn.engine.plan import plan_cost
-from burstattn.layout import local_positions
+from burstattn.layouts.named import local_positions
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 8, 9])

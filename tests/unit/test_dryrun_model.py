@@ -68,7 +68,7 @@ def _name(case: dict) -> str:
 
 
 def _check(case: dict) -> None:
-    from burstattn.bench.train_memory import sim_config
+    from burstattn.sim.from_train import sim_config
     from burstattn.sim.step import memory_model
     from burstattn.train import TrainConfig
     from burstattn.train.dryrun import dry_run

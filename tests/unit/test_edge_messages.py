@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import burstattn
-from burstattn.bench.memory import measure_peak
+from burstattn.meter.memory import measure_peak
 
 
 def test_measure_peak_on_cpu_prints_no_usdt_lines_and_keeps_the_callers_stderr(capfd):
@@ -71,7 +71,7 @@ def _hf_doc(steps: int, warmup: int) -> dict:
 
 
 def test_bench_hf_quick_prints_no_ratio_from_an_untimeable_point_and_says_why():
-    from burstattn.bench.hf_report import steps_table
+    from bench.hf_report import steps_table
 
     quick = "\n".join(steps_table(_hf_doc(steps=1, warmup=0)))
     assert "13.00x" not in quick and "x |" not in quick, quick

@@ -12,7 +12,7 @@ from burstattn.engine.direct import direct, distflash_steps, pass_q_steps
 from burstattn.engine.pairs import BlockOp, MaskKind, ops_from_positions, position_ops
 from burstattn.engine.plan import Step, check_plans, local, ring
 from burstattn.engine.run import build_plan, head_groups
-from burstattn.layout import local_positions
+from burstattn.layouts.named import local_positions
 from burstattn.masks.plan import mask_plan
 from burstattn.masks.spec import make_mask
 

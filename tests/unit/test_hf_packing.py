@@ -55,7 +55,7 @@ def test_cu_seq_lens_checked():
 
 
 def test_bench_hf_data_and_balance():
-    from burstattn.bench.hf import HfBenchConfig, doc_lengths, packed_rows, run_balance
+    from bench.hf import HfBenchConfig, doc_lengths, packed_rows, run_balance
 
     lengths = doc_lengths(4096, 200, seed=3)
     assert sum(lengths) == 4096 and min(lengths) >= 1 and lengths == doc_lengths(4096, 200, seed=3)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from burstattn.engine.merge import merge_
-from burstattn.infer.formulas import choose_continuation, pass_kv_bytes, pass_q_bytes
+from burstattn.infer.bytes import choose_continuation, pass_kv_bytes, pass_q_bytes
 from burstattn.infer.placement import placement_counts, placement_positions
 from burstattn.infer.sharded import partial_attention, replicated_attention
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import burstattn
-from burstattn.layout import local_positions
+from burstattn.layouts.named import local_positions
 
 LAYOUTS = ["contiguous", "zigzag", "striped"]
 

@@ -11,8 +11,8 @@ import torch
 import burstattn
 from burstattn.masks import AttnMask, mask_plan
 from burstattn.masks.blocks import CAUSAL, PARTIAL, STRICT, classify
-from burstattn.partition import balance, document_partition
-from burstattn.partition_solver import TileCosts, block_summary, solve_partition
+from burstattn.layouts.partition import balance, document_partition
+from burstattn.masks.partition_solver import TileCosts, block_summary, solve_partition
 
 
 def local_global(q, k):
@@ -130,7 +130,7 @@ def test_never_worse_than_the_named_layouts(kw, causal, world):
 
 def test_pair_count_by_runs_equals_the_table():
     """The two pair counts of touching_pairs agree (runs of equal owners, used when they are few; the [B, P] table)."""
-    from burstattn.partition_solver import _pairs_by_runs, _pairs_by_table
+    from burstattn.masks.partition_solver import _pairs_by_runs, _pairs_by_table
 
     g = torch.Generator().manual_seed(0)
     checked = 0

@@ -15,7 +15,7 @@ from burstattn.engine.direct import sparse_steps
 from burstattn.engine.pairs import ops_from_positions, position_ops
 from burstattn.engine.plan import Pair, check_plans
 from burstattn.engine.run import build_plan
-from burstattn.layout import local_positions
+from burstattn.layouts.named import local_positions
 from burstattn.masks import AttnMask, mask_bytes, mask_plan
 from burstattn.masks.blocks import mask_blocks
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from burstattn.bench.memory import measure_peak
+from burstattn.meter.memory import measure_peak
 from burstattn.kernels.base import chunk_rows
 from burstattn.models.norms import RMSNorm
 

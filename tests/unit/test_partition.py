@@ -9,9 +9,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from burstattn.layout import local_positions
-from burstattn.partition import (Partition, balance, document_partition, document_spread,
-                                 layout_positions, partition_work, token_work)
+from burstattn.layouts.named import local_positions
+from burstattn.layouts.partition import (Partition, balance, document_partition, document_spread, layout_positions,
+                                         partition_work, token_work)
 
 WINDOWS = [None, (0, 0), (2, 1), (3, None), (None, 2)]
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from burstattn.bench.partition_balance import (LAYOUTS, MASKS, PartitionBenchConfig, build_mask, layout_of,
-                                               long_tailed, markdown, plan_figures)
+from bench.partition_balance import (LAYOUTS, MASKS, PartitionBenchConfig, build_mask, layout_of, long_tailed,
+                                     markdown, plan_figures)
 
 
 def test_long_tailed_documents_cover_the_sequence():

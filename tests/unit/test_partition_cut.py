@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from burstattn.masks import AttnMask
-from burstattn.partition import Partition, _stream, document_partition, token_work
-from burstattn.partition_cut import _cut
-from burstattn.partition_solver import BlockSummary, solve_partition, touching_pairs
+from burstattn.layouts.partition import Partition, _stream, document_partition, token_work
+from burstattn.layouts.cut import _cut
+from burstattn.masks.partition_solver import BlockSummary, solve_partition, touching_pairs
 
 
 def lognormal_cu(n: int, seed: int) -> list[int]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 import burstattn.engine.run as run
-from burstattn.config import LruCache
+from burstattn.comm.host import LruCache
 from burstattn.kernels.base import ROW_CHUNK, chunk_rows, row_dot
-from burstattn.layout import local_positions
+from burstattn.layouts.named import local_positions
 
 
 def counting_builds(monkeypatch) -> list:

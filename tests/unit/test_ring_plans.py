@@ -12,7 +12,7 @@ import torch
 from burstattn.engine.pairs import MaskKind, ops_from_positions, position_ops
 from burstattn.engine.passes import op_slices
 from burstattn.engine.plan import plan_cost, ring, ring_source
-from burstattn.layout import local_positions
+from burstattn.layouts.named import local_positions
 
 LAYOUTS = ["contiguous", "zigzag", "striped"]
 WORLDS = [1, 2, 3, 4, 5, 8]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from burstattn.bench.memory import measure_peak
+from burstattn.meter.memory import measure_peak
 from burstattn.kernels.base import chunk_rows
 from burstattn.models.rope import _rotate, apply_rotary, rotary_angles
 

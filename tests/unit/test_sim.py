@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from burstattn.cli import main
-from burstattn.formulas import distflash_bytes, double_bytes, meta_bytes
+from burstattn.engine.bytes import distflash_bytes, double_bytes, meta_bytes
 from burstattn.models.config import preset as model_preset
 from burstattn.sim import net, plans
 from burstattn.sim.attention import AttnShape, attention_timeline
@@ -26,7 +26,7 @@ HW = ClusterHW("test", 4, 100e12, 0.5, 0.5, 0.5, 1.0, 1e30, 80e9, intra_bw=100e9
 
 
 def test_presets_have_sources_and_cluster_shares_them():
-    from burstattn.cluster.spec import REAL
+    from bench.cluster.spec import REAL
 
     assert set(PRESETS) == {"a100-pcie-roce", "a100-nvlink-ib", "h100-nvlink-ib", "h200-nvlink-ib", "tpuv4"}
     for hw in PRESETS.values():
@@ -290,7 +290,7 @@ def test_a_thousand_devices_in_seconds():
 
 
 def test_calibrated_spec_file_serves_sim_and_cluster(tmp_path):
-    from burstattn.cluster.spec import from_file, resolve
+    from bench.cluster.spec import from_file, resolve
     from burstattn.sim.calibrate import Calibration, cluster_section
     from burstattn.sim.hardware import load, save
 

@@ -49,7 +49,7 @@ from burstattn.sim.planner import MemoryChoice, max_seq_len, memory_choices  # n
 from burstattn.sim.step import SimConfig, memory_model, simulate  # noqa: E402
 
 SMALL_MEM = preset("a100-nvlink-ib").with_overrides(gpu_mem_gib=0.125)
-CPU_SPEC = "docs/bench-data/sim-calibration.json"
+CPU_SPEC = "bench/results/sim-calibration.json"
 
 
 def test_max_seq_len_searches_chunk_sizes():

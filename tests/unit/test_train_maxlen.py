@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from burstattn.bench.maxlen import search_longest
-from burstattn.bench.train_maxlen import CONTENDERS, MaxLenConfig, per_token, train_config
-from burstattn.bench.train_report import maxlen_markdown, plot_maxlen
+from bench.maxlen import search_longest
+from bench.train_maxlen import CONTENDERS, MaxLenConfig, per_token, train_config
+from bench.train_report import maxlen_markdown, plot_maxlen
 
 
 def test_search_longest_doubles_then_bisects():
@@ -71,15 +71,15 @@ def test_maxlen_plot(tmp_path):
 
 def test_time_model_of_the_chunked_options_matches_the_committed_run():
     """The simulator on this machine's committed calibration against the committed side-by-side step
-    times of ``bench train --max-len`` (docs/bench-data/train/train-maxlen.json): each blockwise
+    times of ``bench train --max-len`` (bench/results/train/train-maxlen.json): each blockwise
     contender's step time, and its cost over the unchunked twin, within 25%."""
     import json
     from pathlib import Path
 
-    from burstattn.bench.train_maxlen import time_rows
+    from bench.train_maxlen import time_rows
     from burstattn.sim.hardware import load
 
-    root = Path(__file__).resolve().parents[2] / "docs" / "bench-data"
+    root = Path(__file__).resolve().parents[2] / "bench" / "results"
     doc_path = root / "train" / "train-maxlen.json"
     if not doc_path.exists():
         pytest.skip("no committed bench train --max-len run")
@@ -107,7 +107,7 @@ def test_a_peak_that_does_not_grow_is_not_compared_with_the_floor():
 
 
 def test_each_contender_is_compared_with_its_own_checkpointings_floor():
-    from burstattn.bench.train_memory import floor_bytes
+    from bench.train_memory import floor_bytes
 
     assert floor_bytes("small-l3", 10, checkpointing="full") < floor_bytes("small-l3", 10)
     doc = _doc()
@@ -120,7 +120,7 @@ def test_each_contender_is_compared_with_its_own_checkpointings_floor():
 
 def test_only_the_contenders_asked_for_are_timed(monkeypatch):
     import burstattn.testing.launch as launch
-    from burstattn.bench.train_maxlen import timed_contenders, timing
+    from bench.train_maxlen import timed_contenders, timing
 
     cfg = MaxLenConfig(contenders=("remat+blockwise", "full"))
     assert timed_contenders(cfg) == ["remat+blockwise"]

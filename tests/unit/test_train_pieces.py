@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from burstattn.layout import local_positions
+from burstattn.layouts.named import local_positions
 from burstattn.parallel import IGNORE, ParallelDims, resolve_dims, shard_positions, sharded_loss, shift_labels
 from burstattn.train import FileData, PasskeyData, TrainConfig, decode, load_config
 from burstattn.train.job import lr_lambda
@@ -98,9 +98,9 @@ def test_train_bench_points_and_report():
     import json
     from dataclasses import asdict
 
-    from burstattn.bench.train import TrainBenchConfig, config_from_dict, points
-    from burstattn.bench.train_report import markdown
-    from burstattn.cluster.spec import Link
+    from bench.train import TrainBenchConfig, config_from_dict, points
+    from bench.train_report import markdown
+    from bench.cluster.spec import Link
 
     cfg = TrainBenchConfig(seq_lens=(1024, 2048), strategies=("burst", "tp-v3"), fsdp=(False, True))
     pts = points(cfg)

@@ -90,7 +90,7 @@ def test_help_without_torch_and_every_command_listed():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only answer")
 def test_demo_sdpa_on_cpu_is_one_line():
-    from burstattn.bench.demo import DemoConfig, config_error
+    from burstattn.cli.demo_run import DemoConfig, config_error
 
     err = config_error(DemoConfig(world_size=2, seq_len=512, backend="sdpa"))
     assert err and "--backend sdpa" in err and "cpu_flash" in err and "Traceback" not in err
@@ -130,7 +130,7 @@ def test_double_backward_refused_every_strategy(strategy):
 def test_burst_attention_module_takes_every_keyword():
     import inspect
 
-    from burstattn.options import RARE_KEYWORDS
+    from burstattn.call.options import RARE_KEYWORDS
 
     fn = set(inspect.signature(burstattn.burst_attn_func).parameters) - {"q", "k", "v"}
     mod = set(inspect.signature(burstattn.BurstAttention).parameters)

@@ -1,5 +1,5 @@
 """The real-scale table of docs/simulation.md as a regression test: every stored dry run of llama3-8b
-(``docs/data/verify/NAME.json``, made by ``scripts/verify_table.py --run NAME`` from the command in
+(``bench/results/verify/NAME.json``, made by ``bench/scripts/verify_table.py --run NAME`` from the command in
 ``NAME.cmd``; the one-GPU row at 522,240 tokens by ``burstattn train ... --dry-run --json`` of its command)
 against the memory model of the same configuration, within the issue's 10%. No dry run
 runs here (each took CPU minutes); a change to the memory model that moves a prediction out of the band
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-STORE = Path(__file__).resolve().parents[2] / "docs" / "data" / "verify"
+STORE = Path(__file__).resolve().parents[2] / "bench" / "results" / "verify"
 RUNS = sorted(p.stem for p in STORE.glob("*.json"))
 
 

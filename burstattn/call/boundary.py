@@ -1,0 +1,178 @@
+"""The :class:`~burstattn.call.Call` across the custom op's boundary, generically.
+
+A custom op takes tensors, numbers and strings, not a dataclass. :func:`op_arguments` writes every spec
+field of the call (:data:`~burstattn.call.boundary.SPEC_FIELDS`) as ``name=literal`` into one ``spec`` string
+(a constant for the compiler) and :func:`call_from` reads it back: no field is named here. The few typed
+values go through one codec per value *type* (a field says which in its ``metadata["codec"]``):
+
+* ``"group"``: a :class:`~burstattn.comm.groups.GroupContext` by its process group's name (``""``: a world of one);
+* ``"layout"``: a layout name as it is; a :class:`~burstattn.layouts.partition.Partition` as ``("partition", name)``
+  and its positions ``[P, n]`` (int64) as one tensor;
+* ``"mask"``: an :class:`~burstattn.AttnMask` as ``(window, block_size, documents, key documents)`` and
+  its document bounds ``[D + 1]`` (and the keys' ``[D + 1]``) as tensors. The op finds the mask *object*
+  again by that definition (:func:`burstattn.masks.setup.data_mask`): the user's own, registered when
+  the call is encoded, so the block summaries it caches serve every later call of the same shape;
+* ``"topology"``: a :class:`~burstattn.comm.groups.TwoLevelGroups` as ``(inner name, outer name, ranks_per_node,
+  nodes)``.
+
+The runtime fields (ALiBi slopes and sinks, tensor arguments of the op of their own; the mask plan,
+derived by the check) are not encoded. A ``mask_mod`` (a Python function) cannot cross: such calls run
+the eager fallback (:class:`burstattn.ops.EagerCall`).
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import fields
+from types import MappingProxyType
+from typing import Iterator, Optional
+
+import torch
+
+from ..comm.host import LruCache
+from .call import Call
+from ..comm.groups import GroupContext, TwoLevelGroups, group_name, named_context, resolve_group
+from ..masks.setup import data_mask, register_mask
+
+__all__ = ["op_arguments", "call_from", "shapes_call"]
+
+SPEC_FIELDS = tuple((f.name, f.metadata.get("codec")) for f in fields(Call) if not f.metadata.get("runtime"))
+"""``(name, codec or None)`` of every field of :class:`Call` that its spec holds (all but the runtime
+ones), in order: plain tuples, which the compiler iterates as constants."""
+
+
+def encode_spec(values: dict) -> str:
+    """``name=literal`` pairs of ``values`` (field name -> plain value: None, bool, int, float, str or
+    nested lists / tuples of those) joined by ``;``, values as lossless Python literals (:func:`literal`).
+    Plain string formatting, which the compiler folds to a constant (it cannot trace ``json``)."""
+    return ";".join(f"{name}={literal(value)}" for name, value in values.items())
+
+
+def decode_spec(text: str) -> dict:
+    """The inverse of :func:`encode_spec` (lists come back as tuples). Every forward and backward of the op
+    decodes its spec, and a model's layers repeat one spec: parsed once (:data:`SPECS`; ~160 us a parse),
+    the same mapping after (read, never changed)."""
+    def parse() -> dict:
+        pairs = (item.split("=", 1) for item in text.split(";") if item)
+        return MappingProxyType({name: _tupled(ast.literal_eval(value)) for name, value in pairs})
+    return SPECS.get(text, parse)
+
+
+def _tupled(x):
+    return tuple(_tupled(e) for e in x) if isinstance(x, (list, tuple)) else x
+
+
+# characters a string literal of the spec may not hold raw: the field separator, the literal's own
+# quote and escape, and what ends a line or a source text; each becomes its escape, so decoding gives
+# the string back exactly
+ESCAPES = (("\\", "\\\\"), ("'", "\\'"), (";", "\\x3b"), ("\n", "\\n"), ("\r", "\\r"),
+           ("\x00", "\\x00"), ("\x0b", "\\x0b"), ("\x0c", "\\x0c"), ("\x1c", "\\x1c"), ("\x1d", "\\x1d"),
+           ("\x1e", "\\x1e"), ("\x85", "\\x85"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
+
+
+def literal(x) -> str:
+    """``x`` (None, bool, int, float, str, or a list / tuple of those) as a Python literal that holds no
+    ``;`` (the field separator) and that ``ast.literal_eval`` turns back into ``x`` exactly."""
+    if isinstance(x, (list, tuple)):
+        return "[" + ",".join(literal(e) for e in x) + "]"
+    if isinstance(x, str):
+        for raw, escaped in ESCAPES:
+            x = x.replace(raw, escaped)
+        return "'" + x + "'"
+    return repr(x) if isinstance(x, float) else str(x)
+
+
+
+SPECS = LruCache(64)
+"""The op specs decoded so far (:func:`decode_spec`): a pure function of the text."""
+
+
+def _group_out(where: Optional[GroupContext], tensors: list):
+    return group_name(None if where is None else where.group)
+
+
+def _group_in(name: str, tensors: Iterator) -> GroupContext:
+    return named_context(name)
+
+
+def _layout_out(layout, tensors: list):
+    if layout is None or isinstance(layout, str):
+        return layout
+    tensors.append(torch.stack(list(layout.positions)))  # [P, n] int64
+    return ("partition", layout.name)  # a pair: no layout name can be mistaken for it
+
+
+def _layout_in(value, tensors: Iterator):
+    if value is None or isinstance(value, str):
+        return value
+    from ..layouts.partition import Partition
+
+    return Partition(tuple(next(tensors).cpu().unbind(0)), name=value[1])
+
+
+def _mask_out(mask, tensors: list):
+    if mask is None:
+        return None
+    if mask.mask_mod is not None:
+        raise ValueError("a mask with a mask_mod cannot be an op argument (it runs the eager fallback)")
+    if not torch.compiler.is_compiling():  # reading the bounds' values is host work the compiler cannot trace
+        register_mask(mask)
+    for b in (mask.bounds, mask.kv_bounds):
+        if b is not None:
+            tensors.append(b)
+    return mask.window, mask.block_size, mask.bounds is not None, mask.kv_bounds is not None
+
+
+def _mask_in(value, tensors: Iterator):
+    if value is None:
+        return None
+    window, block_size, documents, key_documents = value
+    bounds = next(tensors) if documents else None
+    kv_bounds = next(tensors) if key_documents else None
+    return data_mask(window, bounds, block_size, kv_bounds)
+
+
+def _topology_out(topo, tensors: list):
+    if topo is None:
+        return None
+    return group_name(topo.inner_group), group_name(topo.outer_group), topo.ranks_per_node, topo.nodes
+
+
+def _topology_in(value, tensors: Iterator):
+    if value is None:
+        return None
+    inner, outer, per_node, nodes = value
+    return TwoLevelGroups(resolve_group(inner), resolve_group(outer), per_node, nodes)
+
+
+# value type -> (to the op: (value, tensors out) -> plain value, from the op: (plain value, tensors in) -> value)
+CODECS = {"group": (_group_out, _group_in), "layout": (_layout_out, _layout_in),
+          "mask": (_mask_out, _mask_in), "topology": (_topology_out, _topology_in)}
+
+
+def op_arguments(call: Call) -> tuple[str, list[torch.Tensor]]:
+    """``(spec, tensors)`` of a call: every spec field in the constant ``spec`` string, the typed values'
+    tensors (partition positions, document bounds) in ``tensors``, in field order."""
+    tensors: list[torch.Tensor] = []
+    values = {}
+    for name, codec in SPEC_FIELDS:
+        value = getattr(call, name)
+        values[name] = CODECS[codec][0](value, tensors) if codec else value
+    return encode_spec(values), tensors
+
+
+def call_from(spec: str, tensors: list[torch.Tensor], alibi: Optional[torch.Tensor] = None,
+              sinks: Optional[torch.Tensor] = None) -> Call:
+    """The inverse of :func:`op_arguments` (with the op's own tensors, ``alibi`` and ``sinks``)."""
+    values, rest = decode_spec(spec), iter(tensors)
+    kwargs = {}
+    for name, codec in SPEC_FIELDS:
+        kwargs[name] = CODECS[codec][1](values[name], rest) if codec else values[name]
+    return Call(**kwargs, alibi=alibi, sinks=sinks)
+
+
+def shapes_call(spec: str, alibi=None, sinks=None) -> Call:
+    """The call's plain fields and group only (for the op's fake implementation: shapes, no mask or
+    partition is built from fake tensors)."""
+    values = decode_spec(spec)
+    plain = {name: values[name] for name, codec in SPEC_FIELDS if codec is None}
+    return Call(**plain, where=named_context(values["where"]), alibi=alibi, sinks=sinks)
