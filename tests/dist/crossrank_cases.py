@@ -1,5 +1,5 @@
 """Rank-side functions of tests/dist/test_crossrank.py: arguments whose VALUES differ between ranks
-(ALiBi slopes, sink logits) and a ``requires_grad`` that differs between ranks (issue 26, items 5 and 6).
+(ALiBi slopes, sink logits) and a ``requires_grad`` that differs between ranks.
 Each returns ``(exception type name, message)`` or ``("no error", "")``."""
 from __future__ import annotations
 

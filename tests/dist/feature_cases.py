@@ -1,4 +1,4 @@
-"""Issue 20's features on the engine strategies (burst, ring): cross-attention and unequal lengths,
+"""The call options of the engine strategies (burst, ring): cross-attention and unequal lengths,
 separate documents, softcap, ALiBi, sinks, a V head size of its own. Rank-side functions (module-level
 so they pickle by reference) and the float64 oracle they are checked against.
 

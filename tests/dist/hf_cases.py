@@ -44,7 +44,7 @@ def build(kind: str, seed: int = 0):
                "mistral": (tf.MistralConfig, tf.MistralForCausalLM, {"sliding_window": 8}),
                "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM, {"head_dim": 16}),
                "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM, {})}
-    if kind not in configs:  # a hybrid family (issue 30: tests/dist/hf_hybrid_cases.py)
+    if kind not in configs:  # a hybrid family (tests/dist/hf_hybrid_cases.py)
         from tests.dist.hf_hybrid_cases import build as hybrid_build
 
         return hybrid_build(kind, seed=seed)

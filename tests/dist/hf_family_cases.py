@@ -1,4 +1,4 @@
-"""Rank-side functions of tests/dist/test_hf_families.py: the model families of issue 20 (Gemma 2,
+"""Rank-side functions of tests/dist/test_hf_families.py: the model families with their own attention options (Gemma 2,
 gpt-oss, a DeepSeek-V3-style MLA model, the encoder-decoder T5Gemma) from small configs with random
 weights, under ``attn_implementation="burst"`` against transformers' eager attention on one process."""
 from __future__ import annotations

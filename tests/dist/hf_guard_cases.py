@@ -1,4 +1,4 @@
-"""Rank-side functions of tests/dist/test_hf_guards.py: the silent wrong answers of issue 26 where
+"""Rank-side functions of tests/dist/test_hf_guards.py: the silent wrong answers where
 burstattn meets transformers models, each now refused on every rank (or made exact).
 
 Tiny random configs (hidden 32-64, 2-3 layers) of the hybrid families build in a second on CPU; their
@@ -87,14 +87,14 @@ def _run(what: str, rank: int, world: int) -> None:
         model = build(kind)
         model(**bhf.shard_batch(ids, ids)).loss.backward()
         bhf.sync_gradients(model)
-    elif case == "default_loss":  # item 1: from_pretrained / from_config without attn_implementation
+    elif case == "default_loss":  # from_pretrained / from_config without attn_implementation
         model = build(kind, attn=None)
         model(**bhf.shard_batch(ids, ids)).loss.backward()
-    elif case == "eager_logits":  # item 1 without labels: the logits gathered
+    elif case == "eager_logits":  # without labels: the logits gathered
         model = build(kind, attn="eager")
         batch = bhf.shard_batch(ids)
         bhf.gather_logits(model(**batch).logits, shard=batch["burst_shard"])
-    elif case == "sdpa_sync":  # item 1: a loss of one's own over the logits, then sync_gradients
+    elif case == "sdpa_sync":  # a loss of one's own over the logits, then sync_gradients
         model = build(kind, attn="sdpa")
         batch = bhf.shard_batch(ids, ids)
         logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
@@ -104,14 +104,14 @@ def _run(what: str, rank: int, world: int) -> None:
         model = build(kind)
         with torch.no_grad():
             model.generate(ids[:, :5], max_new_tokens=2, do_sample=False, **bhf.cache_kwargs(model, bhf.ShardedCache()))
-    elif case == "router_kwarg":  # item 3: the router's aux loss asked for in the forward
+    elif case == "router_kwarg":  # the router's aux loss asked for in the forward
         model = build(kind)
         model(**bhf.shard_batch(ids, ids), output_router_logits=True)
-    elif case == "router_config":  # item 3: ... or by the config
+    elif case == "router_config":  # ... or by the config
         model = build(kind)
         model.config.output_router_logits = True
         model(**bhf.shard_batch(ids, ids))
-    elif case in ("hand_labels", "hand_shift_labels"):  # item 4: the hand-sharded forward of attention.py's docstring
+    elif case in ("hand_labels", "hand_shift_labels"):  # the hand-sharded forward of attention.py's docstring
         model = build(kind)
         pos = local_positions(ids.shape[1], rank, world, "zigzag")
         kw = {"labels": ids[:, pos]}
@@ -119,7 +119,7 @@ def _run(what: str, rank: int, world: int) -> None:
             shifted = torch.cat([ids[:, 1:], torch.full((1, 1), -100)], 1)
             kw["shift_labels"] = shifted[:, pos]
         model(input_ids=ids[:, pos], position_ids=pos[None], **kw)
-    elif case == "layout_name":  # item 10: sharded for "burst" (zigzag), the model runs "burst_striped"
+    elif case == "layout_name":  # sharded for "burst" (zigzag), the model runs "burst_striped"
         bhf.register("burst_striped", strategy="burst", layout="striped", backend="reference")
         model = build(kind, attn="burst_striped")
         model(**bhf.shard_batch(ids, ids))

@@ -1,4 +1,4 @@
-"""Rank-side functions of tests/dist/test_hf_hybrid.py: hybrid transformers families (issue 30.2) from tiny
+"""Rank-side functions of tests/dist/test_hf_hybrid.py: hybrid transformers families from tiny
 random configs (no download), their mixers made sequence parallel by burstattn.hf.patch_mixers, against
 the same model on one process (transformers' own mixers and eager attention)."""
 from __future__ import annotations

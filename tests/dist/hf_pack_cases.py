@@ -1,5 +1,5 @@
 """Rank-side functions of tests/dist/test_hf_packing.py: packed documents, padding, refusals and
-issue 17's silent wrong answers, each against the eager single-process transformers model.
+the silent wrong answers of the HF path, each against the eager single-process transformers model.
 
 Every rank builds the same model and data from the seed. References: a packed batch is the same
 documents right-padded with an ``attention_mask`` under eager attention (transformers' own packed path
@@ -123,7 +123,7 @@ def refused(rank: int, world: int, what: str) -> str:
             bhf.shard_batch(ids, labels, attention_mask=mask)
         elif what == "4d":
             bhf.shard_batch(ids, labels, attention_mask=mask[:, None, None, :].expand(-1, 1, ids.shape[1], -1))
-        elif what == "full_batch":  # issue 17.1: every rank passes the whole batch, no shard_batch
+        elif what == "full_batch":  # every rank passes the whole batch, no shard_batch
             model(input_ids=ids, labels=ids)
         elif what == "full_batch_positions":  # ... with its (full) position_ids
             model(input_ids=ids, labels=ids, position_ids=torch.arange(ids.shape[1])[None])
@@ -137,7 +137,7 @@ def refused(rank: int, world: int, what: str) -> str:
 
 
 def layout_mismatch(rank: int, world: int) -> dict:
-    """Issue 17.2: register(layout='striped'); shard_batch without a layout takes it (exact loss); an
+    """register(layout='striped'); shard_batch without a layout takes it (exact loss); an
     explicit other layout, and a hand-sharded zigzag batch, raise on every rank."""
     from burstattn.layouts.named import local_positions
 
@@ -179,7 +179,7 @@ def padded_generation(rank: int, world: int, kind: str) -> dict:
 
 
 def sampling(rank: int, world: int, same_seed: bool) -> str:
-    """Issue 17.3: sampling with per-rank RNG states raises on every rank; equal seeds agree."""
+    """Sampling with per-rank RNG states raises on every rank; equal seeds agree."""
     bhf.register(strategy="burst", backend="reference")
     model = build("llama", seed=4)
     model.set_attn_implementation("burst")

@@ -1,4 +1,4 @@
-"""flash-attn's conventions and the edges of issue 20's features: windows with -1, deterministic
+"""flash-attn's conventions and the edges of the call options: windows with -1, deterministic
 results, dropout refused, one empty-row LSE convention, clear refusals on every rank (naming what
 does support the call), and torch.compile(fullgraph=True) with the new arguments."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Values and gradient requests that differ between ranks are refused on EVERY rank (issue 26, items 5
-and 6): ALiBi slopes or sink logits whose values differ would give each rank another attention (a
+"""Values and gradient requests that differ between ranks are refused on EVERY rank:
+ALiBi slopes or sink logits whose values differ would give each rank another attention (a
 silent wrong answer), and a ``requires_grad`` set on one rank only would leave that rank blocked in the
 backward until the process group's timeout."""
 from __future__ import annotations

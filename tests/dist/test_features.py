@@ -1,4 +1,4 @@
-"""Issue 20's features against the float64 oracle at worlds 1-4, forward, LSE and backward (sinks'
+"""The call options (cross-attention, documents, softcap, ALiBi, sinks, V head size) against the float64 oracle at worlds 1-4, forward, LSE and backward (sinks'
 gradient included), each alone and combined with windows and documents; every rank's bytes equal
 the formula (K and V at their own sizes). fp32 inputs: relative Frobenius error <= 1e-5.
 

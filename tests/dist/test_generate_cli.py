@@ -49,7 +49,7 @@ def test_bad_input_exits_with_error(capsys):
 
 
 def test_usp_needs_degrees_and_runs_with_them(capsys):
-    """Issue 17.9: --strategy usp takes --ulysses-degree / --ring-degree (refused without)."""
+    """--strategy usp takes --ulysses-degree / --ring-degree (refused without)."""
     common = ["--model", "tiny", "--prompt-len", "24", "--max-new-tokens", "3", "--seed", "2", "--world-size", "2"]
     assert main(["generate", *common, "--strategy", "usp", "--no-memory"]) == 2
     assert "--ulysses-degree" in capsys.readouterr().err
@@ -63,7 +63,7 @@ def test_usp_needs_degrees_and_runs_with_them(capsys):
 
 
 def test_hf_dir_without_transformers_says_how_to_install(capsys, tmp_path, monkeypatch):
-    """Issue 17.11: no bare ModuleNotFoundError."""
+    """A Hugging Face directory without transformers: how to install it, no bare ModuleNotFoundError."""
     (tmp_path / "m").mkdir()
     monkeypatch.setitem(__import__("sys").modules, "transformers", None)  # import transformers -> ImportError
     assert main(["generate", "--model", str(tmp_path / "m"), "--world-size", "1", "--prompt-len", "4"]) == 2
@@ -71,7 +71,7 @@ def test_hf_dir_without_transformers_says_how_to_install(capsys, tmp_path, monke
 
 
 def test_hf_dir_uses_the_current_cache_keyword(tmp_path):
-    """Issue 17.8: no `past_key_values` deprecation warning (transformers >= 5.24 calls it `cache`)."""
+    """No `past_key_values` deprecation warning (transformers >= 5.24 calls it `cache`)."""
     import warnings
 
     pytest.importorskip("transformers", minversion="5")

@@ -69,7 +69,7 @@ def test_register_rejects_bad_options():
         bhf.register(strategy="nope")
     with pytest.raises(ValueError, match="supports layout"):
         bhf.register(strategy="ring", layout="diagonal")  # not a layout name
-    with pytest.raises(ValueError, match="needs ulysses_degree"):  # issue 17.9: usp's degrees are options
+    with pytest.raises(ValueError, match="needs ulysses_degree"):  # usp's degrees are options
         bhf.register(strategy="usp")
     with pytest.raises(ValueError, match="unknown option"):
         bhf.register(strategy="ring", ulysses_degree=2)

@@ -1,4 +1,4 @@
-"""``ContextParallelTrainer(dispatch="dynamic")`` (issue 29): 3 AdamW steps through the transformers
+"""``ContextParallelTrainer(dispatch="dynamic")``: 3 AdamW steps through the transformers
 Trainer (tiny Llama, float32) give the logged losses, gradient norms and every parameter of
 ``dispatch="static"`` at the same world and of world 1 within 1e-6 relative; packed documents (one
 longer than the others, run over both ranks; the short ones on one rank each) and right-padded rows with

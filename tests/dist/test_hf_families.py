@@ -1,4 +1,4 @@
-"""The model families of issue 20 under attn_implementation="burst" at world 2, against transformers'
+"""The model families with their own attention options under attn_implementation="burst" at world 2, against transformers'
 eager attention on one process: loss, logits and every parameter's gradient within 1e-4, greedy tokens
 equal. Gemma 2 (softcap, interleaved sliding windows), gpt-oss (learned sinks and their gradient,
 alternating windows, MoE), a DeepSeek-V3 MLA model (v_head_dim 16, qk head dim 24), Falcon's new decoder

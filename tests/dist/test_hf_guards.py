@@ -1,4 +1,4 @@
-"""Issue 26: the silent wrong answers where burstattn meets transformers models, refused on EVERY rank
+"""The silent wrong answers where burstattn meets transformers models, refused on EVERY rank
 with check_model's message (or made exact), at world 2 and 3.
 
 1. a shard_batch batch on a model left on sdpa / eager (from_pretrained without attn_implementation);
@@ -82,7 +82,7 @@ def test_stablelm_exact_under_shard_batch(pools):
 
 
 def test_context_parallel_trainer_refuses_hybrids_and_router_logits(pools):
-    """Mixers outside burstattn.hf.mixer_table are refused; the trainer patches those in it (issue 30)."""
+    """Mixers outside burstattn.hf.mixer_table are refused; the trainer patches those in it."""
     kinds = ["jamba", "recurrent_gemma", "lfm2", "granitemoehybrid", "qwen2_moe"]
     for res in pools.get(2).run(gc.trainer_refusals, kinds):
         for kind in kinds[:2]:

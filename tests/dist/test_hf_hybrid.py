@@ -1,4 +1,4 @@
-"""Issue 30.2: hybrid transformers models under context parallelism. Tiny random configs of ten families
+"""Hybrid transformers models under context parallelism. Tiny random configs of ten families
 (Qwen3-Next, Qwen3.5, OLMo hybrid: Gated DeltaNet; Kimi Linear: KDA; Bamba, Nemotron-H, Granite 4.0 hybrid:
 Falcon-H1: Mamba2; MiniMax: lightning attention; LFM2: short convolutions), their mixers made sequence parallel by
 burstattn.hf.patch_mixers and their attention through attn_implementation="burst": loss, logits and every

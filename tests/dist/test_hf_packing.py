@@ -1,5 +1,5 @@
-"""Packed documents and padding through the Hugging Face path, and the refusals (issue 21 section 1;
-issue 17 items 1-3), at several world sizes, odd ones included, against the eager single-process model.
+"""Packed documents and padding through the Hugging Face path, and the refusals
+(the whole batch on every rank, a layout mismatch, per-rank sampling), at several world sizes, odd ones included, against the eager single-process model.
 
 Float32 throughout: loss, gathered logits and summed gradients within 1e-4 (as tests/dist/test_hf.py).
 """

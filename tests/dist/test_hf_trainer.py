@@ -1,5 +1,5 @@
-"""burstattn.hf.ContextParallelTrainer against the plain single-process transformers.Trainer
-(issue 21 section 3): the same seed, model and examples; 3 optimizer steps.
+"""burstattn.hf.ContextParallelTrainer against the plain single-process transformers.Trainer:
+the same seed, model and examples; 3 optimizer steps.
 
 Float32: the logged losses, gradient norms and the evaluation loss within 1e-5 relative, every parameter tensor after
 the steps within 1e-5 (relative Frobenius), the predictions within 1e-4 at real tokens. Covered: packed
@@ -23,7 +23,7 @@ TC = tc.TrainerCase
 CASES = [TC(accumulation=2), TC(kind="qwen3", strategy="ring", data="right"),
          TC(kind="mistral", strategy="ulysses", data="left"),
          TC(kind="qwen2", world=4, cp=2, per_device=2), TC(kind="llama", world=4, cp=4, data="right", accumulation=2),
-         # hybrids (issue 30; the trainer patches their mixers). Qwen3-Next with SGD: transformers computes the
+         # hybrids (the trainer patches their mixers). Qwen3-Next with SGD: transformers computes the
          # gated delta rule in float32 whatever the model's dtype, so the decay's small gradients (dt_bias,
          # in_proj_ba: ~1e-5 of the largest) differ by float32 rounding between one process and the sharded
          # run, and AdamW's first steps (~ lr * sign(g)) turn rounding into lr-sized parameter differences

@@ -1,7 +1,7 @@
 """fp16 / bf16 within flash-attn's rule (tests/helpers.py: output within 2x, gradients within 3x,
 packed dqkv within 2x of a plain 16-bit PyTorch attention's own error against a float32 truth), on
 a seeded grid of causal and non-causal cases at worlds 2 and 3, MQA included, among them the four
-cases that broke the rule when the kernel's 16-bit gradient partials were summed (issue 20)."""
+cases that broke the rule when the kernel's 16-bit gradient partials were summed."""
 from __future__ import annotations
 
 import itertools

@@ -58,7 +58,7 @@ def test_call_spec_round_trip_of_every_character():
 
 
 def test_op_spec_is_refused_with_the_new_spelling():
-    with pytest.raises(AttributeError, match="burstattn.ops.Call"):
+    with pytest.raises(ImportError, match="burstattn.call.Call"):
         ops.OpSpec
 
 

@@ -1,4 +1,4 @@
-"""The options that move the memory that binds next (issue 27, section 3), against world 1:
+"""The options that move the memory that binds next, against world 1:
 
 * ``offload_optimizer`` (FSDP2's CPUOffloadPolicy: shards, gradients and AdamW state on the host)
   gives the losses and parameters of the run without offload, worlds 1 and 2 (3 AdamW steps, float32);

@@ -1,4 +1,4 @@
-"""The traps of issue 9 that need several ranks: every one raises clearly on every rank (or is
+"""The traps that need several ranks: every one raises clearly on every rank (or is
 fixed), never a silent wrong answer, never a hang."""
 from __future__ import annotations
 

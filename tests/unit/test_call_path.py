@@ -1,4 +1,4 @@
-"""One call path (issue 28): each call runs the local input check once and resolves the backend once,
+"""One call path: each call runs the local input check once and resolves the backend once,
 for burst_attn_func and for every strategy of ``attention`` (world of one, no process group)."""
 from __future__ import annotations
 

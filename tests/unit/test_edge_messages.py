@@ -1,4 +1,4 @@
-"""Issue 26 item 10 (the non-HF messages): the CPU profiler's USDT lines, AttnMask's
+"""One-line messages outside the HF path: the CPU profiler's USDT lines, AttnMask's
 ``cu_seqlens_q``, document boundaries inside ``torch.compile``, a world-1 Llama with zigzag at an
 odd length. No process group."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""burstattn.hf.patch_mixers without a process group (issue 30.2): the table, idempotence, the module's own
+"""burstattn.hf.patch_mixers without a process group: the table, idempotence, the module's own
 forward on one process without a sharded batch, and what check_model says before and after."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""check_model decides from what a model contains (issue 26.2, 26.1, 26.3): the survey of burstattn.hf.mixers
+"""check_model decides from what a model contains: the survey of burstattn.hf.mixers
 on tiny random configs, without a process group."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Masks plan from positions, like every dense plan (issue 28, item 3): one producer of block ops.
+"""Masks plan from positions, like every dense plan: one producer of block ops.
 
 A masked call's plan is ``build_plan`` over the ranks' positions with the mask's block summary
 (``MaskBlocks``) as the producer, on the sparse schedule derived from the non-empty pairs. Checked

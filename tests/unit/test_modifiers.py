@@ -1,4 +1,4 @@
-"""The pieces of issue 20 without a process group: the plain kernel's score modifiers and V head
+"""The call options without a process group: the plain kernel's score modifiers and V head
 size against the float64 oracle, backend resolution by what a call needs, the one window
 validator, tiling of block ops, the K/V message, float32 gradient partials, the sinks' merge."""
 from __future__ import annotations

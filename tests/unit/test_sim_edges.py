@@ -1,4 +1,4 @@
-"""Issue 26 item 7 and 9: the planner says why nothing runs, searches chunk sizes, prices chunks,
+"""The planner says why nothing runs, searches chunk sizes, prices chunks,
 takes ``--dtype``, does not offer CPU offload, names the term that grows; ``sim --timeline`` without
 matplotlib. Pure functions, no process group; the CLI in-process."""
 from __future__ import annotations

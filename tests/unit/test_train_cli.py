@@ -79,7 +79,7 @@ def test_a_failure_every_rank_shares_is_printed_once(capsys):
 
 
 def test_synthetic_task_past_the_vocabulary_names_vocab_size(capsys, no_spawn):
-    # issue 26 item 8: was an IndexError inside the embedding on every rank
+    # was an IndexError inside the embedding on every rank
     assert main(["train", "--world-size", "2", "--vocab-size", "100", "--seq-len", "128", "--steps", "2",
                  "--no-progress"]) == 2
     err = capsys.readouterr().err

@@ -92,7 +92,7 @@ def test_time_model_of_the_chunked_options_matches_the_committed_run():
 
 
 def test_a_peak_that_does_not_grow_is_not_compared_with_the_floor():
-    """Issue 26: at 64 MiB the step's peak was the same at 2,048 and 4,096 tokens (fixed terms set it), and
+    """At 64 MiB the step's peak was the same at 2,048 and 4,096 tokens (fixed terms set it), and
     the report said "x floor 0.77", below the floor."""
     def probe(n, peak_mib, fits=True):
         return dict(seq_len=n, fits=fits, peak_bytes=[int(peak_mib * 2**20)] * 2, maxrss_bytes=[600 * 2**20] * 2,

@@ -1,4 +1,4 @@
-"""Single-process checks of the traps of issue 9 (sections 5 and 6): NaN propagation in the
+"""Single-process checks of the traps: NaN propagation in the
 reference kernel, strict option types, the mask fingerprint, the light --help, the demo's backend
 check, CommStats.sent_by_op, autocast, double backward."""
 from __future__ import annotations
