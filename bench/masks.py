@@ -37,9 +37,9 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from bench.mask_points import MaskPoint, point_layout, point_mask
 from burstattn.config import torch_dtype
 from burstattn.layouts.named import local_positions
-from bench.mask_points import MaskPoint, point_layout, point_mask
 from burstattn.meter.progress import ProgressFile
 from burstattn.meter.timing import time_interleaved
 

@@ -16,8 +16,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from burstattn.config import torch_dtype
 from bench.grid import GridPoint, contender
+from burstattn.config import torch_dtype
 from burstattn.meter.progress import ProgressFile, run_with_progress
 
 

@@ -7,9 +7,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .masks.setup import build_mask
 from .call.options import BurstOptions, burst_options, mask_args, with_sinks
 from .call.prepare import prepare
+from .masks.setup import build_mask
 from .ops import run_call
 
 

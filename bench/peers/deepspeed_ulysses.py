@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from burstattn.layouts.named import local_positions
 from bench.peers import Contender, PeerUnavailable
+from burstattn.layouts.named import local_positions
 
 VARIANTS = ("ulysses",)
 

@@ -16,8 +16,8 @@ import contextlib
 
 import torch
 
-from burstattn.layouts.named import local_positions
 from bench.peers import Contender, PeerUnavailable
+from burstattn.layouts.named import local_positions
 
 VARIANTS = ("allgather", "alltoall", "allgather-lb", "alltoall-lb")
 

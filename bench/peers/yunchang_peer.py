@@ -16,9 +16,9 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from burstattn.layouts.named import local_positions
 from bench.peers import Contender, PeerUnavailable
 from bench.peers.deepspeed_ulysses import ulysses_formula
+from burstattn.layouts.named import local_positions
 
 VARIANTS = ("ulysses", "ring")
 _FWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu

@@ -28,10 +28,10 @@ from typing import Iterator, Optional
 
 import torch
 
-from ..comm.host import LruCache
-from .call import Call
 from ..comm.groups import GroupContext, TwoLevelGroups, group_name, named_context, resolve_group
+from ..comm.host import LruCache
 from ..masks.setup import data_mask, register_mask
+from .call import Call
 
 __all__ = ["op_arguments", "call_from", "shapes_call"]
 

@@ -16,18 +16,18 @@ from typing import Optional
 
 import torch
 
+from ..comm.groups import GroupContext
+from ..comm.host import LruCache, host_side
 from ..comm.stats import CommStats, active_stats
 from ..comm.trace import StepTrace, active_trace
 from ..comm.transport import pass_transport
-from .call import Call
-from ..comm.host import LruCache, host_side
 from ..engine.passes import BlockCalls
 from ..engine.run import attention_backward, attention_forward, build_plan, head_groups
-from ..comm.groups import GroupContext
 from ..kernels import ScoreMods, get_kernel, resolve_backend
 from ..layouts.named import local_positions
 from ..masks.blocks import layout_key, op_mask
 from ..masks.setup import GuardedMaskMod, effective_mask, raise_mask_failures
+from .call import Call
 
 
 DOUBLE_BACKWARD = ("burstattn: second-order gradients (create_graph=True through the attention backward, "

@@ -18,14 +18,14 @@ from typing import Optional
 
 import torch
 
-from .engine_adapter import kernel_needs
-from .call import Call
-from ..engine.bytes import choose_backward
 from ..comm.groups import group_context
+from ..engine.bytes import choose_backward
 from ..kernels import resolve_backend
 from ..layouts.named import layout_or_default
 from ..masks.plan import choose_mask_backward
 from ..masks.setup import build_mask, topology_problem
+from .call import Call
+from .engine_adapter import kernel_needs
 from .validate import check_inputs, dropout_problem, local_problem, runs_backward, scale_value, softcap_value
 
 __all__ = ["prepare", "refuse", "resolve_backward"]

@@ -17,11 +17,11 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from ..comm.host import host_side
 from ..comm.stats import active_stats
 from ..config import BACKENDS, BACKWARDS, GRAD_PARTIALS, LAYOUTS, SCHEDULES
-from .call import Call
-from ..comm.host import host_side
 from ..engine.bytes import META_INTS
+from .call import Call
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _KINDS = {1: TypeError, 2: ValueError}

@@ -19,8 +19,8 @@ from typing import NamedTuple, Optional
 import torch
 import torch.distributed as dist
 
-from .host import LruCache
 from ..layouts.named import local_positions
+from .host import LruCache
 
 
 def distributed() -> bool:

@@ -20,8 +20,8 @@ from typing import Callable, Optional
 
 import torch
 
-from .bytes import accum_dtype
 from ..kernels.base import CHUNK_ELEMENTS, ROW_CHUNK, Kernel, ScoreMods, chunk_rows, row_dot
+from .bytes import accum_dtype
 from .loop import Partial, Whole
 from .merge import merge_
 from .pairs import BlockOp, MaskKind, tile_op

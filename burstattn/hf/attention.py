@@ -35,12 +35,12 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from ..call.prepare import label, refuse
 from ..comm.groups import group_context
 from ..infer.sharded import replicated_attention
 from ..layouts.named import layout_or_default, local_positions, split_error
 from ..strategies import STRATEGIES, attention
 from ..strategies.base import MASK_OPTIONS
-from ..call.prepare import label, refuse
 from .families import describe, registered_options
 from .guard import check_running_model
 

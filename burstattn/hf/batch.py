@@ -20,11 +20,11 @@ from typing import Mapping, Optional
 import torch
 import torch.distributed as dist
 
-from ..infer.generate import check_every_rank
 from ..comm.groups import group_context
+from ..infer.generate import check_every_rank
 from ..layouts.named import gather_sequence, layout_or_default, local_positions
-from ..masks import AttnMask
 from ..layouts.partition import document_partition
+from ..masks import AttnMask
 from ..strategies import STRATEGIES
 from .attention import registered_options
 from .families import check_model

@@ -32,10 +32,10 @@ import torch
 import torch.distributed as dist
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from ..comm.groups import group_context
 from ..comm.stats import active_stats
 from ..infer.cache import append_rows
 from ..infer.placement import placement_counts
-from ..comm.groups import group_context
 from .attention import ShardedOffset
 
 

@@ -18,10 +18,10 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..strategies import STRATEGIES
-from .cache import ShardedKVCache, kv_bytes
 from ..comm.groups import group_context
 from ..layouts.named import layout_or_default
+from ..strategies import STRATEGIES
+from .cache import ShardedKVCache, kv_bytes
 from .steps import continue_prompt, decode_step, padded_length, prefill
 
 

@@ -39,19 +39,19 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from ..call.call import Call
 from ..call.engine_adapter import CallPositions, block_calls, kernel_needs
 from ..comm.collectives import Collectives
+from ..comm.groups import group_context
 from ..comm.stats import active_stats
 from ..comm.transport import Transport
-from ..call.call import Call
 from ..config import normalize_window
+from ..engine.bytes import accum_dtype
 from ..engine.direct import direct, pass_q_steps
 from ..engine.merge import add_sinks_, merge_
 from ..engine.pairs import ops_from_positions
 from ..engine.plan import Channels, local, ring
 from ..engine.run import attention_partials
-from ..engine.bytes import accum_dtype
-from ..comm.groups import group_context
 from ..kernels import resolve_backend
 from ..masks.blocks import mask_ops
 from ..masks.spec import AttnMask

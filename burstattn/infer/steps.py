@@ -24,12 +24,12 @@ import torch
 import torch.distributed as dist
 
 from ..comm.collectives import Collectives
+from ..comm.groups import group_context
 from ..comm.stats import active_stats
 from ..layouts.named import layout_or_default, local_positions
 from ..strategies import attention
-from .cache import ShardedKVCache
 from .bytes import choose_continuation
-from ..comm.groups import group_context
+from .cache import ShardedKVCache
 from .sharded import pass_kv_attention, pass_q_attention, replicated_attention
 
 

@@ -33,10 +33,10 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..layouts.cut import cut_runs, stream_owner
+from ..layouts.partition import Partition, _stream, balance
 from .blocks import CAUSAL, EMPTY, FULL, PARTIAL, STRICT, classify
 from .spec import AttnMask
-from ..layouts.partition import Partition, _stream, balance
-from ..layouts.cut import cut_runs, stream_owner
 
 CANDIDATES = ("layout-contiguous", "layout-zigzag", "contiguous", "zigzag", "documents", "sorted")
 # the named layouts themselves (no cut): so the kept partition is never worse than them on the score

@@ -39,9 +39,9 @@ from typing import Optional
 
 import torch
 
+from ..engine.bytes import META_INTS, accum_dtype, byte_totals, element_size
 from ..engine.direct import DirectStep, sparse_steps
 from ..engine.pairs import BlockOp, ops_from_positions
-from ..engine.bytes import META_INTS, accum_dtype, byte_totals, element_size
 from ..layouts.named import local_positions
 from .blocks import MaskBlocks, layout_key, mask_blocks
 from .spec import AttnMask

@@ -25,11 +25,11 @@ import torch.distributed as dist
 from torch import nn
 
 from ..strategies import attention as distributed_attention
-from .head_chunks import head_chunked_attention
 from .blockwise import blockwise_cross_entropy, blockwise_rows, merge_shards
 from .checkpointing import LayerRun, check_checkpointing, checkpointed
 from .config import LlamaConfig
 from .fused_loss import fused_cross_entropy
+from .head_chunks import head_chunked_attention
 from .norms import RMSNorm
 from .offload import HostOffload, check_offload
 from .rope import apply_rotary

@@ -4,10 +4,10 @@ Exact state passing across ranks (:mod:`.passing`), causal convolution halos (:m
 chunked single-process forms (:mod:`.chunked`) and the families' recurrences (:mod:`.families`).
 Imports only torch and burstattn's bottom layers (layout, partition, groups, comm).
 """
+from .bytes import conv_halo_bytes, state_passing_bytes
 from .chunked import chunk_delta_rule, chunk_linear_attention, recurrent_reference
 from .conv import sp_causal_conv1d
 from .families import sp_kda, sp_lightning_attention, sp_ssd
-from .bytes import conv_halo_bytes, state_passing_bytes
 from .passing import sp_gated_delta_rule, sp_linear_attention
 
 __all__ = ["sp_gated_delta_rule", "sp_linear_attention", "sp_causal_conv1d", "sp_ssd", "sp_lightning_attention",

@@ -33,6 +33,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from ..engine.bytes import (accum_dtype, choose_backward, distflash_bytes, double_bytes, element_size, meta_bytes,
+                            ring_bytes)
 from ..engine.direct import direct, distflash_steps
 from ..engine.pairs import MaskKind, ops_from_positions, position_ops
 from ..engine.plan import Plan, ring, ring_source, two_level
@@ -41,10 +43,8 @@ from ..layouts.named import local_positions
 from ..masks.blocks import mask_blocks
 from ..masks.plan import mask_bytes, mask_plan
 from ..masks.spec import AttnMask
-from ..engine.bytes import (accum_dtype, choose_backward, distflash_bytes, double_bytes, element_size, meta_bytes,
-                            ring_bytes)
-from ..strategies import STRATEGIES
 from ..models.head_chunks import head_chunks_problem
+from ..strategies import STRATEGIES
 from ..strategies.heads import kv_repeats
 
 EXACT_P = 32

@@ -24,13 +24,13 @@ import torch
 
 from ..call.engine_adapter import block_calls, call_positions
 from ..comm.collectives import Collectives
-from ..comm.stats import active_stats
-from ..engine.run import build_plan, gathered_backward, gathered_forward
-from ..engine.bytes import accum_dtype, byte_totals, element_size, meta_bytes
 from ..comm.host import host_side
+from ..comm.stats import active_stats
+from ..engine.bytes import accum_dtype, byte_totals, element_size, meta_bytes
+from ..engine.run import build_plan, gathered_backward, gathered_forward
 from ..layouts.named import local_positions
-from .base import check_call
 from ..ops import strategy_call
+from .base import check_call
 
 
 def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", **mask_args) -> torch.Tensor:

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import Callable, Optional
 
-from ..masks.setup import plan_for
 from ..call.validate import check_inputs
+from ..masks.setup import plan_for
 
 MASK_OPTIONS = ("window", "cu_seqlens", "document_ids", "mask_mod", "mask")
 # the options of today's models (cross-attention, varlen documents of their own, score modifiers,

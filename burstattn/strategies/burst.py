@@ -10,12 +10,12 @@ from dataclasses import replace
 import torch
 
 from ..call.engine_adapter import backward_pass, forward_pass
+from ..call.prepare import prepare
 from ..engine.bytes import accum_dtype, choose_backward, ring_bytes
 from ..masks.setup import plan_for
+from ..ops import run_call
 from .base import check_call, split_options
 from .local import local_backward, local_forward
-from ..call.prepare import prepare
-from ..ops import run_call
 
 EXACT_ALONE = (torch.float32, torch.float64)  # 16-bit: the engine's float32 tiles unless grad_partials="kernel"
 GPU_KERNELS = ("sdpa", "flash_attn")  # 16-bit alone on CUDA: the kernel's own backward (see alone)

@@ -14,10 +14,10 @@ from typing import Optional
 
 import torch
 
-from ..call.engine_adapter import backward_pass, forward_pass
 from ..call.call import Call
-from ..engine.passes import backward_lse
+from ..call.engine_adapter import backward_pass, forward_pass
 from ..comm.groups import GroupContext
+from ..engine.passes import backward_lse
 from ..kernels import get_kernel
 from ..masks.plan import MaskPlan, mask_plan
 

@@ -8,11 +8,11 @@ and ``fake`` serve it (the op finds them here by the strategy's name).
 """
 from __future__ import annotations
 
+from ..call.prepare import prepare
 from ..engine.bytes import ring_bytes
+from ..ops import run_call
 from .base import split_options
 from .burst import backward, check, fake, forward, plan_of  # noqa: F401  (the op's functions of "ring")
-from ..call.prepare import prepare
-from ..ops import run_call
 
 
 def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", **options):

@@ -31,20 +31,20 @@ from __future__ import annotations
 
 import torch
 
+from ..call.call import Call
+from ..comm.groups import GroupContext
+from ..comm.host import host_side
 from ..comm.stats import active_stats
 from ..comm.trace import active_trace
 from ..comm.transport import pass_transport
-from ..call.call import Call
-from ..comm.host import host_side
+from ..engine.bytes import accum_dtype, byte_totals, element_size, meta_bytes
 from ..engine.loop import Partial, Whole, run_plan
 from ..engine.pairs import ops_from_positions
 from ..engine.plan import Channels, Key, Plan, ring
-from ..engine.bytes import accum_dtype, byte_totals, element_size, meta_bytes
-from ..comm.groups import GroupContext
 from ..kernels.base import row_dot
 from ..layouts.named import local_positions
-from .base import check_call
 from ..ops import strategy_call
+from .base import check_call
 
 K_RING, V_RING, KV_RING = Channels(kv="k", dkv="k_acc"), Channels(kv="v", dkv="v_acc"), Channels()
 

@@ -32,10 +32,10 @@ import torch
 from ..comm.collectives import Collectives
 from ..comm.stats import active_stats
 from ..engine.bytes import accum_dtype, byte_totals, element_size, meta_bytes
+from ..ops import strategy_call
 from .base import check_call
 from .heads import from_global, heads_problem, heads_to_seq, rank_order, seq_to_heads, to_global
 from .local import local_backward, local_forward
-from ..ops import strategy_call
 
 
 def kv_index(first_head: int, heads: int, group_size: int) -> list[int]:

@@ -26,11 +26,11 @@ import torch
 from ..comm.collectives import Collectives
 from ..comm.stats import active_stats
 from ..engine.bytes import accum_dtype, byte_totals, meta_bytes
+from ..ops import strategy_call
 from .base import check_call
 from .heads import (a2a_bytes, from_global, heads_problem, heads_to_seq, kv_repeats, rank_order, repeat_kv,
                     seq_to_heads, to_global, unrepeat_kv)
 from .local import local_backward, local_forward, local_plan
-from ..ops import strategy_call
 
 
 def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", **mask_args) -> torch.Tensor:

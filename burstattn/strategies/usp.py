@@ -32,21 +32,21 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..call.engine_adapter import backward_pass, forward_pass
-from ..comm.collectives import Collectives
-from ..comm.stats import active_stats
 from ..call.call import Call
-from ..comm.host import host_side
-from ..engine.bytes import accum_dtype, byte_totals, choose_backward, meta_bytes, ring_bytes
+from ..call.engine_adapter import backward_pass, forward_pass
+from ..call.prepare import resolve_backward
+from ..call.validate import check_inputs
+from ..comm.collectives import Collectives
 from ..comm.groups import UspGroups, group_context, group_name, mesh_usp_groups, resolve_group, usp_subgroups
+from ..comm.host import host_side
+from ..comm.stats import active_stats
+from ..engine.bytes import accum_dtype, byte_totals, choose_backward, meta_bytes, ring_bytes
 from ..layouts.named import local_positions
 from ..masks.setup import plan_for
+from ..ops import strategy_call
 from .base import check_call
-from ..call.validate import check_inputs
 from .heads import a2a_bytes, heads_problem, heads_to_seq, kv_repeats, repeat_kv, seq_to_heads, unrepeat_kv
 from .local import ALONE
-from ..call.prepare import resolve_backward
-from ..ops import strategy_call
 
 
 def usp_positions(seq_len: int, *, ring_rank: int, ring_degree: int, ulysses_rank: int, ulysses_degree: int,

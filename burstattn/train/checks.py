@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Optional
 
 from ..models.config import LlamaConfig, preset
+from ..models.head_chunks import head_chunks_problem
 from ..parallel import TP_STRATEGIES, ParallelDims, default_layout, resolve_dims, shard_positions, tp_problem
 from ..strategies import STRATEGIES
-from ..models.head_chunks import head_chunks_problem
 from ..strategies.heads import heads_problem
 from .config import TrainConfig
 from .data import PasskeyData, scan_tokens

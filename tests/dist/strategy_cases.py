@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 
 import burstattn
-from burstattn.meter.memory import measure_peak
-from burstattn.layouts.named import local_positions
 from burstattn.comm.groups import usp_groups
+from burstattn.layouts.named import local_positions
+from burstattn.meter.memory import measure_peak
 from burstattn.strategies.usp import usp_positions
 from tests.helpers import Case, full_inputs
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from burstattn.parallel.dispatch import DispatchCost, plan_dispatch
-from burstattn.train.documents import DocLengths, SyntheticDocs, load_histogram
 from burstattn.train.dispatch_step import micro_batches
+from burstattn.train.documents import DocLengths, SyntheticDocs, load_histogram
 
 COST = DispatchCost.for_model(256, 4, 8, 8, 32, 688, 256)
 

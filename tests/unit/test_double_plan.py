@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from burstattn.engine.bytes import double_bytes, ring_bytes
 from burstattn.engine.pairs import ops_from_positions
 from burstattn.engine.plan import check_plans, ring_source, two_level
-from burstattn.engine.bytes import double_bytes, ring_bytes
 from burstattn.layouts.named import local_positions
 
 CASES = [(1, 1), (2, 1), (2, 2), (4, 2), (6, 3), (6, 2), (6, 1), (6, 6), (8, 4), (8, 2), (9, 3)]

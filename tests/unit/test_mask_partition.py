@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import burstattn
+from burstattn.layouts.partition import balance, document_partition
 from burstattn.masks import AttnMask, mask_plan
 from burstattn.masks.blocks import CAUSAL, PARTIAL, STRICT, classify
-from burstattn.layouts.partition import balance, document_partition
 from burstattn.masks.partition_solver import TileCosts, block_summary, solve_partition
 
 

@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from burstattn.engine.pairs import MaskKind
 from burstattn.engine.bytes import ring_bytes
+from burstattn.engine.pairs import MaskKind
 from burstattn.layouts.named import local_positions
 from burstattn.masks import AttnMask, balance, choose_mask_backward, mask_bytes, mask_plan, pair_ops, rank_work
 from burstattn.masks.blocks import CAUSAL, EMPTY, FULL, PARTIAL, STRICT, classify

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from burstattn.meter.memory import measure_peak
 from burstattn.kernels.base import chunk_rows
+from burstattn.meter.memory import measure_peak
 from burstattn.models.norms import RMSNorm
 
 DIM = 4096

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from burstattn.masks import AttnMask
-from burstattn.layouts.partition import Partition, _stream, document_partition, token_work
 from burstattn.layouts.cut import _cut
+from burstattn.layouts.partition import Partition, _stream, document_partition, token_work
+from burstattn.masks import AttnMask
 from burstattn.masks.partition_solver import BlockSummary, solve_partition, touching_pairs
 
 

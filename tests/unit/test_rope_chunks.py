@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from burstattn.meter.memory import measure_peak
 from burstattn.kernels.base import chunk_rows
+from burstattn.meter.memory import measure_peak
 from burstattn.models.rope import _rotate, apply_rotary, rotary_angles
 
 H, HD, THETA = 32, 128, 500000.0
