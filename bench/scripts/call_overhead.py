@@ -6,7 +6,7 @@ count) per forward+backward call, over ``--calls`` calls after ``--warmup``. Run
 alternating (``PYTHONPATH`` picks the version), and compare medians::
 
     for i in 1 2 3; do for tree in /tmp/before /work/wt/house; do
-        PYTHONPATH=$tree python bench/scripts/call_overhead.py --label $tree; done; done
+        PYTHONPATH=$tree python -m bench.scripts.call_overhead --label $tree; done; done
 """
 from __future__ import annotations
 

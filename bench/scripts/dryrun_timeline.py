@@ -1,11 +1,11 @@
 """The dry run's memory over one training step, stacked by category, beside the planner's prediction.
 
-    python bench/scripts/dryrun_timeline.py --seq-len 1048576 --world-size 32 --out docs/img/dryrun-timeline.png
+    python -m bench.scripts.dryrun_timeline --seq-len 1048576 --world-size 32 --out docs/img/dryrun-timeline.png
 
 Runs :func:`burstattn.train.dryrun.dry_run` (rank 0, fake tensors, PyTorch's memory trackers) with its
 timeline, and the simulator's memory model of the same configuration
-(:func:`burstattn.sim.from_train.sim_config`, ``Memory.by_term``). Writes the PNG and, beside it, the
-report as JSON (``.json``: the dry run without the timeline, the prediction by term). Needs matplotlib.
+(:func:`burstattn.sim.from_train.sim_config`, ``Memory.by_term``). Writes the PNG and the report as JSON
+(``--json``, in bench/results/: the dry run without the timeline, the prediction by term). Needs matplotlib.
 """
 from __future__ import annotations
 
@@ -78,6 +78,7 @@ def main() -> None:
     ap.add_argument("--loss-chunk", type=int, default=256)
     ap.add_argument("--no-fsdp", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("docs/img/dryrun-timeline.png"))
+    ap.add_argument("--json", type=Path, default=Path("bench/results/dryrun-timeline.json"), help="the report")
     ns = ap.parse_args()
     extra = dict(checkpointing=ns.checkpointing, mlp_chunk=ns.mlp_chunk, loss_chunk=ns.loss_chunk, fsdp=not ns.no_fsdp)
     report, predicted, peak = run(ns.seq_len, ns.world_size, ns.model, extra)
@@ -85,7 +86,7 @@ def main() -> None:
              f"{ns.mlp_chunk}/{ns.loss_chunk}{'' if ns.no_fsdp else ', FSDP2'}, bf16 (dry run {report['seconds']:.0f} s)")
     plot(report, predicted, peak, ns.out, title)
     slim = {k: v for k, v in report.items() if k != "timeline"}
-    ns.out.with_suffix(".json").write_text(json.dumps(dict(dry_run=slim, predicted_by_term=predicted,
+    ns.json.write_text(json.dumps(dict(dry_run=slim, predicted_by_term=predicted,
                                                            predicted_peak_bytes=peak), indent=1))
     print(json.dumps(dict(peak=report["peak_bytes"] / GIB, predicted=peak / GIB, seconds=report["seconds"],
                           ops=report["ops"], points=len(report["timeline"]["points"]))))

@@ -1,6 +1,6 @@
 """The block-matrix figures of the docs, drawn from the plans that run (matplotlib).
 
-    python bench/scripts/figures.py [--out docs/img]
+    python -m bench.scripts.figures [--out docs/img]
 
 * ``layouts.png``: which rank holds each token under contiguous, zigzag and striped, and the causal
   score matrix coloured by the rank that computes each query row (its work per rank in the title);

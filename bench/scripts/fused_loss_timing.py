@@ -1,7 +1,7 @@
 """Side by side, one process: the step with the fused blockwise loss against the unfused blockwise
 loss and the unchunked step (small-l3, float32, world 1), with and without checkpointing. Arms
 alternate step by step; each arm's median of the step's thread CPU time (one thread). Prints a JSON
-record. Usage: python bench/scripts/fused_loss_timing.py [--seq-lens 1024 8192] [--repeats 7]"""
+record. Usage: python -m bench.scripts.fused_loss_timing [--seq-lens 1024 8192] [--repeats 7]"""
 from __future__ import annotations
 
 import argparse

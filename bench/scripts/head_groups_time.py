@@ -2,7 +2,7 @@
 against one group (``MIN_GROUP_ELEMENTS`` raised). Thread CPU s of fwd+bwd per rank, alternating, median of 7
 (docs/benchmarks.md, "The 8K points again").
 
-    python bench/scripts/head_groups_time.py
+    python -m bench.scripts.head_groups_time
 """
 import os
 import sys
@@ -10,7 +10,7 @@ import time
 
 import torch
 import torch.distributed as dist
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")  # the repository root)
 import burstattn
 import burstattn.engine.run as er
 from burstattn.testing.launch import run_local

@@ -3,7 +3,7 @@ halo, burstattn.hf.patch_mixers) against one of its attention layers (burst ring
 formula, at the sizes of transformers 5.24's default config of each family (its flagship checkpoint's),
 bf16 weights (the summaries are passed in float32, the recurrence's compute dtype), batch 1.
 
-    PYTHONPATH=. python bench/scripts/hf_hybrid_bytes.py [--local-seq 32768] [--world 2]
+    python -m bench.scripts.hf_hybrid_bytes [--local-seq 32768] [--world 2]
 
 The recurrent formulas are tested equal to comm_stats() in tests/dist/test_recurrent.py, ring_bytes in
 tests/dist (strategies); neither recurrent term depends on the length.

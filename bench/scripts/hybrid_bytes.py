@@ -3,7 +3,7 @@ conv halo + state passing (measured with comm_stats, fwd + bwd, and by formula) 
 layer's burst ring traffic (by formula: ring_bytes; it is measured equal to it in tests/dist). The
 recurrent bytes do not depend on the length, so they are measured at --measure-seq tokens per rank.
 
-    PYTHONPATH=. python bench/scripts/hybrid_bytes.py [--local-seq 32768]
+    python -m bench.scripts.hybrid_bytes [--local-seq 32768]
 """
 from __future__ import annotations
 

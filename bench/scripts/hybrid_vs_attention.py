@@ -3,7 +3,7 @@ vocabulary 256) at world 2, side by side in one run: training steps of the two m
 warm-up step each), and each rank reports the CPU seconds of its own threads per step (``time.thread_time``:
 the ranks share 2 cores, so the wall clock counts the other rank too) and the allocator's peak of a step.
 
-    PYTHONPATH=. python bench/scripts/hybrid_vs_attention.py --seq-len 4096 --steps 7 [--json OUT]
+    python -m bench.scripts.hybrid_vs_attention --seq-len 4096 --steps 7 [--json OUT]
 
 Prints the median per model and the ratio; ``--json`` writes them."""
 from __future__ import annotations

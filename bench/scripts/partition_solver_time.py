@@ -1,7 +1,7 @@
 """mask_partition's solver time at the issue's size: 1M tokens over 1,024 ranks in tiles of 256, causal
 (plain, window N/32, window N/8); CPU seconds of this thread (``time.thread_time``), median of ``--repeats``.
 
-    python bench/scripts/partition_solver_time.py [--repeats 3]
+    python -m bench.scripts.partition_solver_time [--repeats 3]
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 rank's thread CPU seconds of fwd+bwd (alternating, 5 repeats, median) and ``torch.profiler``'s op table of one
 fwd+bwd on rank 0 (docs/benchmarks.md, "The grid again on today's engine").
 
-    python bench/scripts/profile_8k_noncausal.py
+    python -m bench.scripts.profile_8k_noncausal
 """
 import os
 import sys
@@ -11,7 +11,7 @@ import time
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")  # the repository root)
 import burstattn
 from burstattn.testing.launch import run_local
 

@@ -5,9 +5,9 @@ planner offers is taken from its ranking (as ``burstattn plan`` prints it); its 
 dry-run (``burstattn train --dry-run --json``, rank 0) once and the report kept under ``--store`` as
 ``NAME.json`` (with ``NAME.cmd``), so the table is rebuilt from stored dry runs after a change to the model.
 
-    python bench/scripts/verify_table.py --seq-len 131072 --gpus 8 --commands        # NAME and command per strategy
-    python bench/scripts/verify_table.py --seq-len 131072 --gpus 8 --run NAME        # dry-run one of them (minutes)
-    python bench/scripts/verify_table.py --seq-len 131072 --gpus 8                   # the markdown rows
+    python -m bench.scripts.verify_table --seq-len 131072 --gpus 8 --commands        # NAME and command per strategy
+    python -m bench.scripts.verify_table --seq-len 131072 --gpus 8 --run NAME        # dry-run one of them (minutes)
+    python -m bench.scripts.verify_table --seq-len 131072 --gpus 8                   # the markdown rows
 
 Strategy labels that share one ``train`` command (``burst(double)`` runs the one-level ring in ``train``) share
 its dry run. The dry runs are CPU work of minutes each (llama3-8b at 1M tokens over 32 ranks: ~5 CPU minutes):
