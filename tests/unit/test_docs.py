@@ -44,10 +44,11 @@ def anchors(page: Path) -> set[str]:
     return out
 
 
-PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md",
+         *sorted((ROOT / "bench" / "results").glob("*.md"))]
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
 def test_every_relative_link_resolves(page):
     missing = []
     for target in LINK.findall(page.read_text()):
@@ -60,3 +61,23 @@ def test_every_relative_link_resolves(page):
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             missing.append(target)
     assert not missing, f"{page.name}: links that do not resolve: {missing}"
+
+
+PATH = re.compile(r"(?<![\w/.-])((?:burstattn|bench|scripts|docs|tests|configs|examples)/[\w/.\-]*\w)")
+DOTTED = re.compile(r"(?<![\w.])(burstattn(?:\.\w+)+)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_every_named_path_exists_and_no_old_spelling(page):
+    """A repository path a page names exists (or starts some file's name: ``bench/results/cluster`` for
+    ``cluster-*.json``; ``NAME`` / ``X`` are placeholders), and no module path is an old spelling of
+    ``burstattn.MOVED`` (outside a section "Moved names", which shows them)."""
+    import burstattn
+
+    text = re.sub(r"\n## Moved names\n.*?(?=\n## )", "\n", page.read_text(), flags=re.S)
+    missing = [p for p in sorted(set(PATH.findall(text)))
+               if not re.search(r"\b(NAME|X)\b", p) and not (ROOT / p).exists()
+               and not any((ROOT / p).parent.glob((ROOT / p).name + "*"))]
+    old = [m for m in sorted(set(DOTTED.findall(text)))
+           if any(".".join(m.split(".")[:i]) in burstattn.MOVED for i in range(2, len(m.split(".")) + 1))]
+    assert not missing and not old, f"{page.name}: missing paths {missing}, old spellings {old}"
