@@ -10,7 +10,7 @@ Suites (all in one run, medians of repeats after warm-up):
   (target >= 1.7x), causal contiguous and striped for comparison.
 * ``ceiling``: what this machine allows: 2 ranks each run the raw kernel on their half of the
   non-causal work (local queries x all keys) at the same time, with no communication at all.
-* ``bytes``: bytes sent per rank (``comm_stats``) against ``formulas.ring_bytes`` for world sizes
+* ``bytes``: bytes sent per rank (``comm_stats``) against ``engine.bytes.ring_bytes`` for world sizes
   2, 3, 4, both backward rings, MHA / GQA / bfloat16, plus what ``backward="auto"`` picked.
 * ``memory``: measured peak memory per rank (:mod:`.memory`) at three sequence lengths, world 2.
 * ``partials``: the cost of float32 gradient partials for 16-bit inputs (``grad_partials="float32"``,

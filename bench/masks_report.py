@@ -256,8 +256,8 @@ def masks_markdown(doc: dict) -> str:
     if measured:
         out += ["### Bytes sent per rank: measured (`comm_stats`) vs formula", "",
                 "One forward, then one forward+backward; per rank (rank 0 / 1 / ...). Formulas: "
-                "`masks.mask_bytes(mask_plan(...))` for a mask or a partition, `formulas.ring_bytes` for the "
-                "dense ring, `formulas.distflash_bytes` for distflash. \"match\": every rank sent exactly the "
+                "`masks.mask_bytes(mask_plan(...))` for a mask or a partition, `engine.bytes.ring_bytes` for the "
+                "dense ring, `engine.bytes.distflash_bytes` for distflash. \"match\": every rank sent exactly the "
                 "formula's bytes for every (phase, op), forward alone and forward+backward.", ""]
         out += md_table(["point", "layout", "backward", "fwd sent", "fwd formula", "bwd sent", "bwd formula",
                        "bwd ops", "match"], _bytes_rows(measured)) + [""]

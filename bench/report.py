@@ -107,7 +107,7 @@ def _bytes(recs: list[dict]) -> list[str]:
                      f"{c['backward']} -> {r['backward_used']}", f"{fwd(got):,}", f"{fwd(want):,}",
                      f"{bwd(got):,}", f"{bwd(want):,}", ops, "yes" if r["match"] else "**no**"])
     c = recs[0]["config"]
-    return ["## Bytes sent per rank: measured (`comm_stats`) vs `formulas.ring_bytes`", "",
+    return ["## Bytes sent per rank: measured (`comm_stats`) vs `engine.bytes.ring_bytes`", "",
             f"One forward + backward, N={c['seq_len']}, head_dim {c['head_dim']}, batch {c['batch']}, "
             "causal zigzag. "
             f"Forward includes the {META_INTS * 8} bytes per peer of input validation (`meta`). "
