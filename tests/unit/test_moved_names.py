@@ -16,21 +16,10 @@ RESOLVING = sorted(old for old, new in burstattn.MOVED.items() if burstattn._res
 REFUSED = sorted(old for old, new in burstattn.MOVED.items() if not burstattn._resolves(new))
 
 
-def _old(spelling: str):
-    """What ``import OLD`` / ``from OLD_MODULE import NAME`` gives for an old spelling."""
-    try:
-        return importlib.import_module(spelling)
-    except ModuleNotFoundError as e:
-        if e.name != spelling:
-            raise
-    module, name = spelling.rsplit(".", 1)
-    return getattr(importlib.import_module(module), name)
-
-
 @pytest.mark.parametrize("old", RESOLVING)
 def test_old_spelling_resolves_to_the_new_home(old):
     new = burstattn._resolve(burstattn.MOVED[old])
-    got = _old(old)
+    got = burstattn._resolve(old)  # import_module(OLD), else getattr(import_module(OLD_MODULE), NAME)
     if isinstance(new, type(burstattn)):  # a module: the old path serves the new module's names
         public = [n for n in vars(new) if not n.startswith("_")][:5]
         assert public and all(getattr(got, n) is getattr(new, n) for n in public)
