@@ -1,7 +1,7 @@
 """``strategy="burst"``: BurstAttention (the core ring; see :func:`burstattn.burst_attn_func`): a K/V ring
 forward and a query-ring or K/V-ring backward (``backward="auto"``: fewer bytes wins), balanced layouts;
 masks and partitions run the sparse direct schedule (:func:`burstattn.engine.direct.sparse_steps`). A
-strategy module like the others (:mod:`.op`): ``check``, ``plan_of``, ``forward``, ``backward``, ``fake``,
+strategy module like the others (:mod:`burstattn.ops`): ``check``, ``plan_of``, ``forward``, ``backward``, ``fake``,
 ``bytes_formula``."""
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ already), so:
 
 Requires ``q_heads % P == 0``. Memory: q, k, v of the full sequence on every rank during the
 forward; this rank's heads of them are kept for the backward. Runs as the custom op
-``torch.ops.burstattn.attention_fwd`` (:mod:`.op`).
+``torch.ops.burstattn.attention_fwd`` (:mod:`burstattn.ops`).
 """
 from __future__ import annotations
 

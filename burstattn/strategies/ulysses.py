@@ -7,7 +7,7 @@ runs single-device attention (:func:`~burstattn.strategies.local.local_forward`:
 world of one, causal on the global order, so every layout is exact); a second all-to-all returns
 the output to sequence shards. The backward mirrors it: the adjoint of each all-to-all is the
 same all-to-all of the gradients (phase ``"backward"``). It runs as the custom op
-``torch.ops.burstattn.attention_fwd`` (:mod:`.op`).
+``torch.ops.burstattn.attention_fwd`` (:mod:`burstattn.ops`).
 
 Requires ``q_heads % P == 0``. GQA: with ``kv_heads % P == 0`` the kv heads are split like
 the query heads; otherwise each kv head is repeated ``lcm(kv_heads, P) / kv_heads`` times

@@ -139,7 +139,7 @@ def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backwa
     group, as :func:`burstattn.shard_sequence` gives it) -> ``[B, n, Hq, D]`` in q's dtype.
     ``backend``/``backward``: as in :func:`burst_attn_func`. Given only degrees, the sub-groups are
     built on the first call and reused (:func:`burstattn.comm.groups.usp_subgroups`). Runs as the custom op
-    ``torch.ops.burstattn.attention_fwd`` (:mod:`.op`; the sub-groups travel by name).
+    ``torch.ops.burstattn.attention_fwd`` (:mod:`burstattn.ops`; the sub-groups travel by name).
 
     Raises:
         ValueError / TypeError on every rank: invalid inputs (``check_inputs``), degrees that do
