@@ -30,3 +30,15 @@ def exchange(rank: int, world: int, kind: str) -> tuple[str, str]:
     except Exception as e:  # noqa: BLE001 - the type is the result
         return type(e).__name__, str(e)
     return "no error", str(stats.sent("forward", "meta"))
+
+
+def train_flags(rank: int, world: int, field: str, values: list) -> tuple[str, str]:
+    """``build_job`` on a TrainConfig whose ``field`` is ``values[rank]`` on this rank (what flags that
+    differ between launched ranks give)."""
+    from burstattn.train import TrainConfig, build_job
+
+    try:
+        build_job(TrainConfig(model="tiny", seq_len=120, batch=2, steps=1, **{field: values[rank]}))
+    except Exception as e:  # noqa: BLE001 - the type is the result
+        return type(e).__name__, str(e)
+    return "no error", ""
