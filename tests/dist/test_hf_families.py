@@ -30,6 +30,13 @@ def test_decoder_families_match_eager(pools, kind):
     _check(pools.get(2).run(hc.decoder_only, kind))
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_gemma4_kv_shared_layers_match_eager(pools, world):
+    """Gemma 4's KV-shared layers attend with the keys and values of an earlier layer (sharded as it is),
+    and in generation with that layer's cache shard, for the last prompt row alone (logits_to_keep)."""
+    _check(pools.get(world).run(hc.decoder_only, "gemma4_kv_shared"))
+
+
 def test_encoder_decoder_with_cross_attention_matches_eager(pools):
     results = pools.get(2).run(hc.encoder_decoder)
     _check(results)
