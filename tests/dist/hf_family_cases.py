@@ -190,6 +190,11 @@ def refused(rank: int, world: int, what: str) -> str:
             model = build("gpt_oss")
             model.set_attn_implementation("burst")
             model(**bhf.shard_batch(_tokens(1, 8 * world, 0)))
+        elif what == "gemma4_logits_to_keep":  # each rank's last row is not the sequence's: refused
+            bhf.register(strategy="burst", backend="auto")
+            model = build("gemma4_kv_shared")
+            model.set_attn_implementation("burst")
+            model(**bhf.shard_batch(_tokens(1, 8 * world, 0)), logits_to_keep=1)
         elif what == "unknown_kwarg":
             bhf.register(strategy="burst", backend="auto")
             model = build("gemma2")

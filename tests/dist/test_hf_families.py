@@ -49,6 +49,7 @@ def test_encoder_decoder_with_cross_attention_matches_eager(pools):
     ("bloom_sync", "'bloom' (BloomForCausalLM) does not dispatch its attention through transformers' AttentionInterface"),
     ("t5gemma_generate", "position_ids are not its share of layout"),
     ("ulysses_sinks", "strategy 'ulysses' does not take ['sinks']"),
+    ("gemma4_logits_to_keep", "(logits_to_keep) in a sequence-parallel forward, where each rank holds a shard"),
     ("unknown_kwarg", "passes ['position_bias'] to its attention, which burstattn does not know how to apply"),
     ("falcon_alibi", "'falcon' (FalconForCausalLM) has alibi=True: it adds its ALiBi bias to the attention mask"),
 ])
