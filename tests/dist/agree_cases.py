@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from burstattn.comm.agree import agree, entries
-from burstattn.comm.stats import CommStats
-
 
 def exchange(rank: int, world: int, kind: str) -> tuple[str, str]:
     """One :func:`agree` call in which ``kind`` differs: ``same``, ``value`` (the last rank's seed),
     ``alone`` (the function and a shape differ), ``problem`` (rank 1's own), ``problems`` (TypeError on
     rank 1, ValueError on the last rank), ``every`` (the same problem on every rank)."""
+    from burstattn.comm.agree import agree, entries
+    from burstattn.comm.stats import CommStats
+
     sig = {"function": "f", "seed": 1, "heads": 4}
     problem = None
     if kind == "value" and rank == world - 1:
