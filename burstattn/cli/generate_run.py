@@ -5,8 +5,10 @@ with random weights from ``--seed`` and, with ``--prompt-len``, a synthetic prom
 seed, so two runs with any world size and strategy produce comparable tokens; generation is
 :func:`burstattn.infer.generate.generate` (sharded prefill with ``--strategy``).
 ``--model DIR`` (a ``save_pretrained`` directory): the transformers model with
-``attn_implementation="burst"`` and a :class:`burstattn.hf.ShardedCache` (the strategy serves
-sequence-parallel forwards there; generation attends the replicated queries to the shards).
+``attn_implementation="burst"``, a supported hybrid's mixers patched (:func:`burstattn.hf.patch_mixers`),
+and a :class:`burstattn.hf.ShardedCache` (the strategy serves sequence-parallel forwards there; generation
+attends the replicated queries to the shards). A model that takes no cache but its own (MiniMax) decodes by
+sequence-parallel forwards of the whole sequence so far, one per token (no cache: O(T^2) work in all).
 
 Per rank: first-token latency, decode tokens/s, bytes sent per decoded token (the byte meter) and
 peak memory (a separate, profiled run, so the profiler does not distort the timings), after one
@@ -112,8 +114,11 @@ def _run_hf(cfg: GenerateConfig):
     # attention classes by name) gets check_model's message, not a KeyError from its constructor
     model = transformers.AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).eval()
     model.set_attn_implementation("burst")
-    bhf.check_model(model)  # hybrid layers, attention outside the interface: its message, before any forward
+    bhf.patch_mixers(model)  # a supported hybrid's mixers (Gated DeltaNet, Mamba2, lightning attention, ...)
+    bhf.check_model(model)  # unsupported mixers, attention outside the interface: its message, before any forward
     prompt = _prompt(cfg, model.config.vocab_size, cfg.model)
+    # a model that takes no Cache but its own (MiniMax's): greedy steps by sharded forwards of the whole sequence
+    cached = getattr(model, "_supports_default_dynamic_cache", lambda: True)()
 
     @torch.no_grad()
     def once():
@@ -127,14 +132,23 @@ def _run_hf(cfg: GenerateConfig):
         kw = bhf.cache_kwargs(model, cache)  # `cache` (transformers >= 5.24) or `past_key_values`
         if cfg.max_new_tokens == 0:
             return GenerationResult(prompt[:, :0], 0.0, 0.0, cache)
+
+        def step(ids: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+            if cached:
+                return model(input_ids=new, use_cache=True, **kw).logits[:, -1].argmax(-1)
+            batch = bhf.shard_batch(ids)
+            logits = bhf.gather_logits(model(**batch, use_cache=False).logits, shard=batch["burst_shard"])
+            return logits[:, -1].argmax(-1)
+
         t0 = time.perf_counter()
         with comm_stats():  # its own meter: the caller's counts the decode steps only
-            token = model(input_ids=prompt, use_cache=True, **kw).logits[:, -1].argmax(-1)
+            token = step(prompt, prompt)
         t1 = time.perf_counter()
-        out = [token]
+        out, ids = [token], torch.cat([prompt, token[:, None]], 1)
         for _ in range(cfg.max_new_tokens - 1):
-            token = model(input_ids=token[:, None], use_cache=True, **kw).logits[:, -1].argmax(-1)
+            token = step(ids, token[:, None])
             out.append(token)
+            ids = torch.cat([ids, token[:, None]], 1)
         t2 = time.perf_counter()
         rate = (cfg.max_new_tokens - 1) / (t2 - t1) if cfg.max_new_tokens > 1 else 0.0
         return GenerationResult(torch.stack(out, dim=1), t1 - t0, rate, cache)

@@ -29,7 +29,7 @@ Three ways a model runs under it:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import torch
@@ -41,7 +41,7 @@ from ..infer.sharded import replicated_attention
 from ..layouts.named import layout_or_default, local_positions, split_error
 from ..strategies import STRATEGIES, attention
 from ..strategies.base import MASK_OPTIONS
-from .families import describe, registered_options
+from .families import describe, kv_source_layer, registered_options
 from .guard import check_running_model
 
 OPTIONS = ("strategy", "layout", "backend", "group")
@@ -71,6 +71,18 @@ class BurstMask:
 
     cache: Any = None
     keys: Optional[torch.Tensor] = None
+    rows: Optional[slice] = None
+    """The query rows a model kept (``None``: all): Gemma 4 slices ``mask[:, :, rows, :]`` to
+    ``logits_to_keep`` before its KV-shared layers, which then run only those queries."""
+
+    def __getitem__(self, index) -> "BurstMask":
+        rows = index[2] if isinstance(index, tuple) and len(index) > 2 else slice(None)
+        if rows in (slice(None), slice(0, None)):  # logits_to_keep=0: every row
+            return self
+        if not isinstance(rows, slice) or self.rows is not None:
+            raise TypeError(f"attn_implementation='burst': the mask's query rows can be sliced once, by a slice; "
+                            f"got {index!r}")
+        return replace(self, rows=rows)
 
 
 class ShardedOffset(int):
@@ -134,6 +146,10 @@ def make_mask_function(opts: BurstOptions):
 
 
 def _local_problem(module, query, key, attention_mask, dropout: float, cross: bool = False):
+    if isinstance(attention_mask, BurstMask) and attention_mask.rows is not None:
+        return ValueError, (f"attn_implementation='burst': the model kept query rows {attention_mask.rows} "
+                            f"(logits_to_keep) in a sequence-parallel forward, where each rank holds a shard of the "
+                            f"sequence; pass logits_to_keep=0 and select the logits after burstattn.hf.gather_logits")
     if attention_mask is not None and not isinstance(attention_mask, BurstMask):
         return ValueError, ("attn_implementation='burst' got a prepared 4-D attention mask; custom masks are "
                             "not supported (pass attention_mask=None, or a 2-D padding mask to "
@@ -251,9 +267,10 @@ def make_attention_function(opts: BurstOptions):
                 raise ValueError(f"attn_implementation='burst' has no attention dropout; got dropout={dropout}")
             if family_problem:  # every rank runs the same tokens: every rank raises
                 raise family_problem[0](family_problem[1])
-            layer = cache.layers[module.layer_idx]
+            layer = cache.layers[kv_source_layer(module)]  # a KV-shared layer attends to its source's shard
             keys = None if attention_mask.keys is None else attention_mask.keys[:, layer.positions]
-            return replicated_attention(q, layer.last_positions, k, v, layer.positions, group=opts.group,
+            rows = layer.last_positions if attention_mask.rows is None else layer.last_positions[attention_mask.rows]
+            return replicated_attention(q, rows, k, v, layer.positions, group=opts.group,
                                         scale=scale, backend=opts.backend, window=window, causal=call.causal,
                                         softcap=call.softcap, sinks=call.sinks, key_mask=keys), None
         shard = kwargs.get("burst_shard")

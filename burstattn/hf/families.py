@@ -114,6 +114,17 @@ def describe(module, query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> tu
     return CallSpec(causal=causal, cross=cross, window=window, softcap=softcap, sinks=sinks), problem
 
 
+def kv_source_layer(module) -> int:
+    """The cache layer holding the K/V that attention ``module`` attends to: its own ``layer_idx``, or for a
+    layer that reuses earlier keys and values (Gemma 4's KV-shared layers, ``is_kv_shared_layer``) the layer
+    that stores them: the last earlier one of its type marked ``"store"`` in ``config.kv_sharing_modes``."""
+    idx = module.layer_idx
+    if not getattr(module, "is_kv_shared_layer", False):
+        return idx
+    modes, types = module.config.kv_sharing_modes, module.config.layer_types
+    return next((j for j in range(idx - 1, -1, -1) if modes[j] == "store" and types[j] == types[idx]), idx)
+
+
 def registered_options(name) -> Optional[Any]:
     """The :class:`~burstattn.hf.BurstOptions` registered under ``name`` by :func:`burstattn.hf.register`,
     or ``None`` (not registered, or a function of transformers' own such as ``"sdpa"``)."""

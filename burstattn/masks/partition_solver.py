@@ -16,7 +16,9 @@ The solver is the two-pointer cut of :func:`burstattn.layouts.partition.document
 blocks (``"contiguous"``: natural order; ``"zigzag"``: the sequence folded end to end;
 ``"documents"``: block-aligned documents densest first, each folded, document_partition's own
 stream; ``"sorted"``: blocks by cost, heaviest first), the cut gives each rank a run from the
-dense end and one from the sparse end. The candidates are scored by balance (max / mean block
+dense end and one from the sparse end. The named layouts are candidates as they are (contiguous,
+zigzag, striped); one whose chunks are not whole blocks is scored against the kept partition at a block
+where both are (:func:`_finer_named`). The candidates are scored by balance (max / mean block
 cost per rank) and by traffic: the number of ordered rank pairs ``(r, s)`` whose tiles touch,
 which is what the sparse plan's byte formula (:func:`burstattn.masks.mask_bytes`: readers x K/V
 bytes) multiplies. The kept one: fewest pairs among those within ``target``, else the best
@@ -27,8 +29,9 @@ balance with a warning (or ``ValueError`` with ``strict=True``) naming the balan
 """
 from __future__ import annotations
 
+import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 import torch
@@ -37,10 +40,12 @@ from ..layouts.cut import cut_runs, stream_owner
 from ..layouts.partition import Partition, _stream, balance
 from .blocks import CAUSAL, EMPTY, FULL, PARTIAL, STRICT, classify
 from .spec import AttnMask
+from .partition_pairs import _pairs_by_runs, _pairs_by_table, touching_pairs  # noqa: F401 (their home before)
 
-CANDIDATES = ("layout-contiguous", "layout-zigzag", "contiguous", "zigzag", "documents", "sorted")
+CANDIDATES = ("layout-contiguous", "layout-zigzag", "layout-striped", "contiguous", "zigzag", "documents", "sorted")
 # the named layouts themselves (no cut): so the kept partition is never worse than them on the score
-NAMED = {"layout-contiguous": "contiguous", "layout-zigzag": "zigzag"}
+NAMED = {"layout-contiguous": "contiguous", "layout-zigzag": "zigzag", "layout-striped": "striped"}
+_MOD_TILES = 1 << 24  # most tiles a mask_mod's summary classifies to score a named layout at a finer block
 _CHUNK_ROWS = 1 << 16  # query rows per classify call (bounds its [rows, key tiles] temporaries)
 
 
@@ -151,84 +156,6 @@ def _mod_classes(mask: AttnMask, seq_len: int, causal: bool, block: int, k_len: 
                       for s in range(0, seq_len, step)])
 
 
-def touching_pairs(summary: BlockSummary, owner_q: torch.Tensor, owner_k: torch.Tensor, world_size: int) -> int:
-    """Ordered rank pairs ``(r, s)``, ``r != s``, where a query block of r touches a key tile of s."""
-    p = world_size
-    if summary.classes is not None:
-        ne = (summary.classes != EMPTY).to(torch.float32)  # [B, Bk]
-        by_rank = torch.zeros(p, ne.shape[1]).index_add_(0, owner_q, ne)  # [P, Bk]
-        need = torch.zeros(p, p).index_add_(1, owner_k, by_rank) > 0
-    else:
-        lo, hi = summary.lo.clamp(max=owner_k.numel()), summary.hi.clamp(min=-1)
-        owner_q, lo, hi = _merged_spans(owner_q, lo, hi)
-        need = _pairs_by_runs(owner_q, lo, hi, owner_k, p)
-        if need is None:
-            need = _pairs_by_table(owner_q, lo, hi, owner_k, p)
-    need.fill_diagonal_(False)
-    return int(need.sum())
-
-
-def _merged_spans(owner_q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Each rank's query blocks' key spans merged where they overlap or abut: ``(owner, lo, hi)`` per
-    merged span, empty spans dropped. The tiles a rank touches are the same, in fewer spans (causal: one
-    per rank instead of one per block), so the pair counts below scan fewer rows."""
-    live = lo <= hi
-    owner_q, lo, hi = owner_q[live], lo[live], hi[live]
-    if owner_q.numel() == 0:
-        return owner_q, lo, hi
-    shift = owner_q * (int(hi.max()) + 2)  # ranks' spans apart on one axis: one sort, one running max
-    order = torch.argsort(shift + lo, stable=True)
-    a, b, own = (shift + lo)[order], (shift + hi)[order], owner_q[order]
-    reach = torch.cummax(b, 0).values  # the furthest tile covered so far (of this rank: ranks lie apart)
-    start = torch.ones(a.numel(), dtype=torch.bool)
-    start[1:] = a[1:] > reach[:-1] + 1
-    seg = torch.cumsum(start.long(), 0) - 1
-    top = torch.full((int(seg[-1]) + 1,), -1, dtype=torch.int64).scatter_reduce(0, seg, b, "amax")
-    first = own[start]
-    base = first * (int(hi.max()) + 2)
-    return first, a[start] - base, top - base
-
-
-def _pairs_by_runs(owner_q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, owner_k: torch.Tensor,
-                   p: int) -> Optional[torch.Tensor]:
-    """``need [P, P]`` from the runs of equal key owners each block's key span overlaps (cheap when the
-    owners come in long runs: a contiguous-like placement); None when that would visit more entries
-    than the ``[B, P]`` table of :func:`_pairs_by_table`."""
-    change = torch.ones(owner_k.numel(), dtype=torch.bool)
-    change[1:] = owner_k[1:] != owner_k[:-1]
-    run_start = torch.nonzero(change).flatten()
-    q = torch.nonzero(lo <= hi).flatten()
-    ra = torch.searchsorted(run_start, lo[q], right=True) - 1
-    count = torch.searchsorted(run_start, hi[q], right=True) - ra  # runs overlapped, >= 1
-    total = int(count.sum())
-    if total * 8 > owner_q.numel() * p:  # an entry here costs several of the table's
-        return None
-    first = torch.repeat_interleave(ra - (count.cumsum(0) - count), count)
-    runs = first + torch.arange(total)
-    flat = torch.repeat_interleave(owner_q[q], count) * p + owner_k[run_start[runs]]
-    need = torch.zeros(p * p, dtype=torch.bool)
-    need[flat] = True
-    return need.view(p, p)
-
-
-def _pairs_by_table(owner_q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, owner_k: torch.Tensor,
-                    p: int) -> torch.Tensor:
-    """``need [P, P]`` from a ``[B, P]`` table: does block i's key span hold a tile of rank s."""
-    # the key tiles sorted by (owner, tile) on one axis: rank s's tiles in [lo, hi] are the entries
-    # between two binary searches (B x P of them, no [Bk, P] prefix-count table to build)
-    stride = owner_k.numel() + 1
-    keys = torch.sort(owner_k * stride + torch.arange(owner_k.numel())).values
-    base = torch.arange(p) * stride  # [P]
-    hits = (torch.searchsorted(keys, base + hi[:, None], right=True)
-            > torch.searchsorted(keys, base + lo[:, None])) & (lo <= hi)[:, None]  # [B, P]
-    order = torch.argsort(owner_q, stable=True)
-    if owner_q.numel() % p == 0 and bool((owner_q[order] == torch.arange(p).repeat_interleave(owner_q.numel() // p)).all()):
-        need = hits[order].view(p, -1, p).any(1)  # every rank holds B / P query blocks (or spans)
-    else:
-        need = torch.zeros(p, p).index_add_(0, owner_q, hits.to(torch.float32)) > 0
-    return need
-
-
 def _block_docs(mask: AttnMask, block: int, nb: int) -> torch.Tensor:
     """Block-level document bounds ``[0, ..., B]``: the documents' edges that fall on block edges."""
     edges = {0, nb}
@@ -237,11 +164,13 @@ def _block_docs(mask: AttnMask, block: int, nb: int) -> torch.Tensor:
     return torch.tensor(sorted(edges), dtype=torch.int64)
 
 
-def _named_owner(name: str, nb: int, world_size: int) -> Optional[torch.Tensor]:
+def _named_owner(name: str, nb: int, world_size: int, block: int) -> Optional[torch.Tensor]:
     """Block owners ``[B]`` of a named layout, or None when its chunks are not whole blocks."""
     b = torch.arange(nb)
     if NAMED[name] == "contiguous":
         return b // (nb // world_size)
+    if NAMED[name] == "striped":  # token i on rank i % P: whole blocks of one token only
+        return b % world_size if block == 1 else None
     if nb % (2 * world_size):
         return None
     k = b // (nb // (2 * world_size))  # zigzag: chunk k on rank k, chunk 2P-1-k on rank k too
@@ -286,13 +215,11 @@ def solve_partition(mask: AttnMask, seq_len: int, world_size: int, *, causal: bo
     block = partition_block(seq_len, world_size, mask.block_size if block_size is None else block_size)
     summary = block_summary(mask, seq_len, causal, block, k_len, costs)
     nb, per = seq_len // block, seq_len // world_size // block
-    kb = torch.arange(-(-k_len // block))
-    owner_kc = torch.clamp(kb * block // max(k_len // world_size, 1), max=world_size - 1)  # contiguous keys
     docs = _block_docs(mask, block, nb)
     tried = {}  # name -> (balance, owner [B], stream)
     for name in dict.fromkeys(candidates):
         if name in NAMED:
-            owner = _named_owner(name, nb, world_size)
+            owner = _named_owner(name, nb, world_size, block)
             if owner is None:
                 continue
             stream = owner.argsort(stable=True)
@@ -311,27 +238,88 @@ def solve_partition(mask: AttnMask, seq_len: int, world_size: int, *, causal: bo
             continue
         work = torch.zeros(world_size, dtype=torch.float64).index_add_(0, owner, summary.cost)
         tried[name] = (balance(work), owner, stream)
+    finer = [f for f in (_named_block(c, seq_len // world_size, block) for c in candidates if c in NAMED) if f]
+    if not tried and finer:  # only named layouts asked for, finer than the block: solve at their block
+        return solve_partition(mask, seq_len, world_size, causal=causal, k_len=k_len, block_size=min(finer),
+                               target=target, tolerance=tolerance, costs=costs, candidates=candidates)
     if not tried:
-        raise ValueError(f"candidates {tuple(candidates)}: none applies ({world_size} ranks, {nb} blocks of {block}: "
-                         "zigzag's chunks are not whole blocks)")
+        raise ValueError(f"candidates {tuple(candidates)}: none applies ({world_size} ranks of {seq_len // world_size} "
+                         "tokens: zigzag needs an even number of tokens per rank)")
     within = [n for n in tried if tried[n][0] <= target]
     scores = {n: (tried[n][0], None) for n in tried}
     counted: dict[int, int] = {}  # id of a tried entry -> its pairs (shared entries counted once)
     for n in within if len(within) > 1 else []:  # traffic decides among the balanced ones only
         owner = tried[n][1]
         if id(tried[n]) not in counted:
-            counted[id(tried[n])] = touching_pairs(summary, owner, owner if k_len == seq_len else owner_kc, world_size)
+            counted[id(tried[n])] = touching_pairs(summary, owner, _key_owner(owner, seq_len, k_len, world_size, block),
+                                                     world_size)
         scores[n] = (tried[n][0], counted[id(tried[n])])
     name = min(within, key=lambda n: (scores[n][1], scores[n][0])) if within else min(tried, key=lambda n: tried[n][0])
     if scores[name][1] is None:
         owner = tried[name][1]
-        scores[name] = (tried[name][0], touching_pairs(summary, owner, owner if k_len == seq_len else owner_kc,
-                                                       world_size))
-    owner = tried[name][1]
-    # blocks by rank, increasing inside each (a stable sort of the owners): one op for all ranks
+        scores[name] = (tried[name][0], touching_pairs(summary, owner,
+                                                       _key_owner(owner, seq_len, k_len, world_size, block), world_size))
+    kept = Solution(Partition(_positions(tried[name][1], block, world_size), name=f"mask-{name}"), block,
+                    scores[name][0], scores[name][1], name, scores)
+    tile = mask.block_size if block_size is None else block_size
+    if seq_len // world_size > tile:  # striped's scattered tiles cost more than its tokens: offered at small shards
+        candidates = [c for c in candidates if c != "layout-striped"]
+    return _finer_named(kept, mask, seq_len, world_size, causal, k_len, costs, target, candidates)
+
+
+def _positions(owner: torch.Tensor, block: int, world_size: int) -> tuple[torch.Tensor, ...]:
+    """Every rank's positions from block owners ``[B]``: its blocks in increasing order (one stable sort)."""
+    per = owner.numel() // world_size
     blocks = torch.argsort(owner, stable=True).view(world_size, per)
-    positions = tuple((blocks[:, :, None] * block + torch.arange(block)).view(world_size, per * block).unbind(0))
-    return Solution(Partition(positions, name=f"mask-{name}"), block, scores[name][0], scores[name][1], name, scores)
+    return tuple((blocks[:, :, None] * block + torch.arange(block)).view(world_size, per * block).unbind(0))
+
+
+def _key_owner(owner: torch.Tensor, seq_len: int, k_len: int, world_size: int, block: int) -> torch.Tensor:
+    """Key tile owners: the queries' own placement (self-attention), else contiguous keys."""
+    if k_len == seq_len:
+        return owner
+    kb = torch.arange(-(-k_len // block))
+    return torch.clamp(kb * block // max(k_len // world_size, 1), max=world_size - 1)
+
+
+def _named_block(name: str, n: int, block: int) -> Optional[int]:
+    """The block at which the named layout ``name`` and a placement in blocks of ``block`` are both whole
+    blocks (``n`` tokens per rank), or None: zigzag's chunks are ``n / 2``, striped's one token."""
+    if NAMED[name] == "zigzag":
+        return math.gcd(block, n // 2) if n % 2 == 0 else None
+    return 1 if NAMED[name] == "striped" else block
+
+
+def _finer_named(kept: Solution, mask: AttnMask, seq_len: int, world_size: int, causal: bool, k_len: int,
+                 costs: TileCosts, target: float, candidates: Sequence[str]) -> Solution:
+    """``kept``, or a named layout whose chunks are not whole blocks of ``kept.block`` (zigzag at small
+    shards, striped) where it scores better: both scored at a block where both are whole blocks, by the
+    rule of :func:`solve_partition` (fewest touching pairs within ``target``, else the better balance).
+    A named layout's score is added to ``scores`` (measured at its block)."""
+    for name in dict.fromkeys(c for c in candidates if c in NAMED and c not in kept.scores):
+        fine = _named_block(name, seq_len // world_size, kept.block)
+        if fine is None or (mask.mask_mod is not None and (seq_len // fine) * -(-k_len // fine) > _MOD_TILES):
+            continue
+        summary = block_summary(mask, seq_len, causal, fine, k_len, costs)
+        ours = torch.empty(seq_len // fine, dtype=torch.int64)
+        for rank, pos in enumerate(kept.partition.positions):
+            ours[pos[::fine] // fine] = rank
+        owners = (ours, _named_owner(name, seq_len // fine, world_size, fine))
+        scored = [[balance(torch.zeros(world_size, dtype=torch.float64).index_add_(0, o, summary.cost)), None]
+                  for o in owners]
+        pairs = lambda o: touching_pairs(summary, o, _key_owner(o, seq_len, k_len, world_size, fine), world_size)  # noqa: E731
+        if scored[0][0] <= target and scored[1][0] <= target:
+            scored[0][1], scored[1][1] = pairs(owners[0]), pairs(owners[1])
+            wins = (scored[1][1], scored[1][0]) < (scored[0][1], scored[0][0])
+        else:
+            wins = scored[1][0] <= target or (scored[0][0] > target and scored[1][0] < scored[0][0])
+        if not wins:
+            kept = replace(kept, scores={**kept.scores, name: tuple(scored[1])})
+            continue
+        mine = scored[1][1] if scored[1][1] is not None else pairs(owners[1])
+        kept = Solution(Partition(_positions(owners[1], fine, world_size), name=f"mask-{name}"), fine, scored[1][0],
+                        mine, name, {**kept.scores, name: (scored[1][0], mine)})
+    return kept
 
 
 def mask_partition(mask: AttnMask, seq_len: int, world_size: int, *, causal: bool = False,

@@ -140,6 +140,9 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        for name in ("lr", "min_lr_ratio", "weight_decay", "adam_eps", "grad_clip", "pg_timeout_s"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), (int, float)):
+                raise ValueError(f"{name} must be a number, got {getattr(self, name)!r}")
         if not isinstance(self.head_chunks, int) or isinstance(self.head_chunks, bool) or self.head_chunks < 1:
             raise ValueError(f"head_chunks (--head-chunks) must be a positive int, got {self.head_chunks!r}")
         if self.offload_optimizer and not self.fsdp:
@@ -200,8 +203,26 @@ def config_from_mapping(values: Mapping[str, Any], base: Optional[TrainConfig] =
 
 
 def load_config(path: str | Path, **overrides: Any) -> TrainConfig:
-    """A TOML file (flat keys, or under a ``[train]`` table) with ``overrides`` on top."""
-    with open(path, "rb") as f:
-        values = tomllib.load(f)
+    """A TOML file (flat keys, or under a ``[train]`` table) with ``overrides`` on top.
+
+    Raises:
+        ValueError: one line naming the file: it cannot be read (missing, a directory), its TOML does not
+            parse (with the parser's line and column), or it holds an unknown field or a bad value.
+    """
+    try:
+        with open(path, "rb") as f:
+            values = tomllib.load(f)
+    except OSError as e:
+        raise ValueError(f"--config {str(path)!r}: cannot read it: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"--config {str(path)!r}: not valid TOML: {e}") from None
     values = values.get("train", values)
-    return config_from_mapping({**values, **overrides})
+    try:
+        return config_from_mapping({**values, **overrides})
+    except (TypeError, ValueError) as e:
+        try:  # the file's own values alone: the same error names the file, else it came from the flags
+            config_from_mapping(values)
+            alone = None
+        except (TypeError, ValueError) as f:
+            alone = str(f)
+        raise ValueError(f"--config {str(path)!r}: {e}" if alone == str(e) else str(e)) from None

@@ -160,6 +160,18 @@ def scan_tokens(path: str, fmt: str = "auto") -> tuple[int, int]:
     return len(ids), largest
 
 
+def content_id(path: str) -> str:
+    """``"<size> bytes, crc32 <hex>"`` of the file at ``path``: what it holds, wherever it lies (read in
+    16 MiB chunks: one pass over the file, as :class:`FileData` makes anyway)."""
+    import zlib
+
+    crc, size = 0, 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            crc, size = zlib.crc32(chunk, crc), size + len(chunk)
+    return f"{size} bytes, crc32 {crc:08x}"
+
+
 def make_data(data: Optional[str], fmt: str, seed: int, batch: int, seq_len: int):
     """The source of a run: :class:`FileData` for a path, else :class:`PasskeyData`."""
     if data:

@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ..comm.agree import agree
 from ..comm.groups import degree_groups
 from ..layouts.named import local_positions, split_error
 from ..masks import AttnMask
@@ -99,15 +100,11 @@ def global_sequences(job, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return list(zip(batch.tokens.unbind(0), batch.answer.unbind(0)))
 
 
-def check_same_batch(lengths: list[int], device: torch.device) -> None:
-    """Refuse, on every rank, a batch whose sequence lengths differ across ranks."""
+def check_same_batch(lengths: list[int], group: Optional[dist.ProcessGroup]) -> None:
+    """Refuse, on every rank of ``group``, a global batch whose sequence lengths differ across ranks."""
     crc = zlib.crc32(torch.tensor(lengths, dtype=torch.int64).numpy().tobytes())
-    mine = torch.tensor([crc, len(lengths)], dtype=torch.int64, device=device)
-    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
-    if any(not torch.equal(e, every[0]) for e in every):
-        raise ValueError(f"dispatch: the ranks hold different global batches (sequences and lengths must be equal "
-                         f"on every rank; rank {dist.get_rank()} has {len(lengths)} sequences)")
+    agree("dispatch", [("the global batch (sequences and lengths)", f"{len(lengths)} sequences, crc32 {crc:08x}")],
+          group, hint="the ranks hold different global batches (sequences and lengths must be equal on every rank)")
 
 
 def _labels(tokens: torch.Tensor, answer: torch.Tensor, targets: str) -> torch.Tensor:
@@ -153,7 +150,7 @@ def dispatch_forward_backward(job, step: int) -> tuple[torch.Tensor, dict]:
     disp, cfg, model = job.dispatcher, job.cfg, job.model
     seqs = global_sequences(job, step)
     lengths = [int(t.numel()) for t, _ in seqs]
-    check_same_batch(lengths, job.device)
+    check_same_batch(lengths, dist.group.WORLD)
     plan = plan_dispatch(lengths, dist.get_world_size(), disp.cost, mode=disp.mode, cp=disp.cp, budget=disp.budget)
     labels = [_labels(t, a, cfg.targets) for t, a in seqs]
     total = sum(int((lab != IGNORE).sum()) for lab in labels)

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from ..comm.agree import agree
 from ..config import torch_dtype
 from ..models import AttnCall, auto_chunks
 from ..models.hybrid import model_class
@@ -26,6 +27,7 @@ from .checks import check_config, model_config
 from .config import TrainConfig
 from .data import make_data
 from .dispatch_step import Dispatcher, build_dispatcher, uses_dispatch
+from .signature import HINT, run_signature
 
 
 
@@ -148,6 +150,23 @@ def adamw_impl(model: nn.Module, device_type: str, on_host: bool) -> dict:
     return {"fused": True} if all(dtensors) or not any(dtensors) else {}
 
 
+def agreed_plan(cfg: TrainConfig, device_type: str):
+    """``(plan, model config)`` of ``cfg`` on this rank, once every rank of the default group agrees: the
+    checks of :func:`~burstattn.train.checks.check_config` here, then ONE cross-rank comparison of the
+    run's signature (:mod:`burstattn.train.signature`). A bad flag on any rank, or ranks launched with
+    different settings, raise ``ValueError`` on every rank before any other collective."""
+    plan = mcfg = None
+    signature, problem = (), None
+    try:
+        plan = check_config(cfg, dist.get_world_size(), device_type)
+        mcfg = with_chunks(model_config(cfg), cfg, plan.dims, plan.variant)
+        signature = run_signature(cfg, plan, mcfg)
+    except (ValueError, OSError) as exc:  # OSError: a data file this rank cannot read
+        problem = (ValueError, str(exc))
+    agree("", signature, dist.group.WORLD, problem=problem, hint=HINT)
+    return plan, mcfg
+
+
 def build_job(cfg: TrainConfig, *, optimizer_device: Optional[str] = None) -> Job:
     """The job of ``cfg`` on this rank (every rank of the default group must call it).
 
@@ -158,16 +177,16 @@ def build_job(cfg: TrainConfig, *, optimizer_device: Optional[str] = None) -> Jo
 
     Raises:
         ValueError: on every rank, for degrees, layouts, batch or model shapes that do not fit
-            (:func:`~burstattn.train.checks.check_config`).
+            (:func:`~burstattn.train.checks.check_config`), or ranks whose settings differ
+            (:func:`agreed_plan`; a :class:`burstattn.comm.agree.Disagreement`).
     """
     if not dist.is_initialized():
         raise ValueError("build_job: torch.distributed is not initialized (use burstattn.testing.launch or torchrun)")
     device_type = _device_type()
-    plan = check_config(cfg, dist.get_world_size(), device_type)
+    plan, mcfg = agreed_plan(cfg, device_type)
     dims, attn_strategy, variant, layout, ulysses = plan.dims, plan.strategy, plan.variant, plan.layout, plan.ulysses
     device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
     mesh = build_mesh(dims, device_type)
-    mcfg = with_chunks(model_config(cfg), cfg, dims, variant)
     check_host_memory(cfg, dims, variant, mcfg, device)
     d, c, _ = dims.coords(dist.get_rank())
     grid = build_usp_mesh(dims, ulysses, device_type)["ring", "ulysses"] if attn_strategy == "usp" else None

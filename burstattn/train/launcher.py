@@ -27,11 +27,11 @@ def _rank_main(rank: int, world: int, cfg: TrainConfig, progress: bool) -> list[
 
 
 def run_torchrun(cfg: TrainConfig, progress: bool = True) -> list[dict]:
-    """Check ``cfg`` (before joining: a bad flag makes every worker exit at once), join the torchrun
-    job's group (NCCL with one GPU per local rank, else gloo), train, leave."""
+    """Join the torchrun job's group (NCCL with one GPU per local rank, else gloo), train, leave. The
+    configuration is checked after joining (:func:`~burstattn.train.job.agreed_plan`): a bad flag on any
+    worker, or workers launched with different settings, raise on every worker (none is left waiting)."""
     local_rank = int(os.environ["LOCAL_RANK"])
     backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > local_rank else "gloo"
-    check_config(cfg, int(os.environ["WORLD_SIZE"]), "cuda" if backend == "nccl" else "cpu")
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     if backend == "nccl" and cfg.offload_optimizer:  # the gradient norm of host-resident shards: gloo (torchtitan's)
@@ -47,10 +47,11 @@ def run_training(cfg: TrainConfig, world_size: Optional[int] = None, *, threads_
                  progress: bool = True, environ: Optional[Mapping[str, str]] = None) -> list[dict]:
     """Train ``cfg`` under torchrun when its environment is present, else on ``world_size`` (default 1)
     local processes. The configuration is checked (:func:`~burstattn.train.checks.check_config`)
-    before any rank starts. Returns rank 0's metrics records.
+    before any local rank starts; torchrun's workers check it after joining and compare it across the
+    workers (:func:`~burstattn.train.job.agreed_plan`). Returns rank 0's metrics records.
 
     Raises:
-        ValueError: a bad configuration; ``world_size`` given under torchrun with another value, or
+        ValueError: a bad configuration, or torchrun workers launched with different settings; ``world_size`` given under torchrun with another value, or
             not positive.
         burstattn.testing.launch.LocalGroupError: a local rank failed (its traceback inside).
     """

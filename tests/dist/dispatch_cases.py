@@ -25,13 +25,13 @@ def run_many(rank: int, world: int, cfgs: list[TrainConfig]) -> list[dict]:
 
 def differing_batches(rank: int, world: int) -> str:
     """Every rank must refuse a global batch that differs across ranks (here: rank 1's last length)."""
-    import torch
+    import torch.distributed as dist
 
     from burstattn.train.dispatch_step import check_same_batch
 
     lengths = [5, 7, 9 + (rank == 1)]
     try:
-        check_same_batch(lengths, torch.device("cpu"))
+        check_same_batch(lengths, dist.group.WORLD)
     except ValueError as exc:
         return str(exc)
     return "accepted"

@@ -56,6 +56,12 @@ def build(kind: str, seed: int = 0):
         cfg = tf.T5GemmaConfig(encoder=tf.T5GemmaModuleConfig(**sub), decoder=tf.T5GemmaModuleConfig(**sub),
                                vocab_size=VOCAB)
         return _sharpen(tf.T5GemmaForConditionalGeneration(cfg).float().eval())
+    if kind == "gemma4_kv_shared":  # the last 2 of 4 layers reuse the K/V of the last earlier layer of their type
+        cfg = tf.Gemma4TextConfig(**dict(small, num_hidden_layers=4), intermediate_size=128, num_key_value_heads=2,
+                                  head_dim=16, sliding_window=8, num_kv_shared_layers=2,
+                                  layer_types=["sliding_attention", "full_attention"] * 2,
+                                  vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=8)
+        return tf.Gemma4ForCausalLM(cfg).float().eval()
     raise ValueError(kind)
 
 
@@ -184,6 +190,11 @@ def refused(rank: int, world: int, what: str) -> str:
             model = build("gpt_oss")
             model.set_attn_implementation("burst")
             model(**bhf.shard_batch(_tokens(1, 8 * world, 0)))
+        elif what == "gemma4_logits_to_keep":  # each rank's last row is not the sequence's: refused
+            bhf.register(strategy="burst", backend="auto")
+            model = build("gemma4_kv_shared")
+            model.set_attn_implementation("burst")
+            model(**bhf.shard_batch(_tokens(1, 8 * world, 0)), logits_to_keep=1)
         elif what == "unknown_kwarg":
             bhf.register(strategy="burst", backend="auto")
             model = build("gemma2")

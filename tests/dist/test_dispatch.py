@@ -71,3 +71,4 @@ def test_dynamic_rows_match_the_fixed_mesh(pools, references):
 def test_differing_batches_refused_on_every_rank(pools):
     msgs = pools.get(3).run(differing_batches)
     assert all("ranks hold different global batches" in m for m in msgs), msgs
+    assert len(set(msgs)) == 1 and "(rank order)" in msgs[0], msgs  # the same message, every rank's value

@@ -86,3 +86,34 @@ def test_hf_dir_uses_the_current_cache_keyword(tmp_path):
         res = generate_rank(0, 1, cfg)
     assert len(res["tokens"]) == 3
     assert not [w for w in seen if "past_key_values" in str(w.message)], [str(w.message) for w in seen]
+
+
+HYBRIDS = ("qwen3_next", "bamba", "minimax")
+
+
+def _hybrid_rank(rank: int, world: int, directory: str) -> list:
+    from burstattn.cli.generate_run import GenerateConfig, generate_rank
+
+    cfg = GenerateConfig(model=directory, world_size=world, prompt_len=9, max_new_tokens=4, measure_memory=False,
+                         warmup=False)
+    return generate_rank(rank, world, cfg)["tokens"]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_saved_hybrids_generate_exactly(pools, tmp_path, world):
+    """`generate --model DIR` on a saved Qwen3-Next, Bamba and MiniMax patches their mixers itself: every rank's
+    tokens equal transformers' own greedy generation on one process (MiniMax, which takes no cache but its
+    own, by sharded forwards of the whole sequence)."""
+    pytest.importorskip("transformers", minversion="5")
+    import torch
+
+    from tests.dist.hf_hybrid_cases import build
+
+    for kind in HYBRIDS:
+        model = build(kind, seed=4)
+        model.save_pretrained(tmp_path / kind)
+        prompt = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
+        model.generation_config.eos_token_id = None  # the command's greedy steps never stop early
+        ref = model.generate(prompt, max_new_tokens=4, do_sample=False)[0, 9:].tolist()
+        assert len(ref) == 4
+        assert pools.get(world).run(_hybrid_rank, str(tmp_path / kind)) == [ref] * world, kind

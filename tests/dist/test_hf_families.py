@@ -30,6 +30,13 @@ def test_decoder_families_match_eager(pools, kind):
     _check(pools.get(2).run(hc.decoder_only, kind))
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_gemma4_kv_shared_layers_match_eager(pools, world):
+    """Gemma 4's KV-shared layers attend with the keys and values of an earlier layer (sharded as it is),
+    and in generation with that layer's cache shard, for the last prompt row alone (logits_to_keep)."""
+    _check(pools.get(world).run(hc.decoder_only, "gemma4_kv_shared"))
+
+
 def test_encoder_decoder_with_cross_attention_matches_eager(pools):
     results = pools.get(2).run(hc.encoder_decoder)
     _check(results)
@@ -42,6 +49,7 @@ def test_encoder_decoder_with_cross_attention_matches_eager(pools):
     ("bloom_sync", "'bloom' (BloomForCausalLM) does not dispatch its attention through transformers' AttentionInterface"),
     ("t5gemma_generate", "position_ids are not its share of layout"),
     ("ulysses_sinks", "strategy 'ulysses' does not take ['sinks']"),
+    ("gemma4_logits_to_keep", "(logits_to_keep) in a sequence-parallel forward, where each rank holds a shard"),
     ("unknown_kwarg", "passes ['position_bias'] to its attention, which burstattn does not know how to apply"),
     ("falcon_alibi", "'falcon' (FalconForCausalLM) has alibi=True: it adds its ALiBi bias to the attention mask"),
 ])

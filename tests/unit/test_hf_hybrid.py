@@ -36,3 +36,22 @@ def test_table_names_are_disjoint_and_refused_ones_say_why():
     bhf.patch_mixers(jamba)
     with pytest.raises(ValueError, match=r"JambaMambaMixer: Mamba \(v1\)'s selective scan"):
         bhf.check_model(jamba)
+
+
+def test_packed_rows_through_transformers_own_hybrid_layers_are_no_reference():
+    """docs/hf.md warns that transformers' own mixers run a packed row as one sequence (restarting position_ids
+    notwithstanding), so a single-process Trainer with DataCollatorWithFlattening is the wrong reference for a
+    packed hybrid, and says what is right; this keeps that warning true and present."""
+    from pathlib import Path
+
+    model = build("qwen3_next")
+    a, b = _tokens(1, 10, 1), _tokens(1, 14, 2)
+    with torch.no_grad():
+        packed = model(input_ids=torch.cat([a, b], 1), position_ids=torch.cat([torch.arange(10), torch.arange(14)])[None])
+        alone = torch.cat([model(input_ids=a).logits, model(input_ids=b).logits], 1)
+    assert float((packed.logits[:, :10] - alone[:, :10]).abs().max()) < 1e-5  # the first document: no state before
+    assert float((packed.logits - alone).abs().max()) > 1e-2  # the second sees the first's state
+    text = " ".join((Path(__file__).resolve().parents[2] / "docs" / "hf.md").read_text().split())
+    for needle in ("Packed hybrids: the right reference", "do NOT take a plain `Trainer` with "
+                   "`DataCollatorWithFlattening`", "runs each document alone", "right-padded rows"):
+        assert needle in text, needle

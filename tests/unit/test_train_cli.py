@@ -98,3 +98,19 @@ def test_data_directory_says_what_data_expects(capsys, no_spawn, tmp_path):
     assert main(["train", "--data", str(tmp_path), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "is a directory; --data expects one token file" in err and "no such file" not in err, err
+
+
+@pytest.mark.parametrize("content,needle", [
+    (None, "cannot read it: No such file or directory"),
+    ("seq_len = \n", "not valid TOML: Invalid value (at line 1, column 11)"),
+    ("[train]\nseq_len = 128\nbogus = 1\n", "unknown field(s) ['bogus']"),
+    ("lr = 'fast'\n", "lr must be a number, got 'fast'"),
+])
+def test_config_file_errors_are_one_line_naming_the_file(capsys, tmp_path, content, needle):
+    path = tmp_path / "run.toml"
+    if content is not None:
+        path.write_text(content)
+    assert main(["train", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"burstattn train: error: --config {str(path)!r}: ") and needle in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
