@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import host_side
 from ..groups import group_context
 from ..layout import layout_or_default
 from ..masks.spec import make_mask
@@ -50,9 +51,10 @@ def mixer_context(attn: Optional[AttnFn], seq_len: int) -> tuple:
     if strategy == "usp":
         mesh = attn.options["mesh"]
         ring, uly = mesh.size(0), mesh.size(1)
-        layout = Partition(tuple(usp_positions(seq_len, ring_rank=c // uly, ring_degree=ring, ulysses_rank=c % uly,
-                                               ulysses_degree=uly, layout=layout) for c in range(ring * uly)),
-                           name="usp")
+        with host_side():  # positions are host bookkeeping (real tensors in a dry run too)
+            layout = Partition(tuple(usp_positions(seq_len, ring_rank=c // uly, ring_degree=ring, ulysses_rank=c % uly,
+                                                   ulysses_degree=uly, layout=layout) for c in range(ring * uly)),
+                               name="usp")
     return attn.group, layout
 
 
