@@ -103,3 +103,16 @@ def test_hybrid_documents_reset_state_exactly(pools, tmp_path):
                 assert abs(a - b) <= TOL * abs(b), (world, arms[arm], step, a, b)
             worst = max((_rel(got["params"][n], want["params"][n]), n) for n in want["params"])
             assert worst[0] <= TOL, (world, arms[arm], worst)
+
+
+def test_tensor_parallelism_refused_on_every_rank(pools):
+    """``build_job`` on every rank refuses TP for Gated DeltaNet layers with the documented message (it
+    failed inside sp_causal_conv1d on a projection TP had split)."""
+    for world in (2, 3):
+        cfgs = [BASE.with_overrides(strategy="tp-v3"), BASE.with_overrides(strategy="tp-v1"),
+                BASE.with_overrides(tp=world)]
+        results = pools.get(world).run(run_many, cfgs)
+        for i, cfg in enumerate(cfgs):
+            per_rank = [r[i] for r in results]
+            assert all(isinstance(m, str) and "hybrid models:" in m and "is not supported for Gated DeltaNet layers"
+                       in m for m in per_rank), (world, cfg.strategy, cfg.tp, per_rank)
