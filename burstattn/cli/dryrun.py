@@ -1,4 +1,4 @@
-"""``burstattn train --dry-run``: the flags, the printed report, and the JSON line.
+"""``burstattn train --dry-run``: the flags, the printed report, the JSON line and ``--metrics``.
 
     burstattn train --dry-run --model llama3-8b --seq-len 1048576 --world-size 32 --dtype bfloat16 \\
         --checkpointing remat --fsdp --json
@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -48,19 +49,34 @@ def format_report(r: dict) -> str:
               f"  sent           {_gib(r['sent_bytes'])}  " + ", ".join(f"{k} {v / GIB:.2f}" for k, v in
                                                                       r["sent_by_op"].items()),
               f"  attention calls {r['attention_calls']}, ops {r['ops']}, {r['seconds']:.1f} s"]
+    if r.get("unmetered"):  # PyTorch's own collectives: not in "sent"
+        lines.insert(-1, "    not metered: " + "; ".join(r["unmetered"]))
     return "\n".join(lines)
 
 
 def run_dry(ns: argparse.Namespace, cfg) -> int:
-    """Run the dry run of ``cfg`` (``--world-size``, ``--dry-run-rank``) and print it."""
+    """Run the dry run of ``cfg`` (``--world-size``, ``--dry-run-rank``) and print it; with ``--metrics F``
+    also write it to F (opened first, so that an unwritable F costs no dry run)."""
     from ..train.dryrun import DryRunError, dry_run
 
-    try:
-        report = dry_run(cfg, ns.world_size or 1, ns.dry_run_rank, device=ns.dry_run_device)
-    except DryRunError as exc:
-        print(f"burstattn train --dry-run: failed: {exc}", file=sys.stderr)
-        return 1
-    print(format_report(report))
-    if ns.json:
-        print(json.dumps(report))
+    with contextlib.ExitStack() as stack:
+        metrics = stack.enter_context(_open_metrics(cfg.metrics)) if cfg.metrics else None
+        try:
+            report = dry_run(cfg, ns.world_size or 1, ns.dry_run_rank, device=ns.dry_run_device)
+        except DryRunError as exc:
+            print(f"burstattn train --dry-run: failed: {exc}", file=sys.stderr)
+            return 1
+        print(format_report(report))
+        if ns.json:
+            print(json.dumps(report))
+        if metrics is not None:  # one line, the report (a real run writes one per step)
+            metrics.write(json.dumps({"dry_run": True, **report}) + "\n")
     return 0
+
+
+def _open_metrics(path: str):
+    """``--metrics F`` opened for writing, or ``ValueError`` naming the flag."""
+    try:
+        return open(path, "w")
+    except OSError as exc:
+        raise ValueError(f"--metrics {path}: cannot write the dry run's report: {exc.strerror or exc}") from None

@@ -253,8 +253,10 @@ def run_planner(ns) -> int:
                                   "host_memory_bytes": {k: v["host_memory_bytes"] for k, v in res.items()}}))
                 return 0
             searched = ["checkpointing", "FSDP"] + (["blockwise chunks"] if ns.mlp_chunk is None or ns.loss_chunk is None
-                                                    else []) + (["offload"] if ns.offload is None else []) \
-                + (["optimizer offload"] if ns.offload_optimizer is None and ns.offload != "none" else []) \
+                                                    else []) \
+                + (["offload"] if ns.offload is None and not hw.host_is_device else []) \
+                + (["optimizer offload"] if ns.offload_optimizer is None and ns.offload != "none"
+                   and not hw.host_is_device else []) \
                 + (["head chunks"] if ns.head_chunks is None else [])
             given = [f"--{k.replace('_', '-')} {getattr(ns, k)}" for k in ("mlp_chunk", "loss_chunk", "offload",
                                                                            "offload_optimizer", "head_chunks")

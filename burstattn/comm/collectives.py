@@ -53,10 +53,13 @@ class Collectives:
         self._record(op, x.numel() * x.element_size() * (self.world_size - 1) // self.world_size)
         return out
 
-    def all_gather(self, x: torch.Tensor, op: str) -> torch.Tensor:
-        """``x [...]`` -> ``[P, ...]`` with entry ``i`` from rank ``i``."""
+    def all_gather(self, x: torch.Tensor, op: str, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``x [...]`` -> ``[P, ...]`` with entry ``i`` from rank ``i``. ``out``: a contiguous buffer of
+        ``P * x.numel()`` elements to gather into (default: a new one)."""
         flat = x.reshape(-1)  # the backends gather along dim 0 of flat buffers: (P * numel,)
-        out = torch.empty(self.world_size * flat.numel(), dtype=x.dtype, device=x.device)
+        if out is None:
+            out = torch.empty(self.world_size * flat.numel(), dtype=x.dtype, device=x.device)
+        out = out.view(-1)
         self._run(op, getattr(dist, "all_gather_single", dist.all_gather_into_tensor), out, flat)
         self._record(op, x.numel() * x.element_size() * (self.world_size - 1))
         return out.view((self.world_size,) + tuple(x.shape))  # (P * numel,) -> (P, ...)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 
 CHUNK_FIELDS = ("mlp_chunk", "loss_chunk")
@@ -146,6 +146,26 @@ class HybridConfig(LlamaConfig):
         attn = d * self.n_heads * self.head_dim * 2 + d * self.n_kv_heads * self.head_dim * 2
         n_attn = sum(self.is_attention(i) for i in range(self.n_layers))
         return super().num_params() - (self.n_layers - n_attn) * (attn - gdn)
+
+
+def hybrid_tp_problem(config: LlamaConfig, strategy: str, tp: int = 1) -> Optional[str]:
+    """Why a model with Gated DeltaNet layers cannot run ``strategy`` at tensor-parallel degree ``tp``
+    (``None``: it can, or ``config`` has no such layers; :func:`recurrent_tp_problem`)."""
+    return recurrent_tp_problem(strategy, tp) if isinstance(config, HybridConfig) else None
+
+
+def recurrent_tp_problem(strategy: str, tp: int = 1) -> Optional[str]:
+    """Why Gated DeltaNet layers cannot run ``strategy`` at tensor-parallel degree ``tp`` (``None``: they
+    can): tensor parallelism (``tp``, ``tp-v1``, ``tp-v3``, or any strategy with ``tp > 1``) splits the
+    attention projections, which the recurrent layers' plans do not."""
+    if str(strategy).startswith("tp"):
+        what = f"strategy {strategy!r}"
+    elif tp > 1:
+        what = f"tensor parallelism (--tp {tp})"
+    else:
+        return None
+    return (f"hybrid models: {what} is not supported for Gated DeltaNet layers (tensor parallelism splits "
+            "attention projections); use a context-parallel strategy (--cp)")
 
 
 PRESETS: Mapping[str, LlamaConfig] = MappingProxyType({

@@ -7,8 +7,10 @@ of the fused ``in_proj_qkvz``/``in_proj_ba``): ``q, k, v`` projections -> causal
 softplus(a + dt_bias)`` -> gated RMSNorm (``* silu(z)``) -> ``wo``. The convolution and the
 recurrence run sequence-parallel (:mod:`burstattn.recurrent`) over the attention's group and layout,
 so a block of this kind slots into :class:`~burstattn.models.Llama`'s loop, FSDP units, ``remat``
-and the blockwise MLP and loss unchanged. Tensor parallelism is refused (its plans split attention
-projections).
+and the blockwise MLP and loss unchanged. Packed documents (the attention's ``cu_seqlens`` /
+``document_ids`` / ``mask``, as ``burstattn train`` passes them for ``--doc-lengths`` and ``--data``
+with document boundaries) restart the convolution and the recurrence at every document start, as
+each document run alone. Tensor parallelism is refused (its plans split attention projections).
 """
 from __future__ import annotations
 
@@ -20,34 +22,63 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..comm.groups import group_context
+from ..comm.host import host_side
 from ..layouts.named import layout_or_default
 from ..layouts.partition import Partition
+from ..masks.spec import make_mask
 from ..recurrent import sp_causal_conv1d, sp_gated_delta_rule
 from ..strategies.usp import usp_positions
 from .blockwise import blockwise_rows
 from .checkpointing import LayerRun, checkpointed
-from .config import HybridConfig, LlamaConfig
+from .config import HybridConfig, LlamaConfig, recurrent_tp_problem
 from .llama import AttnFn, Llama, TransformerBlock
 
 
 def mixer_context(attn: Optional[AttnFn], seq_len: int) -> tuple:
     """``(group, layout)`` the recurrent layers must use to match the attention ``attn`` (an
     :class:`~burstattn.models.AttnCall`; any other callable: one process). ``usp``: its grid
-    layout as a Partition. Raises ``ValueError`` for the tensor-parallel strategies."""
+    layout as a Partition; one process: ``contiguous`` (as the attention runs there, any length).
+    Raises ``ValueError`` for the tensor-parallel strategies."""
     strategy = getattr(attn, "strategy", None)
     if strategy is None:
         return None, "contiguous"
-    if strategy.startswith("tp"):
-        raise ValueError(f"hybrid models: strategy {strategy!r} is not supported for Gated DeltaNet layers "
-                         "(tensor parallelism splits attention projections); use a context-parallel strategy")
+    problem = recurrent_tp_problem(strategy)
+    if problem:
+        raise ValueError(problem)
+    if _group_size(attn.group) == 1:
+        return attn.group, "contiguous"
     layout = layout_or_default(attn.layout)
     if strategy == "usp":
         mesh = attn.options["mesh"]
         ring, uly = mesh.size(0), mesh.size(1)
-        layout = Partition(tuple(usp_positions(seq_len, ring_rank=c // uly, ring_degree=ring, ulysses_rank=c % uly,
-                                               ulysses_degree=uly, layout=layout) for c in range(ring * uly)),
-                           name="usp")
+        with host_side():  # positions are host bookkeeping (real tensors in a dry run too)
+            layout = Partition(tuple(usp_positions(seq_len, ring_rank=c // uly, ring_degree=ring, ulysses_rank=c % uly,
+                                                   ulysses_degree=uly, layout=layout) for c in range(ring * uly)),
+                               name="usp")
     return attn.group, layout
+
+
+MASK_OPTIONS = ("window", "cu_seqlens", "document_ids", "mask_mod", "mask", "cu_seqlens_q", "cu_seqlens_k")
+"""The attention options that describe its mask (:func:`burstattn.masks.spec.make_mask`'s arguments)."""
+
+
+def mixer_documents(attn: Optional[AttnFn]) -> Optional[torch.Tensor]:
+    """The packed documents of the attention ``attn`` (an :class:`~burstattn.models.AttnCall`): its
+    mask's boundaries ``cu_seqlens [D + 1]`` over the global sequence (int64), or ``None`` (one
+    sequence; a window alone leaves the recurrence whole).
+
+    Raises:
+        ValueError: the options' mask is invalid (the attention's own message), or it is a ``mask_mod``,
+            from which the recurrent layers cannot tell where documents start.
+    """
+    options = getattr(attn, "options", None) or {}
+    mask = make_mask(**{name: options.get(name) for name in MASK_OPTIONS})
+    if mask is None:
+        return None
+    if mask.mask_mod is not None:
+        raise ValueError("hybrid models: a mask_mod does not tell the Gated DeltaNet layers where documents start; "
+                         "pass the documents as cu_seqlens or document_ids (or an AttnMask of them)")
+    return mask.bounds
 
 
 class GatedDeltaNet(nn.Module):
@@ -85,9 +116,10 @@ class GatedDeltaNet(nn.Module):
         c = self.config
         b, n, _ = x.shape
         group, layout = mixer_context(attn, n * _group_size(getattr(attn, "group", None)))
+        docs = mixer_documents(attn)  # every document restarts the conv and the state, as run alone
         hk = c.linear_num_key_heads * c.linear_key_head_dim
         qkv = torch.cat([self.wq(x), self.wk(x), self.wv(x)], dim=-1)  # [B, n, 2 hk + hv]
-        qkv = sp_causal_conv1d(qkv, self.conv_weight, activation="silu", group=group, layout=layout)
+        qkv = sp_causal_conv1d(qkv, self.conv_weight, activation="silu", group=group, layout=layout, cu_seqlens=docs)
         q, k, v = qkv.split([hk, hk, qkv.shape[-1] - 2 * hk], dim=-1)
         q = q.reshape(b, n, c.linear_num_key_heads, c.linear_key_head_dim)
         k = k.reshape(b, n, c.linear_num_key_heads, c.linear_key_head_dim)
@@ -95,8 +127,8 @@ class GatedDeltaNet(nn.Module):
         wide = torch.promote_types(x.dtype, torch.float32)  # the gates and norm in float32 at least
         beta = torch.sigmoid(self.wb(x))  # [B, n, Hv]
         g = -self.A_log.to(wide).exp() * F.softplus(self.wa(x).to(wide) + self.dt_bias.to(wide))
-        o, _ = sp_gated_delta_rule(q, k, v, g, beta, group=group, layout=layout, chunk_size=c.linear_chunk,
-                                   use_qk_l2norm=True)
+        o, _ = sp_gated_delta_rule(q, k, v, g, beta, group=group, layout=layout, cu_seqlens=docs,
+                                   chunk_size=c.linear_chunk, use_qk_l2norm=True)
         o = o.to(wide)
         o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + c.norm_eps) * self.norm_weight.to(wide)
         z = self.wz(x).view(b, n, c.linear_num_value_heads, c.linear_value_head_dim)

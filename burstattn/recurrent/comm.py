@@ -16,6 +16,7 @@ import torch.distributed as dist
 from ..comm.collectives import Collectives
 from ..comm.stats import active_stats
 from ..comm.transport import RingCommError
+from ..comm.host import host_side
 
 
 class _AllGather(torch.autograd.Function):
@@ -52,12 +53,18 @@ def check_agree(fn: str, fields: dict, problem: Optional[str], group, world: int
             raise ValueError(f"{fn}: {problem}")
         return
     names = list(fields)
-    mine = torch.tensor([int(problem is not None)] + [int(fields[k]) for k in names], dtype=torch.int64)
-    try:
-        table = Collectives(group, "forward", active_stats()).all_gather(mine, "meta")
-    except RingCommError as e:
-        raise RingCommError(f"{fn}: exchanging the input check failed: {e}") from e
-    if bool(table[:, 0].any()):
+    # nccl gathers device tensors only
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else None
+    with host_side():  # real (host) tensors in a dry run too: the table is read below
+        mine = torch.tensor([int(problem is not None)] + [int(fields[k]) for k in names], dtype=torch.int64,
+                            device=device)
+        table = mine.repeat(world, 1)  # every row this rank's: a fake process group leaves the buffer as it is
+        try:
+            Collectives(group, "forward", active_stats()).all_gather(mine, "meta", out=table)
+        except RingCommError as e:
+            raise RingCommError(f"{fn}: exchanging the input check failed: {e}") from e
+        rows = table.tolist()  # [rank][flag, field...]
+    if any(row[0] for row in rows):
         # error path only: every rank saw a flag, so every rank enters this exchange
         texts = [None] * world
         dist.all_gather_object(texts, problem, group=group)
@@ -66,6 +73,6 @@ def check_agree(fn: str, fields: dict, problem: Optional[str], group, world: int
         bad = "; ".join(f"rank {r}: {t}" for r, t in enumerate(texts) if t)
         raise ValueError(f"{fn}: invalid arguments on another rank, all ranks abort the call ({bad})")
     for i, name in enumerate(names, start=1):
-        col = table[:, i].tolist()
+        col = [row[i] for row in rows]
         if len(set(col)) > 1:
             raise ValueError(f"{fn}: {name} must be the same on every rank of the group, got {col} (rank order)")

@@ -30,6 +30,7 @@ from typing import Callable, Optional
 import torch
 
 from ..comm.groups import group_context
+from ..comm.host import host_side
 from ..layouts.named import check_layout, layout_or_default
 from ..layouts.partition import _check_cu_seqlens
 from .chunked import chunk_delta_rule, chunk_linear_attention, compute_dtype
@@ -90,16 +91,19 @@ def state_passing(fn: str, tensors: dict, local: Callable, *, dv: int, a_shape: 
     Bt, n, H = first.shape[:3]
     plan = segment_plan(n * ctx.world_size, ctx.world_size, layout, cu_seqlens)
     offs, lens = plan.offsets[ctx.rank], plan.lengths[ctx.rank]
+    with host_side():  # host bookkeeping, read as Python values (a dry run's fake tensors cannot be read)
+        by_length = [(L, offs[pick], pick.tolist()) for L in sorted(set(lens.tolist()))
+                     for pick in [torch.nonzero(lens == L).flatten()]]
+        resets = [r.tolist() for r in plan.resets]
     pieces, where, slots = [], [], {}
-    for L in sorted(set(lens.tolist())):
-        pick = torch.nonzero(lens == L).flatten()
-        batch = {k: _slots_batch(t, offs[pick], L) for k, t in tensors.items()}
+    for L, starts, pick in by_length:
+        batch = {k: _slots_batch(t, starts, L) for k, t in tensors.items()}
         o0, corr, A, Bs = local(**batch)
-        ns = pick.numel()
-        for j, i in enumerate(pick.tolist()):
+        ns = len(pick)
+        for j, i in enumerate(pick):
             slots[i] = (A.view(ns, Bt, *A.shape[1:])[j], Bs.view(ns, Bt, *Bs.shape[1:])[j])
-        pieces.append((pick, L, o0.view(ns, Bt, L, H, -1), corr.view(ns, Bt, L, H, -1)))
-    dk = pieces[0][3].shape[-1]
+        pieces.append((pick, starts, L, o0.view(ns, Bt, L, H, -1), corr.view(ns, Bt, L, H, -1)))
+    dk = pieces[0][4].shape[-1]
     a_size = math.prod(a_shape) if a_shape else 1
     summary = torch.zeros(plan.max_segments, Bt, H, a_size + dk * dv, dtype=first.dtype, device=first.device)
     summary = summary.index_copy(0, torch.arange(len(slots), device=first.device), torch.stack(
@@ -115,7 +119,7 @@ def state_passing(fn: str, tensors: dict, local: Callable, *, dv: int, a_shape: 
     last_local = max(j for j, (r, _) in enumerate(plan.order) if r == ctx.rank)
     stop = len(plan.order) if output_final_state else last_local + 1
     for r, i in plan.order[:stop]:
-        if bool(plan.resets[r][i]):
+        if resets[r][i]:
             S = None
         if r == ctx.rank:
             before[i] = S
@@ -123,11 +127,11 @@ def state_passing(fn: str, tensors: dict, local: Callable, *, dv: int, a_shape: 
         S = Bs if S is None else (A @ S if a_shape else A[..., None, None] * S) + Bs
     outs, index = [], []
     zero = torch.zeros(Bt, H, dk, dv, dtype=first.dtype, device=first.device)
-    for pick, L, o0, corr in pieces:
-        S_in = torch.stack([zero if before[i] is None else before[i] for i in pick.tolist()])  # [ns, B, H, dk, dv]
+    for pick, starts, L, o0, corr in pieces:
+        S_in = torch.stack([zero if before[i] is None else before[i] for i in pick])  # [ns, B, H, dk, dv]
         o = o0 + torch.einsum("sblhk,sbhkv->sblhv", corr, S_in)
-        outs.append(o.transpose(0, 1).reshape(Bt, pick.numel() * L, H, dv))
-        index.append((offs[pick].unsqueeze(1) + torch.arange(L)).flatten())
+        outs.append(o.transpose(0, 1).reshape(Bt, len(pick) * L, H, dv))
+        index.append((starts.unsqueeze(1) + torch.arange(L)).flatten())
     order = torch.argsort(torch.cat(index)).to(first.device)
     out = torch.cat(outs, dim=1).index_select(1, order)
     if ctx.world_size > 1 and gathered.requires_grad:

@@ -7,7 +7,9 @@ cut segments further at every document start. The recurrence's state flows from 
 to the next in position order, except into a segment that starts a document (a *reset*).
 
 Everything here is a function of ``(seq_len, world_size, layout, cu_seqlens)``: every rank
-computes the same plan without communication.
+computes the same plan without communication. The plans are host bookkeeping: they are built on real
+tensors even inside the dry run's ``FakeTensorMode`` (:func:`burstattn.config.host_side`), where a
+fake tensor could not be read.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Optional
 
 import torch
 
+from ..comm.host import host_side
 from ..layouts.partition import _check_cu_seqlens, layout_positions
 
 
@@ -54,6 +57,11 @@ def doc_starts(seq_len: int, cu_seqlens=None) -> torch.Tensor:
 
 def segment_plan(seq_len: int, world_size: int, layout, cu_seqlens=None) -> SegmentPlan:
     """The :class:`SegmentPlan` of a layout (name or Partition) and optional packed documents."""
+    with host_side():
+        return _segment_plan(seq_len, world_size, layout, cu_seqlens)
+
+
+def _segment_plan(seq_len: int, world_size: int, layout, cu_seqlens) -> SegmentPlan:
     positions = layout_positions(layout, seq_len, world_size)
     is_start = doc_starts(seq_len, cu_seqlens)
     offsets, lengths, starts, resets, keyed = [], [], [], [], []
@@ -93,6 +101,11 @@ class HaloPlan:
 
 def halo_plan(seq_len: int, world_size: int, rank: int, layout, width: int, cu_seqlens=None) -> HaloPlan:
     """The :class:`HaloPlan` of ``rank`` for a causal convolution of ``width`` taps."""
+    with host_side():
+        return _halo_plan(seq_len, world_size, rank, layout, width, cu_seqlens)
+
+
+def _halo_plan(seq_len: int, world_size: int, rank: int, layout, width: int, cu_seqlens) -> HaloPlan:
     positions = [p.long() for p in layout_positions(layout, seq_len, world_size)]
     n = positions[0].numel()
     owner = torch.empty(seq_len, dtype=torch.long)

@@ -160,8 +160,9 @@ def chunk_pair(model: LlamaConfig, seq_len: int, cp: int, tp: int, strategy: str
 
 def memory_choices(mode: str, fixed: MemoryChoice, hw: Optional[ClusterHW] = None) -> list[dict]:
     """The checkpointing / FSDP / blockwise / offload combinations the planner tries (training):
-    offload only where a checkpoint keeps little (``full``, ``remat``), and never where the host
-    memory is the device's (``hw.host_is_device``: a CPU, where it frees nothing)."""
+    offload only where a checkpoint keeps little (``full``, ``remat``), and neither activation nor
+    optimizer offload where the host memory is the device's (``hw.host_is_device``: a CPU, where it
+    frees nothing)."""
     if mode != "train":
         return [dict(checkpointing="none", fsdp=False, blockwise=False, offload="none")]
     blockwise = (False, True) if fixed.mlp_chunk is None or fixed.loss_chunk is None else (True,)
@@ -171,18 +172,19 @@ def memory_choices(mode: str, fixed: MemoryChoice, hw: Optional[ClusterHW] = Non
         offloads = (fixed.offload,) if fixed.offload is not None else (
             ("none",) if ck == "none" or same_memory else OFFLOAD)
         out += [dict(checkpointing=ck, fsdp=f, blockwise=b, offload=o, offload_optimizer=oo, fused_loss=fu)
-                for f in (False, True) for b in blockwise for o in offloads for oo in optimizer_offloads(f, fixed)
-                for fu in _fused(b, fixed)]
+                for f in (False, True) for b in blockwise for o in offloads
+                for oo in optimizer_offloads(f, fixed, same_memory) for fu in _fused(b, fixed)]
     return out
 
 
-def optimizer_offloads(fsdp: bool, fixed: MemoryChoice) -> tuple[bool, ...]:
-    """``offload_optimizer`` values tried: only with FSDP; fixed, or off under ``--offload none``."""
+def optimizer_offloads(fsdp: bool, fixed: MemoryChoice, same_memory: bool = False) -> tuple[bool, ...]:
+    """``offload_optimizer`` values tried: only with FSDP; fixed, or off under ``--offload none`` and
+    where the host memory is the device's (``same_memory``: it frees nothing there)."""
     if not fsdp:
         return (False,)
     if fixed.offload_optimizer is not None:
         return (fixed.offload_optimizer,)
-    return (False,) if fixed.offload == "none" else (False, True)
+    return (False,) if fixed.offload == "none" or same_memory else (False, True)
 
 
 def head_chunk_values(model: LlamaConfig, tp: int, fixed: MemoryChoice) -> tuple[int, ...]:

@@ -264,7 +264,7 @@ def simulate(cfg: SimConfig, memory_only: bool = False) -> SimResult:
     optimizer = (16 * 2 * m.num_params() / tp / (shard_pl.size if cfg.fsdp else 1) / hw.mem_bw) if train else 0.0
     chunks_s = chunk_overhead(cfg, hw, e) if train else 0.0
     link = (0.0, 0.0)
-    if cfg.offload_optimizer:
+    if host_state_offloaded(cfg):
         optimizer = host_offload.cpu_step_seconds(m, tp=tp, shards=shard_pl.size, host_adam_bw=hw.host_adam_bw)
         link = host_offload.host_link_bytes(m, tp=tp, shards=shard_pl.size)
     compute = m.n_layers * comp + head + optimizer + chunks_s
@@ -313,6 +313,13 @@ def host_capacity(hw: ClusterHW, gpus: int) -> float:
     return hw.host_mem_bytes * hw.devices_per_node / max(1, min(gpus, hw.devices_per_node))
 
 
+def host_state_offloaded(cfg: SimConfig) -> bool:
+    """Whether ``--offload-optimizer`` moves the optimizer's state off the device: not where the host
+    memory is the device memory (``hw.host_is_device``: a CPU), where it frees nothing and the state
+    is counted where it stays, as for ``--offload``."""
+    return cfg.offload_optimizer and not cfg.hw.host_is_device
+
+
 THROUGH_OP = ("burst", "ring", "tp-v1", "tp-v3")  # attention as the registered op: the lean remat keeps its outputs
 
 
@@ -331,7 +338,8 @@ def memory_model(cfg: SimConfig, bwd_mode: Optional[str] = None) -> mem.Memory:
             head_dim=m.head_dim, dtype=cfg.dtype)
     params, grads, opt = mem.state_bytes(m, tp=tp, shards=cfg.dp * cp, fsdp=cfg.fsdp, train=train, e=e)
     host_state = 0.0
-    if cfg.offload_optimizer:
+    offloaded = host_state_offloaded(cfg)
+    if offloaded:
         params, grads, opt, host_state = host_offload.offloaded_state(
             m, tp=tp, shards=cfg.dp * cp, e=e, gathered=mem.gathered_bytes(m, tp=tp, e=e))
     if cfg.mode == "decode":
@@ -355,8 +363,8 @@ def memory_model(cfg: SimConfig, bwd_mode: Optional[str] = None) -> mem.Memory:
                                loss_chunk=cfg.loss_chunk, attention_fwd=attn_fwd, fused_loss=cfg.fused_loss,
                                eager_shared=mem.eager_shared_units(cfg.strategy, q_heads=m.n_heads // tp, kv_heads=kv_heads),
                                offload="none" if hw.host_is_device else cfg.offload,  # host = device: nothing moves
-                               attention_bwd=attn_bwd, grads=0.0 if cfg.offload_optimizer else grads,
-                               param_fp32=0.0 if cfg.offload_optimizer else (4 if cfg.fsdp else e) * m.num_params() / tp / (cfg.dp * cp if cfg.fsdp else 1))
+                               attention_bwd=attn_bwd, grads=0.0 if offloaded else grads,
+                               param_fp32=0.0 if offloaded else (4 if cfg.fsdp else e) * m.num_params() / tp / (cfg.dp * cp if cfg.fsdp else 1))
     t = acts.terms
     rest = sum(v for k, v in t.items() if k not in (GRADIENTS, ATTENTION))
     return mem.Memory(params, grads, opt, rest, t.get(ATTENTION, 0.0), 0.0, hw.mem_bytes, host=acts.host + host_state,

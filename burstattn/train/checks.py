@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..models.config import LlamaConfig, preset
+from ..models.config import LlamaConfig, hybrid_tp_problem, preset
 from ..models.head_chunks import head_chunks_problem
 from ..parallel import TP_STRATEGIES, ParallelDims, default_layout, resolve_dims, shard_positions, tp_problem
 from ..strategies import STRATEGIES
@@ -56,10 +56,14 @@ def check_parallel(cfg: TrainConfig, world_size: int, model: Optional[LlamaConfi
     Raises:
         ValueError: naming the flag, for degrees that do not multiply to the world size, a batch
             that does not split over ``dp``, a layout the strategy lacks, a sequence or heads that
-            do not split, or a model that cannot be split ``tp`` ways.
+            do not split, or a model that cannot be split ``tp`` ways (one with Gated DeltaNet
+            layers: no tensor parallelism at all).
     """
     model = model or model_config(cfg)
     dims = resolve_dims(world_size, cfg.strategy, cfg.dp, cfg.cp, cfg.tp)
+    problem = hybrid_tp_problem(model, cfg.strategy, dims.tp)
+    if problem:
+        raise ValueError(problem)
     strategy = "burst" if cfg.strategy in TP_STRATEGIES else cfg.strategy
     variant = cfg.strategy[3:] if cfg.strategy in TP_STRATEGIES else cfg.tp_variant
     if cfg.schedule not in TRAIN_SCHEDULES:

@@ -40,7 +40,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from .checks import check_config
+from .checks import check_config, check_parallel
 from .config import TrainConfig
 from .dryrun_tracker import CATEGORIES, OFFLOADED, PHASES, DryRunTracker, FSDPDryRunTracker
 
@@ -86,14 +86,31 @@ def as_on_a_gpu(job) -> None:
         job.attn.options["grad_partials"] = "kernel"
 
 
-def _check(cfg: TrainConfig, world_size: int, rank: int) -> None:
+def _check(cfg: TrainConfig, world_size: int, rank: int, device: str) -> None:
     if not isinstance(world_size, int) or not 1 <= world_size <= MAX_WORLD:
         raise ValueError(f"--world-size must be an int from 1 to {MAX_WORLD} for --dry-run, got {world_size!r}")
     if not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"--dry-run-rank must be in [0, {world_size}) (the --world-size), got {rank!r}")
-    check_config(cfg, world_size, "cpu")  # the same checks and messages as `burstattn train`
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"dry_run: device must be 'cuda' or 'cpu', got {device!r}")
+    # the same checks and messages as `burstattn train` on the modelled device (float16: a GPU's)
+    check_config(cfg, world_size, device)
     if cfg.resume or cfg.ckpt_dir:
         raise ValueError("--dry-run runs one step of a fresh job: drop --resume / --ckpt-dir")
+
+
+def unmetered(cfg: TrainConfig, dims) -> list[str]:
+    """The collectives of the step that ``sent_bytes`` does not count: it meters burstattn's own
+    (the attention strategies' and the recurrences' over ``cp``, :func:`burstattn.comm.comm_stats`),
+    not those PyTorch runs for tensor parallelism (DTensor), FSDP2 or the gradient all-reduce."""
+    out = []
+    if dims.tp > 1:
+        out.append(f"tensor parallelism's all-reduces / all-gathers / reduce-scatters (DTensor, tp {dims.tp})")
+    if cfg.fsdp and dims.dp * dims.cp > 1:
+        out.append(f"FSDP2's parameter all-gathers and gradient reduce-scatters (over {dims.dp * dims.cp} ranks)")
+    elif dims.dp * dims.cp > 1:
+        out.append(f"the gradient all-reduce over the {dims.dp * dims.cp} replicas (dp x cp)")
+    return out
 
 
 def _one_line(exc: BaseException) -> str:
@@ -128,7 +145,7 @@ def _batch(job, step: int):
     from ..parallel import shard_positions
     from .job import local_batch
 
-    plan = check_config(job.cfg, job.dims.world, "cpu")
+    plan = check_parallel(job.cfg, job.dims.world)
     with unset_fake_temporarily():
         _, c, _ = job.dims.coords(dist.get_rank())
         pos = shard_positions(job.cfg.seq_len, strategy=plan.strategy, layout=plan.layout, cp_rank=c,
@@ -153,7 +170,8 @@ def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool 
     with a real step here). Returns the report
     (bytes are per rank): ``peak_bytes``, ``peak_by_category`` (:data:`CATEGORIES`), ``peak_by_phase``
     (:data:`PHASES`), ``step_peak_bytes``, ``start_bytes``, ``workspace_bytes``, ``host_bytes``,
-    ``sent_bytes``, ``sent_by_op``, ``attention_calls``, ``ops``, ``seconds``; with ``timeline`` also
+    ``sent_bytes``, ``sent_by_op``, ``unmetered`` (what ``sent_bytes`` leaves out, :func:`unmetered`),
+    ``attention_calls``, ``ops``, ``seconds``; with ``timeline`` also
     ``timeline``: ``[(op index, phase, bytes by category)]``.
 
     Raises:
@@ -166,9 +184,7 @@ def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool 
     from .job import build_job
     from .step import step_tensors
 
-    _check(cfg, world_size, rank)
-    if device not in ("cuda", "cpu"):
-        raise ValueError(f"dry_run: device must be 'cuda' or 'cpu', got {device!r}")
+    _check(cfg, world_size, rank, device)
     t0 = time.perf_counter()
     with _fake_group(rank, world_size), FakeTensorMode(allow_non_fake_inputs=True):
         try:
@@ -213,6 +229,7 @@ def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool 
                             "added at each kernel backward call",
                   host_bytes=int(host_bytes) + tracker.host_state_bytes, host_activation_bytes=int(host_bytes),
                   host_state_bytes=int(tracker.host_state_bytes), sent_bytes=int(stats.sent()), sent_by_op=stats.sent_by_op("str"),
+                  unmetered=unmetered(cfg, job.dims),
                   attention_calls=tracker.attention_calls, peak_at=dict(zip(("op", "phase", "module"), tracker.peak_at)), ops=tracker.ops,
                   dims=dict(dp=job.dims.dp, cp=job.dims.cp, tp=job.dims.tp), strategy=cfg.strategy,
                   layout=job.layout, chunks=[job.model.config.mlp_chunk, job.model.config.loss_chunk],

@@ -173,7 +173,7 @@ def build_job(cfg: TrainConfig, *, optimizer_device: Optional[str] = None) -> Jo
     AdamW is PyTorch's fused kernel where the parameters live on a GPU (torchtitan's default: no
     temporaries of the optimizer state's size, which the multi-tensor default allocates; see
     :func:`adamw_impl`), else the default. ``optimizer_device`` ("cuda" or "cpu") chooses for another device than this job's: the dry
-    run, on fake CPU tensors, builds the GPU's.
+    run, on fake CPU tensors, builds the GPU's (and checks the configuration for it: ``--dtype float16``).
 
     Raises:
         ValueError: on every rank, for degrees, layouts, batch or model shapes that do not fit
@@ -183,7 +183,7 @@ def build_job(cfg: TrainConfig, *, optimizer_device: Optional[str] = None) -> Jo
     if not dist.is_initialized():
         raise ValueError("build_job: torch.distributed is not initialized (use burstattn.testing.launch or torchrun)")
     device_type = _device_type()
-    plan, mcfg = agreed_plan(cfg, device_type)
+    plan, mcfg = agreed_plan(cfg, optimizer_device or device_type)
     dims, attn_strategy, variant, layout, ulysses = plan.dims, plan.strategy, plan.variant, plan.layout, plan.ulysses
     device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
     mesh = build_mesh(dims, device_type)

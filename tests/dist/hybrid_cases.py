@@ -27,3 +27,23 @@ def grads64(rank: int, world: int, strategy: str, layout: str, packed: bool = Fa
         for g in grads.values():
             dist.all_reduce(g)
     return dict(loss=float(loss), grads=grads if rank == 0 else None)
+
+
+def documents_alone(rank: int, world: int, cfg) -> float:
+    """The step-0 loss of ``cfg``'s documents (``--doc-lengths`` / ``--data`` with boundaries) with the
+    initial weights ``burstattn train`` builds, each document run alone through the model on one process
+    (no packing, no dispatch): the sum of every document's cross-entropy over the batch's targets."""
+    from burstattn.train import build_job
+    from burstattn.train.dispatch_step import make_documents
+
+    job = build_job(cfg)
+    docs = make_documents(cfg).documents(0)
+    total = sum(int(d.numel()) - 1 for d in docs)  # a document's last token has no target
+    loss = 0.0
+    with torch.no_grad():
+        for d in docs:
+            labels = torch.cat([d[1:], torch.full((1,), IGNORE)])
+            out = job.model(d[None], torch.arange(d.numel()), attn=AttnCall("burst"), labels=labels[None],
+                            total_targets=total)
+            loss += float(out.loss)
+    return loss

@@ -7,7 +7,8 @@ import pytest
 
 from burstattn.models import HybridLlama, preset
 from burstattn.train import TrainConfig
-from tests.dist.hybrid_cases import grads64
+from tests.dist.dispatch_cases import run_many
+from tests.dist.hybrid_cases import documents_alone, grads64
 from tests.dist.train_cases import run_training
 
 BASE = TrainConfig(model="hybrid-tiny", seq_len=120, batch=2, steps=3, lr=1e-3, warmup=1, seed=3, adam_eps=1e-5)
@@ -66,3 +67,52 @@ def test_hybrid_float64_gradients_match_world_one(pools):
         assert abs(got["loss"] - want["loss"]) <= 1e-12 * abs(want["loss"]), (world, strategy, layout)
         worst = max((_rel(got["grads"][n], want["grads"][n]), n) for n in want["grads"])
         assert worst[0] <= 1e-10, (world, strategy, layout, worst)
+
+
+# packed documents (long-tailed lengths: some span several ranks, most are packed with others on one)
+DOCS = BASE.with_overrides(seq_len=96, steps=2, doc_lengths="lognormal:12,1.0,96")
+DOC_ARMS = {1: [dict()], 2: [dict(cp=2), dict(dispatch="dynamic")], 3: [dict(), dict(dispatch="dynamic")]}
+
+
+def _eod_file(path) -> str:
+    """A text file of lines of many lengths: documents end at each newline (``--eod-id 10``)."""
+    lines = [("abcdefghij" * 12)[i % 7:i % 7 + 3 + (i * 37) % 90] for i in range(40)]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_hybrid_documents_reset_state_exactly(pools, tmp_path):
+    """Documents restart every Gated DeltaNet recurrence and convolution: the first step's loss (before
+    any update) equals each document run alone on one process, at worlds 1, 2 and 3, static and dynamic
+    dispatch, synthetic documents and a --data file cut at --eod-id; 2 steps give world 1's parameters."""
+    eod = DOCS.with_overrides(doc_lengths=None, data=_eod_file(tmp_path / "docs.txt"), data_format="text",
+                              eod_id=10)
+    sources = [DOCS, eod]
+    alone = [pools.get(1).run(documents_alone, cfg)[0] for cfg in sources]
+    runs = {w: pools.get(w).run(run_many, [cfg.with_overrides(**arm) for cfg in sources for arm in arms])[0]
+            for w, arms in DOC_ARMS.items()}
+    reference = runs[1]
+    for world, arms in DOC_ARMS.items():
+        for i, got in enumerate(runs[world]):
+            source, arm = divmod(i, len(arms))
+            want = reference[source * len(DOC_ARMS[1])]
+            assert isinstance(got, dict), (world, arms[arm], got)
+            assert abs(got["losses"][0] - alone[source]) <= 1e-6 * alone[source], (world, arms[arm], got["losses"],
+                                                                                    alone[source])
+            for step, (a, b) in enumerate(zip(got["losses"], want["losses"])):
+                assert abs(a - b) <= TOL * abs(b), (world, arms[arm], step, a, b)
+            worst = max((_rel(got["params"][n], want["params"][n]), n) for n in want["params"])
+            assert worst[0] <= TOL, (world, arms[arm], worst)
+
+
+def test_tensor_parallelism_refused_on_every_rank(pools):
+    """``build_job`` on every rank refuses TP for Gated DeltaNet layers with the documented message (it
+    failed inside sp_causal_conv1d on a projection TP had split)."""
+    for world in (2, 3):
+        cfgs = [BASE.with_overrides(strategy="tp-v3"), BASE.with_overrides(strategy="tp-v1"),
+                BASE.with_overrides(tp=world)]
+        results = pools.get(world).run(run_many, cfgs)
+        for i, cfg in enumerate(cfgs):
+            per_rank = [r[i] for r in results]
+            assert all(isinstance(m, str) and "hybrid models:" in m and "is not supported for Gated DeltaNet layers"
+                       in m for m in per_rank), (world, cfg.strategy, cfg.tp, per_rank)

@@ -102,3 +102,51 @@ def test_usp_dry_runs(capsys):
                  "usp", "--ulysses-degree", "2", "--fsdp", "--json"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["sent_by_op"]["forward/qkv"] > 0 and report["sent_by_op"]["forward/kv"] > 0, report["sent_by_op"]
+
+
+def _report(capsys) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("flags", [["--world-size", "2"], ["--world-size", "3", "--strategy", "ring", "--layout",
+                                                             "contiguous", "--checkpointing", "remat"]])
+def test_hybrid_dry_runs(flags, capsys):
+    """Gated DeltaNet layers under the fake mode: the recurrences' segment and halo plans and their input
+    check are host-side (it failed on aten._local_scalar_dense)."""
+    assert main(["train", "--dry-run", "--model", "hybrid-tiny", "--seq-len", "96", *flags, "--json"]) == 0
+    report = _report(capsys)
+    assert report["peak_bytes"] > 0 and report["attention_calls"] == 1, report  # 1 attention layer of 4
+    assert report["sent_by_op"]["forward/state"] > 0 and report["sent_by_op"]["forward/halo"] > 0, report["sent_by_op"]
+
+
+def test_float16_dry_run_models_a_gpu(capsys):
+    args = ["train", "--dry-run", "--model", "tiny", "--seq-len", "256", "--world-size", "2", "--json"]
+    assert main([*args, "--dtype", "bfloat16"]) == 0
+    bf16 = _report(capsys)
+    assert main([*args, "--dtype", "float16"]) == 0
+    assert _report(capsys)["peak_bytes"] == bf16["peak_bytes"]  # the same bytes per element
+    assert main([*args, "--dtype", "float16", "--dry-run-device", "cpu"]) == 2  # this machine: as `train` says
+    err = capsys.readouterr().err
+    assert "--dtype float16 needs a GPU" in err and err.count("\n") == 1, err
+
+
+def test_dry_run_says_what_it_does_not_meter(capsys):
+    assert main(["train", "--dry-run", "--model", "tiny", "--seq-len", "256", "--world-size", "2", "--strategy",
+                 "tp-v3"]) == 0
+    out = capsys.readouterr().out
+    assert "not metered: tensor parallelism's" in out, out
+    assert main(["train", "--dry-run", "--model", "tiny", "--seq-len", "256", "--world-size", "2", "--json"]) == 0
+    assert _report(capsys)["unmetered"] == ["the gradient all-reduce over the 2 replicas (dp x cp)"]
+
+
+def test_dry_run_writes_metrics(capsys, tmp_path):
+    path = tmp_path / "m.jsonl"
+    assert main(["train", "--dry-run", "--model", "tiny", "--seq-len", "256", "--world-size", "2", "--json",
+                 "--metrics", str(path)]) == 0
+    report = _report(capsys)
+    (line,) = path.read_text().splitlines()
+    assert json.loads(line) == {"dry_run": True, **report}
+    bad = tmp_path / "no-such-dir" / "m.jsonl"
+    assert main(["train", "--dry-run", "--model", "tiny", "--seq-len", "256", "--metrics", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"--metrics {bad}: cannot write" in err and err.count("\n") == 1, err

@@ -163,7 +163,7 @@ def test_causal_at_small_shards_is_never_worse_than_a_named_layout(world, per_ra
     named = {"contiguous": [torch.arange(r * per_rank, (r + 1) * per_rank) for r in range(world)],
              "striped": [torch.arange(r, n, world) for r in range(world)]}
     if per_rank % 2 == 0:
-        named["zigzag"] = [burstattn.layout.local_positions(n, r, world, "zigzag") for r in range(world)]
+        named["zigzag"] = [burstattn.layouts.named.local_positions(n, r, world, "zigzag") for r in range(world)]
     best = min(_token_balance(p, allowed) for p in named.values())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -39,6 +39,7 @@ def test_exclusions_are_data_counted_per_constraint():
 
 
 import dataclasses  # noqa: E402
+import json  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -141,3 +142,21 @@ def test_offload_is_not_offered_or_counted_where_host_memory_is_device_memory():
     assert moved.peak == kept.peak and moved.host == 0
     gpu = dict(base, hw=dataclasses.replace(cpu, host_is_device=False))
     assert memory_model(SimConfig(**gpu, offload="all")).peak < memory_model(SimConfig(**gpu)).peak
+
+
+def test_optimizer_offload_is_not_offered_or_counted_where_host_memory_is_device_memory(capsys):
+    """The calibrated CPU spec: FSDP2's CPUOffloadPolicy frees nothing where the host is the device, so the
+    planner does not offer it (nor the longest-sequence search) and a fixed one keeps the state on the device."""
+    cpu = load(CPU_SPEC)
+    assert not any(c["offload_optimizer"] for c in memory_choices("train", MemoryChoice(), cpu))
+    assert any(c["offload_optimizer"] for c in memory_choices("train", MemoryChoice(), preset("a100-nvlink-ib")))
+    base = dict(model=model_preset("small"), seq_len=4096, hw=cpu, cp=2, checkpointing="full", fsdp=True,
+                dtype=torch.float32)
+    kept, moved = memory_model(SimConfig(**base)), memory_model(SimConfig(**base, offload_optimizer=True))
+    assert moved.peak == kept.peak and moved.host == 0
+    gpu = dict(base, hw=dataclasses.replace(cpu, host_is_device=False))
+    assert memory_model(SimConfig(**gpu, offload_optimizer=True)).peak < memory_model(SimConfig(**gpu)).peak
+    assert main(["plan", "--cluster", CPU_SPEC, "--model", "small", "--gpus", "2", "--dtype", "float32",
+                 "--gpu-mem-gib", "0.125", "--max-seq-len", "--json"]) == 0
+    options = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["options"]
+    assert options and not any(v["offload_optimizer"] for v in options.values()), options
