@@ -31,6 +31,8 @@ class RecCase:
     packed: bool = False
     local_seq: int = 6
     seed: int = 0
+    scheme: str = "auto"  # how summaries travel: auto | allgather | scan
+    initial: bool = False  # continue from an initial state (with its gradient)
 
 
 SHARDED = {"gdn": "qkvgb", "kda": "qkvgb", "linear": "qkvg", "ssd": "xdBC", "lightning": "qkv", "conv": "x"}
@@ -38,7 +40,16 @@ REPLICATED = {"ssd": "AD", "lightning": "s", "conv": "wc"}
 
 
 def inputs(case: RecCase) -> dict:
-    """Full float64 inputs by name (``[B, N, ...]`` for the sharded ones)."""
+    """Full float64 inputs by name (``[B, N, ...]`` for the sharded ones); with ``initial`` also
+    ``S0 [B, H, dk, dv]``, the state before position 0 (replicated)."""
+    full = _inputs(case)
+    if case.initial and case.kind != "conv":
+        gen = torch.Generator().manual_seed(case.seed + 7)
+        full["S0"] = torch.randn(2, 2, 4, 3, generator=gen, dtype=torch.float64) * 0.5
+    return full
+
+
+def _inputs(case: RecCase) -> dict:
     gen = torch.Generator().manual_seed(case.seed)
     B, N, Hk, H, dk, dv = 2, case.local_seq * case.world, 1, 2, 4, 3
 
@@ -68,6 +79,10 @@ def cu_of(case: RecCase) -> Optional[list]:
 def apply(case: RecCase, t: dict, **kw):
     """``(out, final state or None)`` of the case's recurrence; ``kw`` empty means the oracle."""
     ref = not kw
+    if not ref and case.kind != "conv":
+        kw["scheme"] = case.scheme
+    if "S0" in t:
+        kw["initial_state"] = t["S0"]
     if case.kind == "conv":
         if ref:
             cu = cu_of(case) or [0, t["x"].shape[1]]
@@ -79,26 +94,26 @@ def apply(case: RecCase, t: dict, **kw):
     if case.kind in ("gdn", "kda"):
         if ref:
             q, k = (t[n].repeat_interleave(2, dim=2) for n in "qk")
-            return rec.recurrent_reference(q, k, t["v"], t["g"], t["b"], use_qk_l2norm=True, resets=resets)
+            return rec.recurrent_reference(q, k, t["v"], t["g"], t["b"], use_qk_l2norm=True, resets=resets, **kw)
         return rec.sp_gated_delta_rule(t["q"], t["k"], t["v"], t["g"], t["b"], use_qk_l2norm=True,
                                        chunk_size=2, output_final_state=True, **kw)
     if case.kind == "linear":
         if ref:
             q, k = (t[n].repeat_interleave(2, dim=2) for n in "qk")
-            return rec.recurrent_reference(q, k, t["v"], t["g"], None, scale=0.5, resets=resets)
+            return rec.recurrent_reference(q, k, t["v"], t["g"], None, scale=0.5, resets=resets, **kw)
         return rec.sp_linear_attention(t["q"], t["k"], t["v"], t["g"], scale=0.5, chunk_size=2,
                                        output_final_state=True, **kw)
     if case.kind == "ssd":
         if ref:
             Bh, Ch = (t[n].repeat_interleave(2, dim=2) for n in "BC")
             y, S = rec.recurrent_reference(Ch, Bh * t["d"].unsqueeze(-1), t["x"], t["d"] * t["A"], None,
-                                           resets=resets)
+                                           resets=resets, **kw)
             return y + t["x"] * t["D"].view(1, 1, -1, 1), S
         return rec.sp_ssd(t["x"], t["d"], t["A"], t["B"], t["C"], t["D"], chunk_size=2,
                           output_final_state=True, **kw)
     g = (-t["s"]).view(1, 1, -1).expand(t["q"].shape[0], t["q"].shape[1], -1)
     if ref:
-        return rec.recurrent_reference(t["q"], t["k"], t["v"], g, None, resets=resets)
+        return rec.recurrent_reference(t["q"], t["k"], t["v"], g, None, resets=resets, **kw)
     return rec.sp_lightning_attention(t["q"], t["k"], t["v"], t["s"], chunk_size=4, output_final_state=True, **kw)
 
 
@@ -129,7 +144,7 @@ def one_case(case: RecCase) -> dict:
         grad = x.grad.double()
         if n in SHARDED[case.kind]:
             grad = burstattn.gather_sequence(grad, layout=layout)
-        else:
+        elif n != "S0":  # the initial state's gradient is whole on every rank; a parameter's is a part
             dist.all_reduce(grad)
         errs["d" + n] = rel_err(grad, ref_in[n].grad)
     return errs
