@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm.collectives import Collectives
+from ..config import host_side
 from ..comm.stats import active_stats
 from ..comm.transport import RingCommError
 
@@ -158,12 +159,19 @@ def check_agree(fn: str, fields: dict, problem: Optional[str], group, world: int
             raise ValueError(f"{fn}: {problem}")
         return
     names = list(fields)
-    mine = torch.tensor([int(problem is not None)] + [int(fields[k]) for k in names], dtype=torch.int64)
-    try:
-        table = Collectives(group, "forward", active_stats()).all_gather(mine, "meta")
-    except RingCommError as e:
-        raise RingCommError(f"{fn}: exchanging the input check failed: {e}") from e
-    if bool(table[:, 0].any()):
+    with host_side():  # real (host) tensors in a dry run too: the table is read below
+        mine = torch.tensor([int(problem is not None)] + [int(fields[k]) for k in names], dtype=torch.int64)
+        rows = [mine.clone() for _ in range(world)]  # all_gather overwrites them (a fake group does not)
+        try:
+            dist.all_gather(rows, mine, group=group)
+        except RuntimeError as e:
+            raise RingCommError(f"{fn}: exchanging the input check failed: {e}") from e
+        table = torch.stack(rows).tolist()  # [rank][flag, fields...]
+    stats = active_stats()
+    if stats is not None:
+        n = (world - 1) * mine.numel() * mine.element_size()
+        stats.record("forward", "meta", n, n)
+    if any(row[0] for row in table):
         # error path only: every rank saw a flag, so every rank enters this exchange
         texts = [None] * world
         dist.all_gather_object(texts, problem, group=group)
@@ -172,6 +180,6 @@ def check_agree(fn: str, fields: dict, problem: Optional[str], group, world: int
         bad = "; ".join(f"rank {r}: {t}" for r, t in enumerate(texts) if t)
         raise ValueError(f"{fn}: invalid arguments on another rank, all ranks abort the call ({bad})")
     for i, name in enumerate(names, start=1):
-        col = table[:, i].tolist()
+        col = [row[i] for row in table]
         if len(set(col)) > 1:
             raise ValueError(f"{fn}: {name} must be the same on every rank of the group, got {col} (rank order)")

@@ -82,9 +82,23 @@ def scan_plan(seg: SegmentPlan, final: bool = False) -> ScanPlan:
     runs = _runs(seg)
     owner = tuple(r for _, r, _ in runs)
     slots = tuple(s for _, _, s in runs)
-    E = len(runs)
-    needs_in = tuple(not bool(seg.resets[owner[e]][slots[e][0]]) for e in range(E))  # run 0: position 0 resets
-    flags = [[any(bool(seg.resets[owner[e]][i]) for i in slots[e]) for e in range(E)]]
+    resets = [[bool(seg.resets[owner[e]][i]) for i in slots[e]] for e in range(len(runs))]
+    return plan_runs(owner, slots, tuple(any(r) for r in resets), tuple(not r[0] for r in resets), final)
+
+
+def zigzag_runs(world_size: int) -> tuple:
+    """``(owner, flags, needs_in)`` of the runs under ``zigzag`` with one document: ranks
+    ``0 .. P - 1`` then ``P - 2 .. 0`` (rank ``P - 1``'s two chunks are one run), only run 0 resets."""
+    owner = tuple(range(world_size)) + tuple(range(world_size - 2, -1, -1))
+    E = len(owner)
+    return owner, tuple(e == 0 for e in range(E)), tuple(e > 0 for e in range(E))
+
+
+def plan_runs(owner: tuple, slots: tuple, flags: tuple, needs_in: tuple, final: bool = False) -> ScanPlan:
+    """The :class:`ScanPlan` of runs given by their owners, slots, whether each contains a document
+    start (``flags``; run 0 always does) and whether each continues the run before (``needs_in``)."""
+    E = len(owner)
+    flags = [list(flags)]
     d = 1
     while d < E:  # flags[k][e]: run e's value after k rounds starts from a document start
         prev = flags[-1]
@@ -100,24 +114,21 @@ def scan_plan(seg: SegmentPlan, final: bool = False) -> ScanPlan:
             rounds.append(Round(d, moves))
     rounds.reverse()
     shift = tuple((e - 1, e) for e in range(E) if needs_in[e])
-    return ScanPlan(owner, slots, needs_in, tuple(rounds), shift, frozenset(need), E - 1)
+    return ScanPlan(tuple(owner), tuple(slots), tuple(needs_in), tuple(rounds), shift, frozenset(need), E - 1)
 
 
-def scan_traffic(plan: ScanPlan, rank: int) -> list:
-    """Per step of ``rank`` (rounds, then the shift), ``(sent, received)`` as counts of
-    ``(full values, states)``; steps where ``rank`` neither sends nor receives are left out."""
-    out = []
+def scan_traffic(plan: ScanPlan, world_size: int) -> list:
+    """Per rank, per step it takes part in (rounds, then the shift), ``(sent, received)`` as counts
+    of ``(full values, states)`` (one pass over the moves)."""
     steps = [r.moves for r in plan.rounds] + [tuple((s, d, False) for s, d in plan.shift)]
+    out = [[] for _ in range(world_size)]
     for moves in steps:
-        sent, recv = [0, 0], [0, 0]
+        row = {}
         for src, dst, full in moves:
             a, b = plan.owner[src], plan.owner[dst]
-            if a == b:
-                continue
-            if a == rank:
-                sent[0 if full else 1] += 1
-            if b == rank:
-                recv[0 if full else 1] += 1
-        if any(sent) or any(recv):
-            out.append((tuple(sent), tuple(recv)))
+            if a != b:
+                row.setdefault(a, [[0, 0], [0, 0]])[0][0 if full else 1] += 1
+                row.setdefault(b, [[0, 0], [0, 0]])[1][0 if full else 1] += 1
+        for r, (sent, recv) in sorted(row.items()):
+            out[r].append((tuple(sent), tuple(recv)))
     return out

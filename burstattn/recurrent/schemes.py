@@ -26,9 +26,9 @@ from .scan import ScanPlan, scan_plan
 from .segments import SegmentPlan
 
 SCHEMES = ("auto", "allgather", "scan")
-SCAN_MIN_WORLD = 16
-"""``scheme="auto"`` takes the scan from this many ranks on (derived by
-:func:`burstattn.sim.recurrent.scan_threshold`, tested equal)."""
+SCAN_MIN_WORLD = 8
+"""``scheme="auto"`` takes the scan from this many ranks on: what the simulator derives for the
+reference shapes on an H100 cluster (:func:`burstattn.sim.recurrent.derived_min_world`, tested equal)."""
 
 
 def then(v, w, matrix: bool):
@@ -133,6 +133,9 @@ def fold_allgather(rt: Route, ctx, summaries: dict, pk: Packer, *, final: bool, 
             # every rank's backward must join the reduce-scatter, also a rank whose outputs read no
             # other rank's summary (rank 0 under contiguous): a zero term keeps the gather in its graph
             tie = gathered.sum() * 0.0
+    # one unbind: its backward stacks every row's gradient into one [P * K, ...] buffer (a row
+    # indexed on its own would give each use a zero-filled buffer of the whole gather)
+    rows = gathered.reshape(ctx.world_size * K, -1).unbind(0) if gathered is not None else ()
     where = [{i: j for j, i in enumerate(s)} for s in sent]
     before, v = {}, None
     last_local = max(j for j, (r, _) in enumerate(rt.order) if r == rank)
@@ -142,7 +145,7 @@ def fold_allgather(rt: Route, ctx, summaries: dict, pk: Packer, *, final: bool, 
         if r == rank:
             before[i], piece = v[1], summaries[i]
         elif i in where[r]:
-            piece = pk.unpack(gathered[r, where[r][i]], True)
+            piece = pk.unpack(rows[r * K + where[r][i]], True)
         else:  # read by nobody: its document ends with it, the next segment starts from zero
             v = (None, None)
             continue
