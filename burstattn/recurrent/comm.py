@@ -159,14 +159,16 @@ def check_agree(fn: str, fields: dict, problem: Optional[str], group, world: int
             raise ValueError(f"{fn}: {problem}")
         return
     names = list(fields)
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else None
     with host_side():  # real (host) tensors in a dry run too: the table is read below
-        mine = torch.tensor([int(problem is not None)] + [int(fields[k]) for k in names], dtype=torch.int64)
+        mine = torch.tensor([int(problem is not None)] + [int(fields[k]) for k in names], dtype=torch.int64,
+                            device=device)
         rows = [mine.clone() for _ in range(world)]  # all_gather overwrites them (a fake group does not)
         try:
             dist.all_gather(rows, mine, group=group)
         except RuntimeError as e:
             raise RingCommError(f"{fn}: exchanging the input check failed: {e}") from e
-        table = torch.stack(rows).tolist()  # [rank][flag, fields...]
+        table = torch.stack(rows).cpu().tolist()  # [rank][flag, fields...]
     stats = active_stats()
     if stats is not None:
         n = (world - 1) * mine.numel() * mine.element_size()
