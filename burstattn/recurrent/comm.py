@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 
 from ..comm.collectives import Collectives
-from ..config import host_side
 from ..comm.stats import active_stats
 from ..comm.transport import RingCommError
+from ..config import host_side
 
 
 class _AllGather(torch.autograd.Function):

@@ -14,10 +14,12 @@ alone, so running ``dk`` identity columns next to ``v`` (values ``[v | 0]``, ini
 ``[0 | I]``) yields ``[o0 | corr]`` and ``[B | A]`` in one pass. For a scalar decay ``A`` is the
 chunk's total decay and ``corr = q_t * exp(G_t)``.
 
-The summaries (a few KB per head whatever the length) are all-gathered; each rank folds them in
-position order (from zero at every document start) into its segments' initial states and
-corrects its outputs. Autograd does the backward: the all-gather's adjoint, a reduce-scatter,
-returns each summary's gradient to its owner (the state gradient from later segments).
+Only the summaries another rank reads travel (the segments whose document continues on another
+rank: at most two per rank under ``zigzag``, whatever the number of packed documents), by one of two
+schemes (:mod:`.schemes`): all-gathered and folded by every rank in position order (from zero at
+every document start), or a log-depth prefix scan over point-to-point rounds whose memory does not
+grow with the ranks (:mod:`.scan`). Each rank then corrects its outputs. Autograd does the backward
+through the collectives' adjoints (the state gradient from later segments reaches each summary's owner).
 
 The final state (after position ``N - 1``) is returned on every rank; only the copy of the rank
 that holds position ``N - 1`` carries a gradient (it owns it, as it owns that token's output).

@@ -38,7 +38,7 @@ def test_only_segments_touching_a_rank_boundary_are_sent(world, docs):
         for r in range(world):
             for i in plan.sent(r, final):
                 end = int(plan.starts[r][i]) + int(plan.lengths[r][i])  # the position after the segment
-                assert bool(plan.run_last[r][i]) and (end == N and final or not bool(plan.continues[r][i]) is False)
+                assert bool(plan.run_last[r][i]) and (bool(plan.continues[r][i]) or final and end == N)
     one_doc = segment_plan(N, world, "zigzag")
     assert max(len(one_doc.sent(r)) for r in range(world)) == 2
     per_doc = segment_plan(N, world, "zigzag", list(range(0, N + 1, N // (2 * world))))  # documents = chunks
