@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..comm.groups import group_context
+from ..comm.host import host_side
 from ..layouts.named import layout_or_default
 from .comm import all_gather, check_agree, crc
 from .passing import _common_problem, _cu_key, _layout_key
@@ -59,7 +60,8 @@ def sp_causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     elif problem:
         raise ValueError(f"sp_causal_conv1d: {problem}")
     B, n, C = x.shape
-    plan = halo_plan(n * ctx.world_size, ctx.world_size, ctx.rank, layout, w.shape[-1], cu_seqlens)
+    with host_side():  # host bookkeeping, also inside the dry run's fake mode
+        plan = halo_plan(n * ctx.world_size, ctx.world_size, ctx.rank, layout, w.shape[-1], cu_seqlens)
     rows = [x]
     if ctx.world_size > 1 and plan.count:
         send = x.index_select(1, plan.send.to(x.device))  # [B, sent, C]

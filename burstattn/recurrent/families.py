@@ -22,7 +22,8 @@ def sp_ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, 
     Args:
         x: ``[b, n, H, P]`` (P the head dim); dt: ``[b, n, H]``, positive (after softplus and clamp);
         A: ``[H]``, negative (``-exp(A_log)``); B, C: ``[b, n, G, N]`` with ``H % G == 0`` (groups);
-        D: ``[H]`` skip or ``None``. ``kw``: as :func:`~burstattn.recurrent.sp_linear_attention`.
+        D: ``[H]`` skip or ``None``. ``kw``: as :func:`~burstattn.recurrent.sp_linear_attention`
+        (``initial_state`` in this function's layout, ``[b, H, N, P]``).
     Returns:
         ``(y [b, n, H, P], final state [b, H, N, P] or None)`` (transformers keeps ``[b, H, P, N]``).
     """

@@ -14,17 +14,18 @@ alone, so running ``dk`` identity columns next to ``v`` (values ``[v | 0]``, ini
 ``[0 | I]``) yields ``[o0 | corr]`` and ``[B | A]`` in one pass. For a scalar decay ``A`` is the
 chunk's total decay and ``corr = q_t * exp(G_t)``.
 
-The summaries (a few KB per head whatever the length) are all-gathered; each rank folds them in
-position order (from zero at every document start) into its segments' initial states and
-corrects its outputs. Autograd does the backward: the all-gather's adjoint, a reduce-scatter,
-returns each summary's gradient to its owner (the state gradient from later segments).
+Only the summaries another rank reads travel (the segments whose document continues on another
+rank: at most two per rank under ``zigzag``, whatever the number of packed documents), by one of two
+schemes (:mod:`.schemes`): all-gathered and folded by every rank in position order (from zero at
+every document start), or a log-depth prefix scan over point-to-point rounds whose memory does not
+grow with the ranks (:mod:`.scan`). Each rank then corrects its outputs. Autograd does the backward
+through the collectives' adjoints (the state gradient from later segments reaches each summary's owner).
 
 The final state (after position ``N - 1``) is returned on every rank; only the copy of the rank
 that holds position ``N - 1`` carries a gradient (it owns it, as it owns that token's output).
 """
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional
 
 import torch
@@ -34,7 +35,8 @@ from ..comm.host import host_side
 from ..layouts.named import check_layout, layout_or_default
 from ..layouts.partition import _check_cu_seqlens
 from .chunked import chunk_delta_rule, chunk_linear_attention, compute_dtype
-from .comm import all_gather, check_agree, crc
+from .comm import check_agree, crc, sum_grad
+from .schemes import SCHEMES, Packer, fold_allgather, fold_scan, resolve_scheme, route
 from .segments import segment_plan
 
 
@@ -70,7 +72,8 @@ def _slots_batch(x: torch.Tensor, offsets: torch.Tensor, length: int) -> torch.T
 
 
 def state_passing(fn: str, tensors: dict, local: Callable, *, dv: int, a_shape: tuple, group, layout,
-                  cu_seqlens, output_final_state: bool, fields: dict, problem: Optional[str], check: bool):
+                  cu_seqlens, output_final_state: bool, fields: dict, problem: Optional[str], check: bool,
+                  scheme: str = "auto", initial_state: Optional[torch.Tensor] = None):
     """The scheme for any recurrence: ``local(**segment_tensors) -> (o0, corr, A, B)``.
 
     Args:
@@ -78,6 +81,8 @@ def state_passing(fn: str, tensors: dict, local: Callable, *, dv: int, a_shape: 
         local: per batch of equal-length segments ``[b, L, H, ...]``, returns ``o0 [b, L, H, dv]``,
             ``corr [b, L, H, dk]``, ``A [b, H, *a_shape]`` and ``B [b, H, dk, dv]``.
         a_shape: ``(dk, dk)`` for a matrix transition, ``()`` for a scalar decay.
+        scheme: ``"allgather"``, ``"scan"`` or ``"auto"`` (:func:`~.schemes.resolve_scheme`).
+        initial_state: ``[B, H, dk, dv]`` (the state before position 0, equal on every rank) or ``None``.
     Returns:
         ``(o [B, n, H, dv], final state [B, H, dk, dv] or None)``.
     """
@@ -89,42 +94,30 @@ def state_passing(fn: str, tensors: dict, local: Callable, *, dv: int, a_shape: 
         raise ValueError(f"{fn}: {problem}")
     first = next(iter(tensors.values()))
     Bt, n, H = first.shape[:3]
-    plan = segment_plan(n * ctx.world_size, ctx.world_size, layout, cu_seqlens)
+    scheme = resolve_scheme(scheme, ctx.world_size)
+    with host_side():  # plans are host bookkeeping, also inside the dry run's fake mode
+        plan = segment_plan(n * ctx.world_size, ctx.world_size, layout, cu_seqlens)
+        rt = route(plan, scheme, output_final_state)
     offs, lens = plan.offsets[ctx.rank], plan.lengths[ctx.rank]
-    with host_side():  # host bookkeeping, read as Python values (a dry run's fake tensors cannot be read)
-        by_length = [(L, offs[pick], pick.tolist()) for L in sorted(set(lens.tolist()))
-                     for pick in [torch.nonzero(lens == L).flatten()]]
-        resets = [r.tolist() for r in plan.resets]
-    pieces, where, slots = [], [], {}
-    for L, starts, pick in by_length:
+    with host_side():  # [(length, its slots)]: segments of one length run as one batch
+        groups = [(L, torch.nonzero(lens == L).flatten().tolist()) for L in sorted(set(lens.tolist()))]
+    pieces, summaries = [], {}
+    for L, pick in groups:
+        starts = offs[pick]
         batch = {k: _slots_batch(t, starts, L) for k, t in tensors.items()}
         o0, corr, A, Bs = local(**batch)
         ns = len(pick)
         for j, i in enumerate(pick):
-            slots[i] = (A.view(ns, Bt, *A.shape[1:])[j], Bs.view(ns, Bt, *Bs.shape[1:])[j])
+            summaries[i] = (A.view(ns, Bt, *A.shape[1:])[j], Bs.view(ns, Bt, *Bs.shape[1:])[j])
         pieces.append((pick, starts, L, o0.view(ns, Bt, L, H, -1), corr.view(ns, Bt, L, H, -1)))
     dk = pieces[0][4].shape[-1]
-    a_size = math.prod(a_shape) if a_shape else 1
-    summary = torch.zeros(plan.max_segments, Bt, H, a_size + dk * dv, dtype=first.dtype, device=first.device)
-    summary = summary.index_copy(0, torch.arange(len(slots), device=first.device), torch.stack(
-        [torch.cat([slots[i][0].reshape(Bt, H, -1), slots[i][1].reshape(Bt, H, -1)], -1)
-         for i in range(len(slots))]))
-    gathered = all_gather(summary, ctx.group, "state") if ctx.world_size > 1 else summary.unsqueeze(0)
-
-    def unpack(r: int, i: int):
-        s = summary[i] if r == ctx.rank else gathered[r, i]  # own slots: no round trip through the gather
-        return s[..., :a_size].reshape(Bt, H, *a_shape), s[..., a_size:].reshape(Bt, H, dk, dv)
-
-    before, S = {}, None
-    last_local = max(j for j, (r, _) in enumerate(plan.order) if r == ctx.rank)
-    stop = len(plan.order) if output_final_state else last_local + 1
-    for r, i in plan.order[:stop]:
-        if resets[r][i]:
-            S = None
-        if r == ctx.rank:
-            before[i] = S
-        A, Bs = unpack(r, i)
-        S = Bs if S is None else (A @ S if a_shape else A[..., None, None] * S) + Bs
+    pk = Packer(Bt, H, a_shape, dk, dv)
+    token = summaries[0][1].reshape(-1)[0] * 0  # orders the rounds' backward (.comm); has a gradient iff needed
+    S0 = None if initial_state is None else initial_state.to(first.dtype)
+    if S0 is not None and S0.requires_grad and ctx.world_size > 1:
+        token, S0 = sum_grad(token, S0, ctx.group, "state")  # its whole gradient on every rank
+    fold = fold_scan if scheme == "scan" else fold_allgather
+    before, S, tie = fold(rt, ctx, summaries, pk, final=output_final_state, initial=S0, token=token)
     outs, index = [], []
     zero = torch.zeros(Bt, H, dk, dv, dtype=first.dtype, device=first.device)
     for pick, starts, L, o0, corr in pieces:
@@ -134,10 +127,10 @@ def state_passing(fn: str, tensors: dict, local: Callable, *, dv: int, a_shape: 
         index.append((starts.unsqueeze(1) + torch.arange(L)).flatten())
     order = torch.argsort(torch.cat(index)).to(first.device)
     out = torch.cat(outs, dim=1).index_select(1, order)
-    if ctx.world_size > 1 and gathered.requires_grad:
-        # every rank's backward must join the reduce-scatter, also a rank whose outputs read no other
-        # rank's summary (rank 0 under contiguous): a zero term keeps the gather in its graph
-        out = out + gathered.sum() * 0.0
+    if tie is not None:
+        out = out + tie
+    if S0 is not None and S0.requires_grad and ctx.world_size > 1:
+        out = out + S0.reshape(-1)[0] * 0  # every rank joins the initial state's all-reduce
     final = None
     if output_final_state:
         final = S if ctx.rank == plan.last_owner else S.detach()
@@ -179,7 +172,8 @@ def _delta_local(chunk_size: int, scale, use_qk_l2norm: bool):
 def sp_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                         *, group=None, layout="zigzag", cu_seqlens=None, chunk_size: int = 64,
                         scale: Optional[float] = None, use_qk_l2norm: bool = False,
-                        output_final_state: bool = False, check: bool = True):
+                        output_final_state: bool = False, initial_state: Optional[torch.Tensor] = None,
+                        scheme: str = "auto", check: bool = True):
     """Sequence-parallel gated delta rule (Gated DeltaNet; KDA when ``g`` has a channel dim).
 
     Args:
@@ -190,25 +184,57 @@ def sp_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
             state restarts from zero at each document start.
         chunk_size, scale, use_qk_l2norm: as transformers' ``torch_chunk_gated_delta_rule``.
         output_final_state: also return the state after position ``N - 1``, ``[B, Hv, dk, dv]``.
+        initial_state: the state before position 0, ``[B, Hv, dk, dv]``, the same on every rank
+            (continuing a sequence: a previous call's final state); documents after the first start
+            from zero. Its gradient is the whole gradient on every rank (not a part to be summed).
+        scheme: how the segments' summaries travel: ``"allgather"`` (one collective; every rank holds
+            ``P`` ranks' summaries), ``"scan"`` (a log-depth prefix scan over point-to-point rounds;
+            memory does not grow with ``P``) or ``"auto"`` (the scan from
+            :data:`~burstattn.recurrent.schemes.SCAN_MIN_WORLD` ranks on). The results are equal.
         check: exchange a small signature first so that bad or disagreeing inputs raise on every rank.
     Returns:
         ``(o [B, n, Hv, dv] in q's dtype, final state in the compute dtype or None)``.
     Raises:
-        ValueError on every rank: shapes, ``chunk_size``, layout or ``cu_seqlens`` invalid on any
-        rank, or differing across ranks.
+        ValueError on every rank: shapes, ``chunk_size``, layout, ``cu_seqlens``, ``scheme`` or
+        ``initial_state`` invalid on any rank, or differing across ranks.
     """
     ctx = group_context(group)
     problem = _common_problem(q, chunk_size, layout_or_default(layout), cu_seqlens, ctx.world_size)
     if problem is None:
         problem = _delta_problem(q, k, v, g, beta)
+    if problem is None:
+        problem = _passing_problem(q, v, q.shape[-1], scheme, initial_state)
     fields = _fields("delta", q, v, chunk_size, scale, layout, cu_seqlens, problem, channel_decay=g.dim() == 4,
-                     l2norm=int(use_qk_l2norm))
+                     l2norm=int(use_qk_l2norm), **_passing_fields(scheme, output_final_state, initial_state,
+                                                                   q, k, v, g, beta))
     tensors = {} if problem else _grouped(q, k, v, g=g, beta=beta)
     out, final = state_passing("sp_gated_delta_rule", tensors, _delta_local(chunk_size, scale, use_qk_l2norm),
                                dv=v.shape[-1], a_shape=(k.shape[-1], k.shape[-1]), group=group, layout=layout,
                                cu_seqlens=cu_seqlens, output_final_state=output_final_state, fields=fields,
-                               problem=problem, check=check)
+                               problem=problem, check=check, scheme=scheme, initial_state=initial_state)
     return out.to(q.dtype), final
+
+
+def _passing_problem(q, v, dk: int, scheme, initial_state) -> Optional[str]:
+    """``scheme`` and ``initial_state`` (``[batch, v_heads, dk, dv]``, floating point)."""
+    if scheme not in SCHEMES:
+        return f"scheme must be one of {SCHEMES}, got {scheme!r}"
+    want = (q.shape[0], v.shape[2], dk, v.shape[-1])
+    if initial_state is not None and (not isinstance(initial_state, torch.Tensor) or
+                                      not initial_state.is_floating_point() or tuple(initial_state.shape) != want):
+        got = tuple(initial_state.shape) if isinstance(initial_state, torch.Tensor) else type(initial_state).__name__
+        return f"initial_state must be a floating-point tensor of shape {list(want)} (batch, heads, dk, dv), got {got}"
+    return None
+
+
+def _passing_fields(scheme, final: bool, initial_state, *inputs) -> dict:
+    """What must agree for the messages to match: the scheme, the final state, whether an initial
+    state and gradients take part."""
+    grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                            for t in (*inputs, initial_state))
+    init = 0 if initial_state is None else 1 + int(isinstance(initial_state, torch.Tensor) and
+                                                    initial_state.requires_grad and torch.is_grad_enabled())
+    return dict(scheme=crc(str(scheme)), output_final_state=int(bool(final)), initial_state=init, grad=int(grad))
 
 
 def _delta_problem(q, k, v, g, beta) -> Optional[str]:
@@ -237,14 +263,15 @@ def _linear_local(chunk_size: int, scale: float):
 
 def sp_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, *, group=None,
                         layout="zigzag", cu_seqlens=None, chunk_size: int = 64, scale: float = 1.0,
-                        output_final_state: bool = False, check: bool = True):
+                        output_final_state: bool = False, initial_state: Optional[torch.Tensor] = None,
+                        scheme: str = "auto", check: bool = True):
     """Sequence-parallel linear attention with a scalar decay (SSD, lightning attention).
 
     ``S_t = exp(g_t) S_{t-1} + k_t v_t^T``, ``o_t = scale * q_t @ S_t``.
 
     Args:
         q, k: ``[B, n, Hk, dk]``; v: ``[B, n, H, dv]`` (``H % Hk == 0``); g: ``[B, n, H]`` log decay.
-        Others as :func:`sp_gated_delta_rule`.
+        initial_state: ``[B, H, dk, dv]`` or ``None``. Others as :func:`sp_gated_delta_rule`.
     Returns:
         ``(o [B, n, H, dv], final state [B, H, dk, dv] or None)``.
     """
@@ -254,10 +281,13 @@ def sp_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
         problem = _delta_problem(q, k, v, g, g if g.dim() == 3 else g[..., 0])
         if problem is None and g.dim() != 3:
             problem = f"g must be [batch, local_seq, heads] (a scalar decay), got {tuple(g.shape)}"
-    fields = _fields("linear", q, v, chunk_size, scale, layout, cu_seqlens, problem)
+    if problem is None:
+        problem = _passing_problem(q, v, q.shape[-1], scheme, initial_state)
+    fields = _fields("linear", q, v, chunk_size, scale, layout, cu_seqlens, problem,
+                     **_passing_fields(scheme, output_final_state, initial_state, q, k, v, g))
     tensors = {} if problem else _grouped(q, k, v, g=g)
     out, final = state_passing("sp_linear_attention", tensors, _linear_local(chunk_size, scale), dv=v.shape[-1],
                                a_shape=(), group=group, layout=layout, cu_seqlens=cu_seqlens,
                                output_final_state=output_final_state, fields=fields, problem=problem,
-                               check=check)
+                               check=check, scheme=scheme, initial_state=initial_state)
     return out.to(q.dtype), final

@@ -32,8 +32,12 @@ class SegmentPlan:
         starts: per rank, each segment's global start position.
         resets: per rank, whether each segment starts a document (its state starts from zero).
         order: every segment as ``(rank, slot)``, in global position order.
-        max_segments: the most segments any rank holds (the all-gather's slot count).
+        max_segments: the most segments any rank holds.
         last_owner: the rank holding position ``N - 1`` (it owns the final state).
+        run_last: per rank, whether each segment ends a *run* (a maximal stretch of consecutive
+            positions on the rank): the position after it, if any, lives on another rank.
+        continues: per rank, whether each segment ends a run and its document goes on after it
+            (on another rank): only such segments' summaries are ever read by another rank.
     """
 
     offsets: tuple
@@ -43,6 +47,21 @@ class SegmentPlan:
     order: tuple
     max_segments: int
     last_owner: int
+    run_last: tuple = ()
+    continues: tuple = ()
+
+    def sent(self, rank: int, final: bool = False) -> list:
+        """Slots of ``rank`` whose summaries another rank reads: those whose document continues on
+        another rank, and with ``final`` the one ending at ``N - 1`` (every rank returns the final
+        state). Under ``zigzag`` at most two per rank, whatever the number of documents."""
+        keep = self.continues[rank].clone()
+        if final and rank == self.last_owner:
+            keep[-1] = True  # positions increase on a rank: its last segment ends at N - 1
+        return torch.nonzero(keep).flatten().tolist()
+
+    def max_sent(self, final: bool = False) -> int:
+        """The most slots any rank sends (the all-gather's slot count; 0: nothing travels)."""
+        return max(len(self.sent(r, final)) for r in range(len(self.offsets)))
 
 
 def doc_starts(seq_len: int, cu_seqlens=None) -> torch.Tensor:
@@ -64,23 +83,30 @@ def segment_plan(seq_len: int, world_size: int, layout, cu_seqlens=None) -> Segm
 def _segment_plan(seq_len: int, world_size: int, layout, cu_seqlens) -> SegmentPlan:
     positions = layout_positions(layout, seq_len, world_size)
     is_start = doc_starts(seq_len, cu_seqlens)
-    offsets, lengths, starts, resets, keyed = [], [], [], [], []
+    after = torch.cat([is_start[1:], torch.tensor([True])])  # [N]: a document starts after p (or p = N - 1)
+    offsets, lengths, starts, resets, keyed, run_last, continues = [], [], [], [], [], [], []
     last_owner = 0
     for r, pos in enumerate(positions):
         pos = pos.long()
-        cut = torch.ones(pos.numel(), dtype=torch.bool)
-        cut[1:] = (pos[1:] - pos[:-1] != 1) | is_start[pos[1:]]
+        jump = torch.ones(pos.numel(), dtype=torch.bool)  # jump[j]: local j starts a run
+        jump[1:] = pos[1:] - pos[:-1] != 1
+        cut = jump.clone()
+        cut[1:] |= is_start[pos[1:]]
         off = torch.nonzero(cut).flatten()
         lengths.append(torch.diff(off, append=torch.tensor([pos.numel()])))
         offsets.append(off)
         starts.append(pos[off])
         resets.append(is_start[pos[off]])
+        end = off + lengths[-1] - 1  # local index of each segment's last token
+        ends_run = torch.cat([jump[1:], torch.tensor([True])])[end]
+        run_last.append(ends_run)
+        continues.append(ends_run & ~after[pos[end]])
         keyed += [(int(s), r, i) for i, s in enumerate(pos[off].tolist())]
         if int(pos[-1]) == seq_len - 1:
             last_owner = r
     order = tuple((r, i) for _, r, i in sorted(keyed))
     return SegmentPlan(tuple(offsets), tuple(lengths), tuple(starts), tuple(resets), order,
-                       max(int(o.numel()) for o in offsets), last_owner)
+                       max(int(o.numel()) for o in offsets), last_owner, tuple(run_last), tuple(continues))
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from ..models.config import LlamaConfig
 
 GRADIENTS, ATTENTION = "gradients", "attention call"  # the terms Memory keeps apart
+STATE_PASSING = "state passing"  # the recurrent layers' summaries (hybrid models)
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,8 @@ def param_bytes(m: LlamaConfig, tp: int, e: int) -> tuple[float, float, float]:
 def training_activations(m: LlamaConfig, s: ActivationShape, *, checkpointing: str, eager_units: float,
                          through_op: bool, mlp_chunk: int, loss_chunk: int, offload: str,
                          attention_fwd: float, attention_bwd: float, grads: float, param_fp32: float,
-                         fused_loss: bool = False, eager_shared: float = 0.0) -> Activations:
+                         fused_loss: bool = False, eager_shared: float = 0.0,
+                         state_passing: tuple = (0.0, 0.0)) -> Activations:
     """The bytes at the step's peak phase, by term (``kept activations``, :data:`ATTENTION`,
     :data:`GRADIENTS` and the phase's transient), of the phases: the forward (kept + the attention
     call's forward or a loss chunk), the loss's backward (kept + the head's gradients + logits and
@@ -209,7 +211,9 @@ def training_activations(m: LlamaConfig, s: ActivationShape, *, checkpointing: s
     and the other layers') and the optimizer step
     (gradients + a float32 temporary of the parameters). ``attention_fwd`` / ``attention_bwd``: the
     attention call's forward peak and its backward buffers beyond its output and LSE; ``grads``:
-    every gradient (sharded, with FSDP); ``eager_shared``: see :func:`layer_kept`."""
+    every gradient (sharded, with FSDP); ``eager_shared``: see :func:`layer_kept`; ``state_passing``:
+    the recurrent layers' ``(kept summaries, one layer's backward transient)``
+    (:func:`burstattn.sim.recurrent.kept_bytes`), kept from the forward to the first layer's backward."""
     layer = layer_kept(m, s, checkpointing, eager_units, through_op, mlp_chunk, eager_shared)
     head = head_kept(m, s, loss_chunk, fused_loss)
     kept = m.n_layers * layer + head
@@ -251,6 +255,12 @@ def training_activations(m: LlamaConfig, s: ActivationShape, *, checkpointing: s
         "last layer's backward": backward(one + unpacked, g_head + g_layer + grads * others),
         "optimizer": {GRADIENTS: grads, "optimizer temporary": param_fp32},
     }
+    passing_kept, passing_transient = state_passing
+    if passing_kept or passing_transient:
+        for name_, extra in (("forward", passing_kept), ("loss backward", passing_kept),
+                             ("first layer's backward", passing_kept + passing_transient),
+                             ("last layer's backward", passing_transient)):
+            phases[name_][STATE_PASSING] = extra
     totals = {p: sum(t.values()) for p, t in phases.items()}
     phase = max(totals, key=totals.get)
     return Activations(phase, phases[phase], kept, host, totals)

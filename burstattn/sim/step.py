@@ -38,7 +38,7 @@ from ..models.config import LlamaConfig, check_chunk
 from ..models.offload import check_offload
 from . import memory as mem
 from .activations import ATTENTION, GRADIENTS, ActivationShape, training_activations
-from . import net, plans
+from . import net, plans, recurrent
 from . import offload as host_offload
 from .attention import AttnShape, Pass, attention_timeline
 from .chunks import count as chunk_count
@@ -273,11 +273,13 @@ def simulate(cfg: SimConfig, memory_only: bool = False) -> SimResult:
     offload_s = offload_exposed(acts_host, hw.host_bw, forward_s=m.n_layers * (mm_f + elem_f + fwd.compute),
                                 backward_s=compute - optimizer - m.n_layers * (mm_f + elem_f + fwd.compute),
                                 extra=link) if train else 0.0
-    exposed = m.n_layers * comm + dp_comm + offload_s
+    state_s = recurrent.passing_seconds(m, batch=b, cp=cp, tp=tp, hw=hw, train=train)  # hybrids' summaries
+    exposed = m.n_layers * comm + dp_comm + offload_s + state_s
     idle_s = m.n_layers * idle
     breakdown = {**{f"layer_fwd_{k}_s": v for k, v in layer.items()}, "layer_bwd_attention_s": bwd.compute,
                  "layer_bwd_attn_comm_s": bwd.exposed_comm, "dp_comm_s": dp_comm, "head_s": head,
-                 "optimizer_s": optimizer, "offload_exposed_s": offload_s, "chunk_overhead_s": chunks_s}
+                 "optimizer_s": optimizer, "offload_exposed_s": offload_s, "chunk_overhead_s": chunks_s,
+                 "state_passing_s": state_s}
     return SimResult(compute + exposed + idle_s, compute, exposed, idle_s, memory, breakdown,
                      (fwd, bwd if train else None), cfg.tokens_per_step)
 
@@ -364,6 +366,7 @@ def memory_model(cfg: SimConfig, bwd_mode: Optional[str] = None) -> mem.Memory:
                                eager_shared=mem.eager_shared_units(cfg.strategy, q_heads=m.n_heads // tp, kv_heads=kv_heads),
                                offload="none" if hw.host_is_device else cfg.offload,  # host = device: nothing moves
                                attention_bwd=attn_bwd, grads=0.0 if offloaded else grads,
+                               state_passing=recurrent.kept_bytes(m, batch=b, cp=cp, tp=tp),
                                param_fp32=0.0 if offloaded else (4 if cfg.fsdp else e) * m.num_params() / tp / (cfg.dp * cp if cfg.fsdp else 1))
     t = acts.terms
     rest = sum(v for k, v in t.items() if k not in (GRADIENTS, ATTENTION))

@@ -31,6 +31,9 @@ class RecCase:
     packed: bool = False
     local_seq: int = 6
     seed: int = 0
+    scheme: str = "auto"  # how summaries travel: auto | allgather | scan
+    initial: bool = False  # continue from an initial state (with its gradient)
+    docs: int = 0  # > 0: this many packed documents of random lengths (instead of ``packed``'s four)
 
 
 SHARDED = {"gdn": "qkvgb", "kda": "qkvgb", "linear": "qkvg", "ssd": "xdBC", "lightning": "qkv", "conv": "x"}
@@ -38,7 +41,16 @@ REPLICATED = {"ssd": "AD", "lightning": "s", "conv": "wc"}
 
 
 def inputs(case: RecCase) -> dict:
-    """Full float64 inputs by name (``[B, N, ...]`` for the sharded ones)."""
+    """Full float64 inputs by name (``[B, N, ...]`` for the sharded ones); with ``initial`` also
+    ``S0 [B, H, dk, dv]``, the state before position 0 (replicated)."""
+    full = _inputs(case)
+    if case.initial and case.kind != "conv":
+        gen = torch.Generator().manual_seed(case.seed + 7)
+        full["S0"] = torch.randn(2, 2, 4, 3, generator=gen, dtype=torch.float64) * 0.5
+    return full
+
+
+def _inputs(case: RecCase) -> dict:
     gen = torch.Generator().manual_seed(case.seed)
     B, N, Hk, H, dk, dv = 2, case.local_seq * case.world, 1, 2, 4, 3
 
@@ -62,12 +74,20 @@ def inputs(case: RecCase) -> dict:
 
 def cu_of(case: RecCase) -> Optional[list]:
     N = case.local_seq * case.world
+    if case.docs:  # document starts drawn without replacement from 1 .. N - 1
+        gen = torch.Generator().manual_seed(case.seed + 11)
+        starts = (torch.randperm(N - 1, generator=gen)[:case.docs - 1] + 1).sort().values.tolist()
+        return [0] + starts + [N]
     return [0, 3, 4, N // 2 + 1, N] if case.packed else None
 
 
 def apply(case: RecCase, t: dict, **kw):
     """``(out, final state or None)`` of the case's recurrence; ``kw`` empty means the oracle."""
     ref = not kw
+    if not ref and case.kind != "conv":
+        kw["scheme"] = case.scheme
+    if "S0" in t:
+        kw["initial_state"] = t["S0"]
     if case.kind == "conv":
         if ref:
             cu = cu_of(case) or [0, t["x"].shape[1]]
@@ -79,26 +99,26 @@ def apply(case: RecCase, t: dict, **kw):
     if case.kind in ("gdn", "kda"):
         if ref:
             q, k = (t[n].repeat_interleave(2, dim=2) for n in "qk")
-            return rec.recurrent_reference(q, k, t["v"], t["g"], t["b"], use_qk_l2norm=True, resets=resets)
+            return rec.recurrent_reference(q, k, t["v"], t["g"], t["b"], use_qk_l2norm=True, resets=resets, **kw)
         return rec.sp_gated_delta_rule(t["q"], t["k"], t["v"], t["g"], t["b"], use_qk_l2norm=True,
                                        chunk_size=2, output_final_state=True, **kw)
     if case.kind == "linear":
         if ref:
             q, k = (t[n].repeat_interleave(2, dim=2) for n in "qk")
-            return rec.recurrent_reference(q, k, t["v"], t["g"], None, scale=0.5, resets=resets)
+            return rec.recurrent_reference(q, k, t["v"], t["g"], None, scale=0.5, resets=resets, **kw)
         return rec.sp_linear_attention(t["q"], t["k"], t["v"], t["g"], scale=0.5, chunk_size=2,
                                        output_final_state=True, **kw)
     if case.kind == "ssd":
         if ref:
             Bh, Ch = (t[n].repeat_interleave(2, dim=2) for n in "BC")
             y, S = rec.recurrent_reference(Ch, Bh * t["d"].unsqueeze(-1), t["x"], t["d"] * t["A"], None,
-                                           resets=resets)
+                                           resets=resets, **kw)
             return y + t["x"] * t["D"].view(1, 1, -1, 1), S
         return rec.sp_ssd(t["x"], t["d"], t["A"], t["B"], t["C"], t["D"], chunk_size=2,
                           output_final_state=True, **kw)
     g = (-t["s"]).view(1, 1, -1).expand(t["q"].shape[0], t["q"].shape[1], -1)
     if ref:
-        return rec.recurrent_reference(t["q"], t["k"], t["v"], g, None, resets=resets)
+        return rec.recurrent_reference(t["q"], t["k"], t["v"], g, None, resets=resets, **kw)
     return rec.sp_lightning_attention(t["q"], t["k"], t["v"], t["s"], chunk_size=4, output_final_state=True, **kw)
 
 
@@ -129,15 +149,16 @@ def one_case(case: RecCase) -> dict:
         grad = x.grad.double()
         if n in SHARDED[case.kind]:
             grad = burstattn.gather_sequence(grad, layout=layout)
-        else:
+        elif n != "S0" and dist.is_initialized():  # the initial state's gradient is whole on every rank; a parameter's is a part
             dist.all_reduce(grad)
         errs["d" + n] = rel_err(grad, ref_in[n].grad)
     return errs
 
 
 def bad_input(case: RecCase) -> str:
-    """A rank-dependent bad call: rank 1 passes ``chunk_size=0`` (or a different packing); every rank must raise."""
-    t = {n: burstattn.shard_sequence(x, layout=case.layout) if n in SHARDED[case.kind] else x
+    """A rank-dependent bad call: rank 1 passes ``chunk_size=0`` (or a different packing, a scheme that
+    does not exist, an initial state of the wrong shape); every rank must raise."""
+    t = {n: burstattn.shard_sequence(x, layout=case.layout) if n in SHARDED.get(case.kind, "x") else x
          for n, x in inputs(case).items()}
     rank = dist.get_rank()
     try:
@@ -148,6 +169,16 @@ def bad_input(case: RecCase) -> str:
             N = case.local_seq * case.world
             rec.sp_linear_attention(t["q"], t["k"], t["v"], t["g"], layout=case.layout,
                                     cu_seqlens=[0, 2 if rank == 1 else 3, N])
+        elif case.kind == "scheme":  # a scheme that does not exist, on one rank
+            t = {n: burstattn.shard_sequence(x, layout=case.layout) for n, x in inputs(
+                RecCase("gdn", case.layout, "float64", case.world)).items()}
+            rec.sp_gated_delta_rule(t["q"], t["k"], t["v"], t["g"], t["b"], layout=case.layout,
+                                    scheme="ring" if rank == 1 else "scan")
+        elif case.kind == "initial":  # an initial state of the wrong shape, on one rank
+            t = {n: burstattn.shard_sequence(x, layout=case.layout) if n in SHARDED["ssd"] else x
+                 for n, x in inputs(RecCase("ssd", case.layout, "float64", case.world)).items()}
+            S0 = torch.zeros(2, 2, 3 if rank == 1 else 4, 3, dtype=torch.float64)
+            rec.sp_ssd(t["x"], t["d"], t["A"], t["B"], t["C"], initial_state=S0, layout=case.layout)
         else:
             rec.sp_causal_conv1d(t["x"][..., : 4 if rank == 1 else 5], t["w"], layout=case.layout)
     except ValueError as e:
@@ -170,14 +201,83 @@ def metered(case: RecCase) -> dict:
                                                                                           "dhalo")}
 
 
+def scheme_gap(case: RecCase) -> dict:
+    """Relative differences between the scan and the all-gather on the same inputs: out, final
+    state and every input's gradient (this rank's shards)."""
+    full = inputs(case)
+    layout = random_partition(case.local_seq * case.world, case.world, case.seed) \
+        if case.layout == "partition" else case.layout
+    runs = []
+    for scheme in ("allgather", "scan"):
+        mine = {n: (burstattn.shard_sequence(x, layout=layout) if n in SHARDED[case.kind] else x)
+                .detach().requires_grad_() for n, x in full.items()}
+        out, S = apply(RecCase(**{**case.__dict__, "scheme": scheme}), mine, layout=layout, cu_seqlens=cu_of(case))
+        gen = torch.Generator().manual_seed(case.seed + 3)
+        (out * torch.randn(out.shape, generator=gen, dtype=out.dtype)).sum().add(
+            (S * torch.randn(S.shape, generator=gen, dtype=S.dtype)).sum()).backward()
+        runs.append({"out": out.detach(), "state": S.detach(), **{"d" + n: x.grad for n, x in mine.items()}})
+    return {k: rel_err(runs[1][k], v) for k, v in runs[0].items()}
+
+
+def fold_kept(case: RecCase) -> dict:
+    """Bytes the state passing's fold keeps for the backward on this rank (zigzag, one document),
+    per scheme: the storages its saved tensors hold, less the summaries themselves."""
+    from torch.autograd.graph import saved_tensors_hooks
+
+    from burstattn.groups import group_context
+    from burstattn.recurrent.schemes import Packer, fold_allgather, fold_scan, route
+    from burstattn.recurrent.segments import segment_plan
+    b, H, dk, dv = 1, 2, 8, 4
+    seg = segment_plan(2 * case.world * 2, case.world, "zigzag")
+    ctx = group_context(None)
+    out = {}
+    for scheme, fold in (("allgather", fold_allgather), ("scan", fold_scan)):
+        gen = torch.Generator().manual_seed(case.seed)
+        mine = {i: (torch.randn(b, H, dk, dk, generator=gen).requires_grad_(),
+                    torch.randn(b, H, dk, dv, generator=gen).requires_grad_()) for i in range(len(seg.offsets[ctx.rank]))}
+        inputs_ = {t.untyped_storage().data_ptr() for pair in mine.values() for t in pair}
+        kept = {}
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in inputs_:
+                kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        token = mine[0][1].reshape(-1)[0] * 0
+        with saved_tensors_hooks(pack, lambda t: t):
+            before, _, tie = fold(route(seg, scheme, False), ctx, mine, Packer(b, H, (dk, dk), dk, dv), final=False,
+                                  initial=None, token=token)
+        loss = sum(v.sum() for v in before.values() if v is not None) + (0 if tie is None else tie)
+        loss.backward()
+        out[scheme] = sum(kept.values())
+    return out
+
+
+def metered_state(case: RecCase) -> dict:
+    """``{"phase/op": [bytes sent, records]}`` of one delta-rule call (the case's scheme, documents,
+    final state and initial state with a gradient when ``initial``), forward and backward."""
+    full = inputs(RecCase("gdn", case.layout, "float32", case.world, local_seq=case.local_seq, seed=case.seed))
+    t = {n: burstattn.shard_sequence(x, layout=case.layout).requires_grad_() for n, x in full.items()}
+    kw = dict(layout=case.layout, chunk_size=4, scheme=case.scheme, cu_seqlens=cu_of(case),
+              output_final_state=case.initial)
+    if case.initial:
+        kw["initial_state"] = torch.zeros(2, 2, 4, 3, requires_grad=True)
+    with burstattn.comm_stats() as stats:
+        o, S = rec.sp_gated_delta_rule(t["q"], t["k"], t["v"], t["g"], t["b"], **kw)
+        (o.sum() + (S.sum() if S is not None else 0)).backward()
+    table = stats.as_dict()
+    return {f"{p}/{op}": [table.get(p, {}).get(op, {}).get("sent", 0), table.get(p, {}).get(op, {}).get("msgs", 0)]
+            for p, op in (("forward", "state"), ("backward", "dstate"))}
+
+
 def run_grid(rank: int, world: int, rows: list) -> list:
     """Per row: the error dict, or ``"Type: message"``; rows of ``("bad", case)`` run :func:`bad_input`,
-    rows of ``("bytes", case)`` :func:`metered`."""
+    rows of ``("bytes", case)`` :func:`metered`, ``("state", case)`` :func:`metered_state`, ``("gap", case)``
+    :func:`scheme_gap`, ``("kept", case)`` :func:`fold_kept`."""
     results = []
+    kinds = {"bad": bad_input, "bytes": metered, "state": metered_state, "gap": scheme_gap, "kept": fold_kept}
     for row in rows:
         try:
-            results.append((bad_input if row[0] == "bad" else metered)(row[1]) if isinstance(row, tuple)
-                           else one_case(row))
+            results.append(kinds[row[0]](row[1]) if isinstance(row, tuple) else one_case(row))
         except Exception as e:  # reported per row by the parent
             results.append(f"{type(e).__name__}: {e}")
     return results
