@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .comm.stats import active_stats
-from .config import BACKENDS, BACKWARDS, GRAD_PARTIALS, LAYOUTS, SCHEDULES, Call, host_side
+from .config import BACKENDS, BACKWARDS, DEVICE_TYPES, GRAD_PARTIALS, LAYOUTS, SCHEDULES, Call, host_side
 from .formulas import META_INTS
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

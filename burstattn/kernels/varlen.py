@@ -191,3 +191,36 @@ def reference_backward(call: BandCall, dout, q, k, v, out, lse, scale: float, ba
                           ).view(hk, g, k1 - k0, -1).sum(1).transpose(0, 1)
             dv[k0:k1] += torch.matmul(p.transpose(-1, -2), do).view(hk, g, k1 - k0, -1).sum(1).transpose(0, 1)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def schema_problem(op_name: str, args: tuple, kwargs: dict) -> Optional[str]:
+    """Why ``torch.ops.aten.<op_name>(*args, **kwargs)`` does not match the op's schema (too many
+    positional arguments, a keyword it lacks or gives positionally, a required argument missing, a
+    tensor where none is taken or the reverse), or ``None``. The schemas exist in every build, CPU included."""
+    schema = getattr(torch.ops.aten, op_name).default._schema
+    positional = [a for a in schema.arguments if not a.kwarg_only]
+    if len(args) > len(positional):
+        return f"{op_name}: {len(args)} positional arguments, the schema takes {len(positional)}"
+    names = {a.name: a for a in schema.arguments}
+    for name in kwargs:
+        if name not in names or not names[name].kwarg_only:
+            return f"{op_name}: no keyword-only argument {name!r}"
+    given = {a.name: x for a, x in zip(positional, args)} | dict(kwargs)
+    for a in schema.arguments:
+        if a.name not in given:
+            if not a.has_default_value():
+                return f"{op_name}: argument {a.name!r} missing"
+            continue
+        x, kind = given[a.name], str(a.type)
+        optional = kind.startswith("Optional[")
+        base = kind[len("Optional["):-1] if optional else kind
+        if x is None:
+            if not optional:
+                return f"{op_name}: {a.name!r} ({kind}) is not optional"
+            continue
+        ok = {"Tensor": lambda: isinstance(x, torch.Tensor), "bool": lambda: isinstance(x, bool),
+              "int": lambda: isinstance(x, int) and not isinstance(x, bool),
+              "float": lambda: isinstance(x, (int, float)) and not isinstance(x, bool)}.get(base, lambda: True)
+        if not ok():
+            return f"{op_name}: {a.name!r} takes {kind}, got {type(x).__name__} {x!r}"[:200]
+    return None
