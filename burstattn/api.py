@@ -108,7 +108,7 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dropou
             plain one, never SDPA's atomics).
         options: a :class:`burstattn.BurstOptions` holding the rare options below (backend, backward,
             schedule, topology, kv_layout, cu_seqlens (_q, _k), max_seqlen (_q, _k), document_ids, mask_mod,
-            mask, sinks, grad_partials); or give them as keywords one by one (not both).
+            mask, sinks, grad_partials, device_type); or give them as keywords one by one (not both).
         grad_partials: ``"auto"`` (default): ``"kernel"`` on CUDA, ``"float32"`` elsewhere;
             ``"float32"``: every kernel's gradient partial of 16-bit inputs is float32 from the start
             (kernels run on float32 copies of one tile at a time), within flash-attn's accuracy rule;
