@@ -17,6 +17,7 @@ tests), a dense masked attention in plain PyTorch stands in, with the same block
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from dataclasses import dataclass
@@ -135,11 +136,24 @@ def dense_reference(spec: FlexSpec, q, k, v, scale: float) -> tuple[torch.Tensor
     return torch.matmul(p, ve).to(q.dtype), lse
 
 
+@contextlib.contextmanager
+def autograd_on():
+    """Autograd recording on, inside a custom op's kernel too: the op's dispatch excludes the autograd keys
+    below it (grad mode alone does not bring them back), so :func:`block_grads` lifts that exclusion for
+    its own recomputation, and grad mode with it."""
+    inc, exc = torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set()
+    for key in (torch._C.DispatchKey.AutogradFunctionality, torch._C.DispatchKey.ADInplaceOrView,
+                torch._C.DispatchKey.AutogradOther):
+        exc = exc.remove(key)
+    with torch._C._ForceDispatchKeyGuard(inc, exc), torch.enable_grad():
+        yield
+
+
 def block_grads(fwd: Callable, dout, q, k, v, out, lse) -> tuple[torch.Tensor, ...]:
     """``dq, dk, dv`` of one block under the global softmax (see the module docstring): ``fwd(q, k, v) ->
     (o_j, lse_j)`` differentiable; ``dout, out [B, h, n, Dv]`` and ``lse [B, h, n]`` the rows' global ones
     (huge for rows that see nothing anywhere)."""
-    with torch.enable_grad():
+    with autograd_on():
         qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
         o_j, lse_j = fwd(qg, kg, vg)
         seen = lse_j > -math.inf
