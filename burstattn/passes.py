@@ -114,7 +114,7 @@ def pair_calls(cfg: Call, policy: KernelPolicy, pos: CallPositions, mask) -> tup
         def spec(q_owner: int, k_owner: int):
             with host_side():
                 return flex_pair(home, cfg.causal, pos.q[q_owner], pos.k[k_owner], pos.q_len, pos.k_len, raw)
-        return FlexPair(), spec
+        return FlexPair(home.cache), spec
     kernel = VarlenPair(policy.kernel)
 
     def bands(q_owner: int, k_owner: int):

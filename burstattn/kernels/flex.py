@@ -82,10 +82,7 @@ def flex_spec(cls: torch.Tensor, block: int, q_pos: torch.Tensor, k_pos: torch.T
                     _padded(k_pos, tk * block, 0), _padded(lo, tq * block, 1), _padded(hi, tq * block, 0), mask_mod)
 
 
-def _mask_fn(spec: FlexSpec, device) -> Callable:
-    qp, kp, lo, hi = (x.to(device) for x in (spec.q_pos, spec.k_pos, spec.lo, spec.hi))
-    user = spec.mask_mod
-
+def _mask_fn(qp, kp, lo, hi, user: Optional[Callable]) -> Callable:
     def mask(b, h, qi, ki):
         key = kp[ki]
         ok = (key >= lo[qi]) & (key <= hi[qi])
@@ -93,13 +90,38 @@ def _mask_fn(spec: FlexSpec, device) -> Callable:
     return mask
 
 
-def block_mask(spec: FlexSpec, device):
-    """The pair's ``torch.nn.attention.flex_attention.BlockMask``."""
+@dataclass(frozen=True)
+class FlexSlot:
+    """One mask function per mask, device and padded shape, reading the positions and intervals of whichever
+    pair was loaded into its tensors last (:func:`flex_slot`): the compiled flex kernel sees the same function
+    for every pair (a new function object per pair would recompile it per pair)."""
+
+    tensors: tuple
+    fn: Callable
+
+
+def flex_slot(store: dict, spec: FlexSpec, device) -> FlexSlot:
+    """The :class:`FlexSlot` of ``spec``'s mask, device and shape (kept in ``store``), loaded with ``spec``'s
+    positions and intervals."""
+    key = ("flex_slot", str(device), spec.q_pos.numel(), spec.k_pos.numel(), id(spec.mask_mod))
+    slot = store.get(key)
+    if slot is None:
+        tensors = tuple(torch.empty_like(x, device=device) for x in (spec.q_pos, spec.k_pos, spec.lo, spec.hi))
+        slot = store[key] = FlexSlot(tensors, _mask_fn(*tensors, spec.mask_mod))
+    for dst, src in zip(slot.tensors, (spec.q_pos, spec.k_pos, spec.lo, spec.hi)):
+        dst.copy_(src)
+    return slot
+
+
+def block_mask(spec: FlexSpec, device, store: Optional[dict] = None):
+    """The pair's ``torch.nn.attention.flex_attention.BlockMask`` (its mask function from ``store``'s slot,
+    :func:`flex_slot`; a fresh store without one)."""
     from torch.nn.attention.flex_attention import BlockMask
 
+    slot = flex_slot({} if store is None else store, spec, device)
     return BlockMask.from_kv_blocks(spec.kv_num.to(device), spec.kv_idx.to(device), spec.full_num.to(device),
                                     spec.full_idx.to(device), BLOCK_SIZE=(spec.block, spec.block),
-                                    mask_mod=_mask_fn(spec, device), seq_lengths=(spec.n_q, spec.n_k))
+                                    mask_mod=slot.fn, seq_lengths=(spec.n_q, spec.n_k))
 
 
 @functools.lru_cache(maxsize=1)
@@ -126,8 +148,8 @@ def dense_reference(spec: FlexSpec, q, k, v, scale: float) -> tuple[torch.Tensor
     ``out [B, h, n_q, Dv]`` (q's dtype) and ``lse [B, h, n_q]`` (``-inf`` where a row sees nothing)."""
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     nq, nk = spec.n_q, spec.n_k
-    vis = _mask_fn(spec, q.device)(0, 0, torch.arange(nq, device=q.device)[:, None],
-                                   torch.arange(nk, device=q.device)[None, :])
+    fn = _mask_fn(*(x.to(q.device) for x in (spec.q_pos, spec.k_pos, spec.lo, spec.hi)), spec.mask_mod)
+    vis = fn(0, 0, torch.arange(nq, device=q.device)[:, None], torch.arange(nk, device=q.device)[None, :])
     g = q.shape[1] // k.shape[1]
     ke, ve = (x.to(acc).repeat_interleave(g, dim=1) for x in (k, v))
     s = (torch.matmul(q.to(acc), ke.transpose(-1, -2)) * scale).masked_fill(~vis, -math.inf)
@@ -165,16 +187,20 @@ def block_grads(fwd: Callable, dout, q, k, v, out, lse) -> tuple[torch.Tensor, .
 
 
 class FlexPair:
-    """One masked pair as one FlexAttention call (compiled, on CUDA; eager on a fake tensor); the dense
-    reference elsewhere."""
+    """One masked pair as one compiled FlexAttention call on CUDA (a fake tensor: its shape function); the
+    dense reference elsewhere. ``store``: where the mask functions live (:func:`flex_slot`; the mask
+    object's cache, so every call of the mask reuses them)."""
 
     kernel = "flex"
+
+    def __init__(self, store: Optional[dict] = None) -> None:
+        self.store = {} if store is None else store
 
     def _fwd(self, spec: FlexSpec, scale: float):
         def fwd(q, k, v):
             if not on_device(q):
                 return dense_reference(spec, q, k, v, scale)
-            return flex_call(compiled_flex(), q, k, v, block_mask(spec, q.device), scale)
+            return flex_call(compiled_flex(), q, k, v, block_mask(spec, q.device, self.store), scale)
         return fwd
 
     def forward(self, spec: FlexSpec, q, k, v, scale: float):

@@ -172,3 +172,18 @@ def test_flex_backward_runs_inside_the_custom_op():
     want = torch.autograd.grad(ref, leaves, dout.double())
     assert rel_err(out.detach(), ref.detach()) < 1e-5
     assert all(rel_err(g, w) < 1e-5 for g, w in zip(grads, want))
+
+
+def test_flex_pairs_share_one_mask_function_per_shape():
+    """Every pair of a mask (same padded shape, same device) hands flex the same mask function, loaded with
+    the pair's own positions: the compiled kernel is not recompiled per pair."""
+    from burstattn.kernels.flex import flex_slot
+
+    mask = AttnMask(mask_mod=lambda q, k: (k < 20) | (q - k < 6), block_size=16)
+    specs = [flex_pair(mask, True, local_positions(64, r, 2, "zigzag"), local_positions(64, s, 2, "zigzag"), 64)
+             for r, s in ((0, 0), (1, 0))]
+    store: dict = {}
+    a = flex_slot(store, specs[0], "cpu")
+    b = flex_slot(store, specs[1], "cpu")
+    assert a.fn is b.fn and len(store) == 1
+    assert torch.equal(b.tensors[0], specs[1].q_pos) and not torch.equal(specs[0].q_pos, specs[1].q_pos)
