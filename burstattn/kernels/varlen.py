@@ -57,14 +57,22 @@ def cumulative(cu: tuple, batch: int, device) -> torch.Tensor:
     return torch.cat(parts).to(device=device, dtype=torch.int32)
 
 
+def _window_kwargs(call: BandCall) -> dict:
+    """The window keywords, only where the call has a window beyond ``is_causal`` (documents alone pass none,
+    so they run on PyTorch builds whose flash ops predate the window arguments too)."""
+    if call.window in ((-1, -1), (-1, 0)):
+        return {}
+    left, right = call.window
+    return dict(window_size_left=left, window_size_right=right)
+
+
 def flash_forward_args(call: BandCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                        batch: int) -> tuple[tuple, dict]:
     """``(args, kwargs)`` of ``aten._flash_attention_forward`` for packed ``q [B*T, H, D]``, ``k, v``."""
     d = q.device
     args = (q, k, v, cumulative(call.cu_q, batch, d), cumulative(call.cu_k, batch, d), call.max_q, call.max_k,
             0.0, call.causal, False)
-    left, right = call.window
-    return args, dict(scale=scale, window_size_left=left, window_size_right=right)
+    return args, dict(scale=scale, **_window_kwargs(call))
 
 
 def flash_backward_args(call: BandCall, dout, q, k, v, out, lse, scale: float, batch: int) -> tuple[tuple, dict]:
@@ -76,8 +84,7 @@ def flash_backward_args(call: BandCall, dout, q, k, v, out, lse, scale: float, b
     unused = torch.empty((), dtype=torch.uint64, device=d)
     args = (dout, q, k, v, out, lse, cumulative(call.cu_q, batch, d), cumulative(call.cu_k, batch, d),
             call.max_q, call.max_k, 0.0, call.causal, rng, unused)
-    left, right = call.window
-    return args, dict(scale=scale, window_size_left=left, window_size_right=right)
+    return args, dict(scale=scale, **_window_kwargs(call))
 
 
 def efficient_mask_type(call: BandCall) -> Optional[int]:

@@ -161,7 +161,11 @@ def test_flash_arguments_match_the_aten_schemas_and_shape_functions():
     assert vl.schema_problem(vl.FLASH_FWD, args, kw) is None
     assert args[3].tolist() == [0] + [x + b * c.cu_q[-1] for b in range(2) for x in c.cu_q[1:]]
     assert args[3].dtype == torch.int32 and (args[5], args[6]) == (c.max_q, c.max_k)
-    assert (kw["window_size_left"], kw["window_size_right"], args[8]) == (*c.window, c.causal)
+    assert args[8] == c.causal and c.window == (-1, -1) and "window_size_left" not in kw  # documents: no window
+    w = varlen_bands(MASKS["wide"], True, *(local_positions(96, 0, 1, "contiguous"),) * 2, 96).calls[0]
+    wargs, wkw = vl.flash_forward_args(w, q, k, k, 0.25, 2)
+    assert (wkw["window_size_left"], wkw["window_size_right"], wargs[8]) == (*w.window, False) == (40, 0, False)
+    assert vl.schema_problem(vl.FLASH_FWD, wargs, wkw) is None
     lse = torch.zeros(4, q.shape[0])
     bargs, bkw = vl.flash_backward_args(c, q, q, k, k, q, lse, 0.25, 2)
     assert vl.schema_problem(vl.FLASH_BWD, bargs, bkw) is None
