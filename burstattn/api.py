@@ -109,11 +109,15 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dropou
             plain one, never SDPA's atomics).
         options: a :class:`burstattn.BurstOptions` holding the rare options below (backend, backward,
             schedule, topology, kv_layout, cu_seqlens (_q, _k), max_seqlen (_q, _k), document_ids, mask_mod,
-            mask, sinks, grad_partials); or give them as keywords one by one (not both).
-        grad_partials: ``"float32"`` (default): every kernel's gradient partial of 16-bit inputs is
-            float32 from the start (kernels run on float32 copies of one tile at a time), within
-            flash-attn's accuracy rule; ``"kernel"``: the kernel's own output dtype (faster; each
-            partial rounded to 16 bits before the float32 accumulation).
+            mask, sinks, grad_partials, device_type); or give them as keywords one by one (not both).
+        grad_partials: ``"auto"`` (default): ``"kernel"`` on CUDA, ``"float32"`` elsewhere;
+            ``"float32"``: every kernel's gradient partial of 16-bit inputs is float32 from the start
+            (kernels run on float32 copies of one tile at a time), within flash-attn's accuracy rule;
+            ``"kernel"``: one kernel call per block pair in the inputs' dtype, each partial rounded to 16
+            bits before the float32 accumulation (flash-attn's own ring does the same). On CUDA a masked
+            pair is one kernel call (docs/strategies.md, "What runs on a GPU").
+        device_type: the device type the kernel policy is chosen for: ``None`` (the tensors' own) or
+            ``"cuda"`` / ``"cpu"`` (a dry run models a GPU on fake CPU tensors).
 
     Returns:
         ``out [batch, local_seq, q_heads, v_head_dim]`` in q's dtype (and ``lse``). Under
@@ -131,7 +135,7 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dropou
                    layout=layout, backend=o["backend"], backward=o["backward"], schedule=o["schedule"],
                    topology=o["topology"], mask_args=mask_args(o, window), kv_layout=o["kv_layout"], softcap=softcap,
                    alibi_slopes=alibi_slopes, sinks=o["sinks"], dropout_p=dropout_p, deterministic=deterministic,
-                   grad_partials=o["grad_partials"])
+                   grad_partials=o["grad_partials"], device_type=o["device_type"])
     out, lse = run_call(call, q, k, v)
     return (out, lse) if return_lse else out
 
@@ -178,7 +182,7 @@ class BurstAttention(nn.Module):
         self.mask = amask
         self.options = BurstOptions(backend=o["backend"], backward=o["backward"], schedule=o["schedule"],
                                     topology=o["topology"], kv_layout=o["kv_layout"], mask=amask,
-                                    grad_partials=o["grad_partials"])
+                                    grad_partials=o["grad_partials"], device_type=o["device_type"])
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """``q [B, n, Hq, D]``, ``k [B, n_k, Hkv, D]``, ``v [B, n_k, Hkv, Dv]`` -> ``[B, n, Hq, Dv]`` (and

@@ -13,7 +13,8 @@ LAYOUTS = ("contiguous", "zigzag", "striped")
 BACKENDS = ("auto", "reference", "cpu_flash", "sdpa", "flash_attn")
 BACKWARDS = ("auto", "burst", "kv")
 SCHEDULES = ("ring", "distflash", "double")
-GRAD_PARTIALS = ("float32", "kernel")
+GRAD_PARTIALS = ("auto", "float32", "kernel")
+DEVICE_TYPES = ("cpu", "cuda")  # what a step may be modelled on (Call.device_type)
 
 Window = Optional[tuple[Optional[int], Optional[int]]]
 

@@ -45,10 +45,14 @@ class Call:
             with cross-attention the two sequences have their own lengths.
         softcap: Gemma 2 / Grok score capping ``softcap * tanh(s / softcap)`` of the scaled scores.
         deterministic: flash-attn's flag (every path here is deterministic; see the API docs).
-        grad_partials: ``"float32"`` (the default): every kernel's dQ/dK/dV partial is produced in
-            float32 for 16-bit inputs (the kernel runs on float32 copies of one tile at a time), so
-            nothing is rounded to 16 bits before the float32 accumulation; ``"kernel"``: the
-            kernel's own output dtype (faster, up to one 16-bit rounding per partial).
+        grad_partials: ``"auto"`` (the default): ``"kernel"`` on CUDA, ``"float32"`` elsewhere
+            (:func:`burstattn.kernels.policy.kernel_policy`); ``"float32"``: every kernel's dQ/dK/dV partial
+            is produced in float32 for 16-bit inputs (the kernel runs on float32 copies of one tile at a
+            time), so nothing is rounded to 16 bits before the float32 accumulation; ``"kernel"``: the
+            kernel's own output dtype (one kernel call per block pair; up to one 16-bit rounding per
+            partial, accumulated in float32).
+        device_type: the device type the kernel policy is chosen for: ``None`` (the tensors' own),
+            ``"cuda"`` or ``"cpu"``; a dry run states ``"cuda"`` for its fake CPU tensors.
         grad: this rank will run the backward (checked across ranks: a rank without it hangs the others).
         options: the strategy's own options as sorted ``(name, value)`` pairs of ints and strings
             (usp's degrees or sub-group names).
@@ -68,7 +72,8 @@ class Call:
     kv_layout: Optional[object] = field(default=None, metadata={"codec": "layout"})  # None: like ``layout``
     softcap: Optional[float] = None  # scores -> softcap * tanh(scores / softcap) (None: off)
     deterministic: bool = False
-    grad_partials: str = "float32"  # "float32": kernel gradient partials in float32; "kernel": as returned
+    grad_partials: str = "auto"  # "auto": "kernel" on CUDA, "float32" elsewhere (kernels.policy)
+    device_type: Optional[str] = None  # the device the step is modelled on (None: the tensors')
     grad: bool = False
     strategy: str = "burst"
     fn: str = "burst_attn_func"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -24,8 +24,12 @@ from ..comm.transport import pass_transport
 from ..engine.passes import BlockCalls
 from ..engine.run import attention_backward, attention_forward, build_plan, head_groups
 from ..kernels import ScoreMods, get_kernel, resolve_backend
+from ..kernels.flex import FlexPair
+from ..kernels.pair import VarlenPair
+from ..kernels.policy import KernelPolicy, kernel_policy
 from ..layouts.named import local_positions
 from ..masks.blocks import layout_key, op_mask
+from ..masks.pairs import flex_pair, varlen_bands
 from ..masks.setup import GuardedMaskMod, effective_mask, raise_mask_failures
 from .call import Call
 
@@ -93,13 +97,43 @@ def kernel_needs(cfg: Call, head_dim: int, v_head_dim: int) -> frozenset:
                      if on)
 
 
+def step_policy(cfg: Call, q: torch.Tensor, v: torch.Tensor, mask_kind: str = "none") -> KernelPolicy:
+    """The :class:`~burstattn.kernels.policy.KernelPolicy` of the call's steps: for ``cfg.device_type``
+    (the device the step is modelled on), else the tensors' own device."""
+    return kernel_policy(cfg.device_type or q.device.type, q.dtype, cfg.backend, mask_kind, cfg.grad_partials,
+                         kernel_needs(cfg, q.shape[-1], v.shape[-1]))
+
+
+def pair_calls(cfg: Call, policy: KernelPolicy, pos: CallPositions, mask) -> tuple[object, Callable]:
+    """``(pair_kernel, pair_spec)`` of a masked call whose pairs run in one kernel call
+    (:class:`~burstattn.engine.passes.BlockCalls`): the varlen kernels' bands or Flex's block mask of the
+    pair of ranks ``(q_owner, k_owner)`` from their positions (``None``: the pair keeps its block ops)."""
+    if policy.masked == "flex":
+        raw = getattr(mask.mask_mod, "fn", mask.mask_mod)  # the user's predicate (not the eager guard)
+        home = cfg.mask if cfg.mask is not None else mask  # the user's object holds the cache (not the guarded copy)
+
+        def spec(q_owner: int, k_owner: int):
+            with host_side():
+                return flex_pair(home, cfg.causal, pos.q[q_owner], pos.k[k_owner], pos.q_len, pos.k_len, raw)
+        return FlexPair(home.cache), spec
+    kernel = VarlenPair(policy.kernel)
+
+    def bands(q_owner: int, k_owner: int):
+        with host_side():
+            got = varlen_bands(mask, cfg.causal, pos.q[q_owner], pos.k[k_owner], pos.q_len, pos.k_len)
+        return got if got is not None and got.calls and kernel.supports(got) else None
+    return kernel, bands
+
+
 def block_calls(cfg: Call, masked: bool, pos: CallPositions, scale: float, q: torch.Tensor, v: torch.Tensor,
                 alibi: Optional[torch.Tensor] = None, mask=None) -> BlockCalls:
-    """The kernel calls of a call: the one kernel choice (``cfg.backend``, resolved) and the one
-    fallback for PARTIAL ops when that kernel takes no mask. ``masked``: the plan has PARTIAL ops
-    (a mask plan, :class:`~burstattn.masks.plan.MaskPlan`), whose bool blocks come from ``mask``
-    (default the call's own) at the positions ``pos``; ``alibi``: the ``[B or 1, Hq]`` slopes
-    (float32). ``q``, ``v``: any tensors of the call's device, dtype and head sizes."""
+    """The kernel calls of a call: the one kernel choice (``cfg.backend``, resolved), the one
+    fallback for PARTIAL ops when that kernel takes no mask, and the step policy
+    (:func:`step_policy`: float32 gradient tiles or the kernel's own partials; a masked pair as one
+    kernel call on CUDA). ``masked``: the plan has PARTIAL ops (a mask plan,
+    :class:`~burstattn.masks.plan.MaskPlan`), whose bool blocks come from ``mask`` (default the call's own)
+    at the positions ``pos``; ``alibi``: the ``[B or 1, Hq]`` slopes (float32). ``q``, ``v``: any tensors of
+    the call's device, dtype and head sizes."""
     kernel = get_kernel(cfg.backend, deterministic=cfg.deterministic)
     mods = None
     if cfg.softcap is not None or alibi is not None:
@@ -108,11 +142,15 @@ def block_calls(cfg: Call, masked: bool, pos: CallPositions, scale: float, q: to
     if not kernel.float32:  # flash-attn: the float32 partials run on a kernel that takes float32
         needs = kernel_needs(cfg, q.shape[-1], v.shape[-1])
         grad_kernel = get_kernel(resolve_backend("auto", q.device, torch.float32, needs))
+    mask = effective_mask(cfg) if masked and mask is None else mask
+    policy = step_policy(cfg, q, v, mask.kind if masked else "none")
     calls = BlockCalls(kernel, scale, mods=mods, positions=(pos.aligned, pos.k) if alibi is not None else None,
-                       fp32_grads=cfg.grad_partials == "float32", grad_kernel=grad_kernel)
+                       fp32_grads=policy.grad_partials == "float32", grad_kernel=grad_kernel)
     if not masked:
         return calls
-    mask = effective_mask(cfg) if mask is None else mask
+    if policy.one_call:
+        pair_kernel, pair_spec = pair_calls(cfg, policy, pos, mask)
+        calls = replace(calls, pair_kernel=pair_kernel, pair_spec=pair_spec)
 
     def mask_of(op, q_owner: int, k_owner: int):
         return op_mask(mask, cfg.causal, pos.q_len, pos.q[q_owner], pos.k[k_owner], op, pos.k_len)

@@ -29,7 +29,10 @@ class BurstOptions:
         mask_mod: ``mask_mod(q_pos, k_pos) -> bool`` over global positions (runs eagerly).
         mask: a prebuilt :class:`burstattn.AttnMask` (caches its block summaries).
         sinks: ``[q_heads]`` attention-sink logits (differentiable).
-        grad_partials: ``"float32"`` (default) or ``"kernel"``.
+        grad_partials: ``"auto"`` (default: ``"kernel"`` on CUDA, ``"float32"`` elsewhere), ``"float32"`` or
+            ``"kernel"`` (see :func:`burstattn.kernels.policy.kernel_policy`).
+        device_type: the device type the kernel policy is chosen for (``None``: the tensors' own; ``"cuda"``
+            for a dry run's fake CPU tensors modelled on a GPU).
     """
 
     backend: str = "auto"
@@ -47,7 +50,8 @@ class BurstOptions:
     mask_mod: Optional[Callable] = None
     mask: Optional[Any] = None
     sinks: Optional[Any] = None
-    grad_partials: str = "float32"
+    grad_partials: str = "auto"
+    device_type: Optional[str] = None
 
 
 RARE_KEYWORDS = tuple(f.name for f in fields(BurstOptions))

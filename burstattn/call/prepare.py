@@ -73,7 +73,7 @@ def refuse(fn: str, problem: tuple[type, str], group=None) -> None:
 def prepare(strategy: str, q, k, v, *, group, causal, softmax_scale, layout, fn: Optional[str] = None,
             backend: str = "auto", backward: str = "auto", schedule: str = "ring", topology=None,
             mask_args: Optional[dict] = None, kv_layout=None, softcap=None, alibi_slopes=None, sinks=None,
-            dropout_p=0.0, deterministic: bool = False, grad_partials: str = "float32",
+            dropout_p=0.0, deterministic: bool = False, grad_partials: str = "auto", device_type=None,
             options: Optional[dict] = None, problem: Optional[tuple[type, str]] = None) -> Call:
     """The :class:`~burstattn.call.Call` of one call of ``strategy``, built and checked once: the local
     check runs here once and the backend is resolved here once (the op does not repeat either).
@@ -85,7 +85,7 @@ def prepare(strategy: str, q, k, v, *, group, causal, softmax_scale, layout, fn:
     call = Call(causal=causal, softmax_scale=scale_value(softmax_scale), layout=layout_or_default(layout),
                 backend=backend, backward=backward, schedule=schedule, mask=amask, topology=topology,
                 kv_layout=kv_layout, softcap=softcap_value(softcap), deterministic=deterministic,
-                grad_partials=grad_partials, grad=runs_backward(q, k, v, sinks), strategy=strategy,
+                grad_partials=grad_partials, device_type=device_type, grad=runs_backward(q, k, v, sinks), strategy=strategy,
                 fn=fn or label(strategy), where=where, options=tuple(sorted((options or {}).items())),
                 alibi=alibi_slopes, sinks=sinks)
     problem = problem or mask_problem or dropout_problem(dropout_p)

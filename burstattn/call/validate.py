@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from ..comm.host import host_side
 from ..comm.stats import active_stats
-from ..config import BACKENDS, BACKWARDS, GRAD_PARTIALS, LAYOUTS, SCHEDULES
+from ..config import BACKENDS, BACKWARDS, DEVICE_TYPES, GRAD_PARTIALS, LAYOUTS, SCHEDULES
 from ..engine.bytes import META_INTS
 from .call import Call
 
@@ -74,6 +74,8 @@ def option_problem(cfg: Call) -> Optional[tuple[type, str]]:
         return TypeError, f"deterministic must be a bool, got {type(cfg.deterministic).__name__} {cfg.deterministic!r}"
     if cfg.grad_partials not in GRAD_PARTIALS:
         return ValueError, f"grad_partials must be one of {GRAD_PARTIALS}, got {cfg.grad_partials!r}"
+    if cfg.device_type is not None and cfg.device_type not in DEVICE_TYPES:
+        return ValueError, f"device_type must be None or one of {DEVICE_TYPES}, got {cfg.device_type!r}"
     return None
 
 
@@ -201,7 +203,7 @@ def _modifiers_key(cfg: Call, alibi, sinks) -> int:
     """31-bit checksum of the score modifiers' settings, shapes and values (ALiBi slopes and sink logits
     that differ between ranks would give each rank another attention) and the kernel options."""
     text = (f"{cfg.softcap!r}|{None if alibi is None else tuple(alibi.shape)}|"
-            f"{None if sinks is None else tuple(sinks.shape)}|{cfg.deterministic}|{cfg.grad_partials}|"
+            f"{None if sinks is None else tuple(sinks.shape)}|{cfg.deterministic}|{cfg.grad_partials}|{cfg.device_type}|"
             f"{values_key(alibi)}|{values_key(sinks)}")
     return zlib.crc32(text.encode()) & 0x7FFFFFFF
 

@@ -120,7 +120,12 @@ class BlockCalls:
     16-bit backwards run on float32 copies of one tile at a time (:meth:`tile`: square, each side's
     float32 copy at most ``tile_elements``, at least :data:`FP32_TILE` rows), on ``grad_kernel`` when
     ``kernel`` takes no float32, so every dQ/dK/dV partial is float32 from the start (nothing rounded
-    to 16 bits before the accumulation)."""
+    to 16 bits before the accumulation).
+
+    ``pair_kernel`` / ``pair_spec``: a masked pair in ONE kernel call per rule (the GPU's path,
+    :mod:`burstattn.kernels.policy`): ``pair_spec(q_owner, k_owner)`` is what the kernel takes for the pair
+    (``None``: the pair runs its block ops), ``pair_kernel.forward(spec, q, k, v, scale) -> (rows, out_j,
+    lse_j)`` and ``.backward(spec, dout, q, k, v, out, lse, scale) -> (rows, keys, dq_j, dk_j, dv_j)``."""
 
     kernel: Kernel
     scale: float
@@ -131,6 +136,14 @@ class BlockCalls:
     fp32_grads: bool = False
     grad_kernel: Optional[Kernel] = None
     tile_elements: int = CHUNK_ELEMENTS
+    pair_kernel: Optional[object] = None
+    pair_spec: Optional[Callable] = None
+
+    def spec_of(self, pair) -> Optional[object]:
+        """The one-call kernel's input for ``pair`` (``None``: its block ops run)."""
+        if self.pair_kernel is None or not pair.ops:
+            return None
+        return self.pair_spec(pair.q, pair.k)
 
     def tile(self, q: torch.Tensor, v: torch.Tensor) -> int:
         """Rows and keys of a float32 tile for ``q [B, h, n, D]``, ``v [..., Dv]``: a tile's widest
@@ -299,6 +312,11 @@ def forward_compute(calls: BlockCalls, split: Callable = stacked_kv):
     def compute(pair, data):
         q = data[Key("q", pair.q)][0]
         k, v = split(data[Key("kv", pair.k)])
+        spec = calls.spec_of(pair)
+        if spec is not None:  # the whole masked pair in one kernel call per rule
+            rows, o_j, lse_j = calls.pair_kernel.forward(spec, q, k, v, calls.scale)
+            yield Key("q", pair.q), Partial(rows, (o_j, lse_j))
+            return
         for op in pair.ops:
             res = calls.forward(op, q, k, v, pair.q, pair.k)
             if res is not None:
@@ -315,6 +333,12 @@ def backward_compute(calls: BlockCalls, own_q: int, own_out: torch.Tensor, split
         q, dout, ld = data[Key("q", pair.q)]
         k, v = split(data[Key("kv", pair.k)])
         out = own_out if pair.q == own_q else pseudo_out(dout, ld[1])
+        spec = calls.spec_of(pair)
+        if spec is not None:
+            qs, ks, dq_j, dk_j, dv_j = calls.pair_kernel.backward(spec, dout, q, k, v, out, ld[0], calls.scale)
+            yield Key("q", pair.q), Partial(qs, (dq_j,))
+            yield Key("kv", pair.k), Partial(ks, (dk_j, dv_j))
+            return
         for qs, ks, dq_j, dk_j, dv_j in calls.backward(pair.ops, dout, q, k, v, out, ld[0], pair.q, pair.k):
             yield Key("q", pair.q), Partial(qs, (dq_j,))
             yield Key("kv", pair.k), Partial(ks, (dk_j, dv_j))

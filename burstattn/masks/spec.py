@@ -137,6 +137,16 @@ class AttnMask:
         return self.window is None and self.bounds is None and self.mask_mod is None
 
     @property
+    def kind(self) -> str:
+        """The mask's kind for the kernel policy (:data:`burstattn.kernels.policy.MASK_KINDS`): ``"none"``,
+        ``"window"``, ``"documents"``, ``"documents+window"``, ``"mask_mod"`` or ``"mixed"`` (a ``mask_mod``
+        with a window or documents)."""
+        interval = [n for n, on in (("documents", self.bounds is not None), ("window", self.window is not None)) if on]
+        if self.mask_mod is not None:
+            return "mixed" if interval else "mask_mod"
+        return "+".join(interval) if interval else "none"
+
+    @property
     def keys_bounds(self) -> Optional[torch.Tensor]:
         """The key sequence's document boundaries (``cu_seqlens_k``, else the queries')."""
         return self.bounds if self.kv_bounds is None else self.kv_bounds

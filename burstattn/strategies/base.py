@@ -13,7 +13,8 @@ MASK_OPTIONS = ("window", "cu_seqlens", "document_ids", "mask_mod", "mask")
 # the options of today's models (cross-attention, varlen documents of their own, score modifiers,
 # sinks, flash-attn's flags): the engine strategies (burst, ring) take them all
 MODEL_OPTIONS = ("kv_layout", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen", "max_seqlen_q", "max_seqlen_k",
-                 "softcap", "alibi_slopes", "sinks", "dropout_p", "deterministic", "grad_partials")
+                 "softcap", "alibi_slopes", "sinks", "dropout_p", "deterministic", "grad_partials",
+                 "device_type")
 
 
 MASK_ARGS = MASK_OPTIONS + ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen", "max_seqlen_q", "max_seqlen_k")

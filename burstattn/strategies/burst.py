@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import torch
 
-from ..call.engine_adapter import backward_pass, forward_pass
+from ..call.engine_adapter import backward_pass, forward_pass, step_policy
 from ..call.prepare import prepare
 from ..engine.bytes import accum_dtype, choose_backward, ring_bytes
 from ..masks.setup import plan_for
@@ -49,8 +49,8 @@ def plan_of(call, q, k):
 def alone(call, q, k) -> bool:
     """Whether this call is one dense kernel block: a world of one, the same query and key length, no
     mask, score modifier or sinks, and gradient partials that the kernel's own backward produces exactly
-    (float32 / float64, ``grad_partials="kernel"``, or a GPU's cuDNN / flash kernel: one block has no
-    partials to sum, and its float32-accumulated 16-bit gradients are flash-attn's own, the rule's
+    (float32 / float64, ``grad_partials="kernel"`` (the default ``"auto"`` on CUDA), or a GPU's cuDNN /
+    flash kernel: one block has no partials to sum, and its float32-accumulated 16-bit gradients are flash-attn's own, the rule's
     reference; the float32 tiles would run it in float32, SDPA's memory-efficient kernel, 6-10x slower on
     an H200, bench/results/cuda). The engine would run the same single block through its loop (its copies, float32
     accumulators and merges), which costs 10-15% at 1,024 tokens on CPU."""
@@ -58,7 +58,8 @@ def alone(call, q, k) -> bool:
     return ((w is None or w.world_size == 1) and call.plan is None and call.mask is None and call.alibi is None
             and call.sinks is None and not call.softcap and q.shape[1] == k.shape[1]
             and isinstance(call.layout, str) and (call.kv_layout is None or isinstance(call.kv_layout, str))
-            and (q.dtype in EXACT_ALONE or call.grad_partials == "kernel" or (q.is_cuda and call.backend in GPU_KERNELS)))
+            and (q.dtype in EXACT_ALONE or step_policy(call, q, q).grad_partials == "kernel"
+                 or (q.is_cuda and call.backend in GPU_KERNELS)))
 
 
 def forward(call, q, k, v):
