@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..models.config import LlamaConfig
+from .gpu_call import gpu_call_units, kernel_bytes
 from .plans import head_groups
 
 
@@ -149,82 +150,66 @@ ALONE = ("burst", "ring", "distflash")  # over one rank: one kernel call (strate
 
 
 def alone_buffers(*, batch: int, local_seq: int, q_heads: int, kv_heads: int, head_dim: int, e: int,
-                  backward: bool) -> float:
+                  backward: bool, kernel: Optional[str] = None) -> float:
     """A ring strategy over one rank (one GPU, or cp = 1 beside tp): one kernel call, forward its output
-    and LSE; backward also dQ, dK, dV and flash-attn 2's backward workspace (float32 ``dq_accum
-    [B, n, Hq, d]`` and ``softmax_d [B, Hq, n]``: ``train.dryrun.flash_workspace_bytes``)."""
+    and LSE; backward also dQ, dK, dV and, on a GPU (``kernel``: the backend,
+    :data:`~burstattn.kernels.workspace.GPU_BACKENDS`), what that kernel allocates besides
+    (:func:`~burstattn.kernels.workspace.kernel_workspace`: float32 ``dq_accum`` and ``softmax_d``, the
+    expanded dK/dV of grouped K/V heads; the call's ``[B, n, H, D]`` views are read as they are)."""
+    from ..kernels.workspace import kernel_workspace
+
     rows = batch * local_seq
     out_lse = rows * q_heads * (head_dim * e + 4)
     if not backward:
         return out_lse
-    return out_lse + rows * (q_heads + 2 * kv_heads) * head_dim * e + rows * q_heads * (head_dim + 1) * 4
-
-
-# A 16-bit backward runs on float32 copies of one square tile at a time (``engine.passes.BlockCalls``: q, dO,
-# O and K, V, and the kernel's float32 gradients): TILE_BYTES bytes per tile row and (query + kv) head
-# element of the call's head group, the tile's side the kernel call's query rows capped by
-# ``kernels.base.chunk_rows`` (32 MiB of float32 per side). Fitted against the dry run's attention call
-# (bf16, world 2, zigzag, n = 8,192-32,768, heads 4/1 and 8/2, d = 64: within 2%; MHA 4/4: 16% over).
-TILE_BYTES = 12
-
-
-def tile_bytes(strategy: str, *, batch: int, local_seq: int, world: int, q_heads: int, kv_heads: int,
-               head_dim: int, e: int, groups: int = 1, ulysses: int = 1) -> float:
-    """The float32 tile copies of a 16-bit attention backward (:data:`TILE_BYTES`; 0 for 32 and 64
-    bits). The kernel call's query rows: half the local shard for the ring strategies and allgather
-    (zigzag's halves), half of what the all-to-all gathers for ulysses and usp (their heads over its
-    degree), the whole sequence for tp (``local_seq``). None over one rank (``world`` 1: tp alone, or one
-    GPU): on a GPU such a call is one dense block with the kernel's own 16-bit backward
-    (``strategies.burst.alone``; the dry run takes that path, ``train.dryrun.as_on_a_gpu``)."""
-    from ..kernels.base import chunk_rows
-
-    if e >= 4 or world == 1:  # one rank (tp, one GPU): one dense block, the GPU kernel's own backward (alone())
-        return 0.0
-    hq, hkv = q_heads / groups, kv_heads / groups
-    rows = local_seq // 2
-    if strategy in ("ulysses", "usp"):
-        degree = world if strategy == "ulysses" else max(1, ulysses)
-        rows, hq, hkv = local_seq * degree // 2, hq / degree, max(1.0, hkv / degree)
-    elif strategy.startswith("tp"):
-        rows = local_seq
-    side = min(rows, chunk_rows(int(batch * hq * head_dim)))
-    return TILE_BYTES * batch * side * (hq + hkv) * head_dim
+    ws = 0 if kernel is None else kernel_workspace(kernel, batch=batch, q_heads=q_heads, kv_heads=kv_heads,
+                                                   q_rows=local_seq, k_rows=local_seq, head_dim=head_dim,
+                                                   element_size=e, backward=True)
+    return out_lse + rows * (q_heads + 2 * kv_heads) * head_dim * e + ws
 
 
 def attention_buffers(strategy: str, *, batch: int, local_seq: int, world: int, q_heads: int, kv_heads: int,
                       head_dim: int, e: int, backward: bool, schedule: str = "ring", bwd_mode: str = "burst",
-                      ulysses: int = 1, head_chunks: int = 1) -> float:
+                      ulysses: int = 1, head_chunks: int = 1, kernel: Optional[str] = None) -> float:
     """Peak bytes one attention call allocates on one device beyond q, k, v and dO (:data:`CALL_UNITS`,
     :data:`GROUP_UNITS` over the library's ``head_groups``; 16-bit inputs with float32 accumulators count
     ``(e + 4) / 2`` bytes per element). ``q_heads`` / ``kv_heads`` are this tp rank's; for ``tp-v1`` /
     ``tp-v3`` (no sequence split) ``local_seq`` is the whole sequence. Raises ``ValueError`` for an
-    unknown strategy. ``head_chunks``: the call over that many groups of heads (:data:`CHUNK_CONCAT`)."""
+    unknown strategy. ``head_chunks``: the call over that many groups of heads (:data:`CHUNK_CONCAT`).
+    ``kernel``: on a GPU, the attention kernel's backend (one kernel call per head group and block op in the
+    inputs' dtype, its own buffers: :func:`kernel_bytes`); ``None``: a CPU (16-bit backwards on float32
+    tiles: :func:`tile_bytes`)."""
     if head_chunks > 1:
         group = attention_buffers(strategy, batch=batch, local_seq=local_seq, world=world, q_heads=q_heads // head_chunks,
                                   kv_heads=max(1, kv_heads // head_chunks), head_dim=head_dim, e=e, backward=backward,
-                                  schedule=schedule, bwd_mode=bwd_mode, ulysses=ulysses)
+                                  schedule=schedule, bwd_mode=bwd_mode, ulysses=ulysses, kernel=kernel)
         whole = (2 + 2 * kv_heads / q_heads) if backward else 1.0  # the earlier groups' outputs (and gradients)
         unit = q_heads * batch * local_seq * head_dim * (e + 4) / 2
         return group + unit * (whole * (head_chunks - 1) / head_chunks + (CHUNK_CONCAT if backward else 1.0))
     key = "distflash" if (strategy == "burst" and schedule == "distflash") else strategy
-    if world == 1 and key in ALONE:
+    if (world == 1 and key in ALONE) or key in ("tp-v1", "tp-v3"):  # tp-v1/v3: burst over a cp group of one
         return alone_buffers(batch=batch, local_seq=local_seq, q_heads=q_heads, kv_heads=kv_heads,
-                             head_dim=head_dim, e=e, backward=backward)
+                             head_dim=head_dim, e=e, backward=backward, kernel=kernel)
+    grouped = key in GROUP_UNITS
+    groups = head_groups(batch, local_seq, q_heads, kv_heads, head_dim) if grouped else 1
+    call = dict(batch=batch, local_seq=local_seq, world=world, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim)
+    gpu = None if kernel is None or e >= 4 else gpu_call_units(key, backward=backward, ulysses=ulysses, **call)
+    if gpu is not None:  # a GPU in 16 bits: one kernel call per step and head group (sim.gpu_call)
+        ws = kernel_bytes(key, kernel, e=e, groups=groups, ulysses=ulysses, **call) if backward else 0.0
+        return gpu * batch * local_seq * q_heads * head_dim * e + ws
     if key not in CALL_UNITS:
         raise ValueError(f"no memory model for strategy {strategy!r}; known: {sorted(CALL_UNITS)}")
     cq, ckv, cg = CALL_UNITS[key]
     per_elem = (e + 4) / 2
     ratio = kv_heads / q_heads
     units = cq + ckv * ratio + (cg if kv_heads < q_heads else 0.0)
-    grouped = key in GROUP_UNITS
     if grouped:
-        groups = head_groups(batch, local_seq, q_heads, kv_heads, head_dim)
         gq, gkv = GROUP_UNITS[key]
         units = units + (gq + gkv * ratio) / groups if backward else GROUP_FORWARD[0] + GROUP_FORWARD[1] / groups
     total = units * q_heads * batch * local_seq * head_dim * per_elem
     if backward:
-        total += tile_bytes(key, batch=batch, local_seq=local_seq, world=world, q_heads=q_heads, kv_heads=kv_heads,
-                            head_dim=head_dim, e=e, groups=groups if grouped else 1, ulysses=ulysses)
+        total += tile_bytes(key, e=e, groups=groups, ulysses=ulysses, **call) if kernel is None else \
+            kernel_bytes(key, kernel, e=e, groups=groups, ulysses=ulysses, **call)
     if strategy == "rsa":
         total += 2 * batch * q_heads * local_seq * world * local_seq * 4
     return total if (backward or grouped) else FORWARD_SHARE * total
@@ -248,8 +233,8 @@ def eager_kept_units(strategy: str, *, world: int, q_heads: int, kv_heads: int, 
 
     if strategy == "ulysses":
         return a2a(world)
-    if strategy == "usp":
-        return a2a(max(1, ulysses)) + 4.0
+    if strategy == "usp":  # its inner ring's head-sharded q, k, v and output, as ulysses' (dry run, small, MHA)
+        return a2a(max(1, ulysses))
     if strategy == "rsa":
         return 2.0 + seq_len * 4 / (head_dim * e)
     if strategy == "tp":
@@ -265,8 +250,9 @@ def eager_shared_units(strategy: str, *, q_heads: int, kv_heads: int) -> float:
     same steps with and without these strategies (small-l3 at 2,048 tokens over 2 ranks, float32, and the
     dry run of llama3-8b at 128K over 8, bf16: allgather's ``none`` step holds what burst's holds,
     ulysses' one query shard more at llama3-8b and 1.5 at small-l3's repeated kv heads, docs/simulation.md).
-    ``usp`` is left at 0 (not measured: conservative)."""
-    return (q_heads + 2 * kv_heads) / q_heads if strategy in ("allgather", "ulysses") else 0.0
+    ``usp`` keeps, as ulysses, its head-sharded copies in their place (the dry run of ``small`` over 4 ranks:
+    with 0 here the model held 2.1x the kept activations of the step)."""
+    return (q_heads + 2 * kv_heads) / q_heads if strategy in ("allgather", "ulysses", "usp") else 0.0
 
 
 def replicated_kv_params(model: LlamaConfig, tp: int) -> float:

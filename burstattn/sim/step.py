@@ -85,6 +85,10 @@ class SimConfig:
     head_chunks: int = 1
     """The attention over this many groups of heads, one after another (``--head-chunks``): the
     call's buffers scale with one group (:func:`burstattn.sim.memory.attention_buffers`)."""
+    kernel: str = "sdpa"
+    """The GPU attention kernel whose own buffers are counted (``sdpa`` or ``flash_attn``:
+    :mod:`burstattn.kernels.workspace`; the dry run's ``--dry-run-kernel``); a CPU spec (``host_is_device``)
+    counts the CPU's float32 tiles instead."""
 
     @property
     def gpus(self) -> int:
@@ -338,7 +342,8 @@ def memory_model(cfg: SimConfig, bwd_mode: Optional[str] = None) -> mem.Memory:
         cache = mem.kv_cache_bytes(m, batch=b, tokens=tokens, tp=tp, e=e)
         return mem.Memory(params, 0.0, 0.0, b * h * 16 * e, 0.0, cache, hw.mem_bytes)
     call = dict(batch=b, local_seq=cfg.seq_len // cp, world=cp, q_heads=m.n_heads // tp, kv_heads=kv_heads,
-                head_dim=m.head_dim, e=e, schedule=cfg.schedule, bwd_mode=bwd_mode, head_chunks=cfg.head_chunks)
+                head_dim=m.head_dim, e=e, schedule=cfg.schedule, bwd_mode=bwd_mode, head_chunks=cfg.head_chunks,
+                ulysses=cfg.ulysses_degree or 1, kernel=None if hw.host_is_device else cfg.kernel)
     if not train:
         acts = tokens * (4 * h + 2 * (h + 2 * kvd) / tp + 3 * f / tp) * e  # one layer's transient activations
         cache = mem.kv_cache_bytes(m, batch=b, tokens=tokens, tp=tp, e=e)
@@ -346,10 +351,14 @@ def memory_model(cfg: SimConfig, bwd_mode: Optional[str] = None) -> mem.Memory:
         return mem.Memory(params, grads, opt, acts, attn_mem, cache, hw.mem_bytes)
     shape = ActivationShape(rows=tokens // tp if (sp and tp > 1) else tokens, attn_rows=tokens, tp=tp, e=e)
     out_lse = tokens * (m.n_heads // tp) * (m.head_dim * e + 4)
-    attn_bwd = max(0.0, mem.attention_buffers(cfg.strategy, backward=True, **call) - out_lse)
-    attn_fwd = mem.attention_buffers(cfg.strategy, backward=False, **call)
     eager = mem.eager_kept_units(cfg.strategy, world=cp, q_heads=m.n_heads // tp, kv_heads=kv_heads, head_dim=m.head_dim,
                                  e=e, seq_len=cfg.seq_len, ulysses=cfg.ulysses_degree or 1)
+    # what the call keeps from its forward is counted with the layer's kept tensors: on a GPU in 16 bits the call's
+    # units (sim.gpu_call, read off whole calls) include the head-sharded copies ulysses and usp save
+    saved = out_lse + (max(0.0, eager - 1.0) * tokens * (m.n_heads // tp) * m.head_dim * e
+                       if cfg.strategy in ("ulysses", "usp") and call["kernel"] and e < 4 else 0.0)
+    attn_bwd = max(0.0, mem.attention_buffers(cfg.strategy, backward=True, **call) - saved)
+    attn_fwd = mem.attention_buffers(cfg.strategy, backward=False, **call)
     acts = training_activations(m, shape, checkpointing=cfg.checkpointing, eager_units=eager,
                                 through_op=cfg.strategy in THROUGH_OP, mlp_chunk=cfg.mlp_chunk,
                                loss_chunk=cfg.loss_chunk, attention_fwd=attn_fwd, fused_loss=cfg.fused_loss,
