@@ -241,8 +241,10 @@ def run_planner(ns) -> int:
             res = max_seq_len(model, ns.gpus, hw, ns.mode, ns.batch, fixed=fixed)
             if ns.verify:  # only lengths a dry run confirms fit, with headroom (.verify_len)
                 from .verify_len import confirm_lengths, format_confirmed
+                from ..sim.step import host_capacity
                 done = confirm_lengths(res, ns.verify, lambda n: plan(
-                    model, n, ns.gpus, hw, ns.mode, ns.batch, model_name=ns.model, fixed=fixed), hw.mem_bytes)
+                    model, n, ns.gpus, hw, ns.mode, ns.batch, model_name=ns.model, fixed=fixed), hw.mem_bytes,
+                    host_capacity=host_capacity(hw, ns.gpus))
                 print(json.dumps({"confirmed": done}) if ns.json else format_confirmed(done, hw.mem_bytes))
                 return 0
             if ns.json:

@@ -18,6 +18,14 @@ back runs on the compute stream when the backward needs it. On CPU the tensors a
 host memory: nothing is copied (``copy_on_cpu=True``, for tests, makes a real copy so that the
 same bookkeeping is exercised). Views of one storage (the chunks of a blockwise MLP) share one
 host copy; each unpack copies back only its own view.
+
+Pinned host memory as it is allocated: PyTorch's pinned (page-locked) host allocator rounds every block up
+to a power of two (``ATen/core/CachingHostAllocator.h``; a 6.4 GiB layer input takes 8 GiB), so that freed
+blocks are reused by size. :func:`pinned_bytes` is that rounding and ``pinned_on_host`` its sum: what a GPU
+job's host copies hold. The allocator setting ``pinned_max_round_threshold_mb`` turns the rounding off above
+a size, but then blocks of different sizes share a free list, and torch up to 2.13 hands a larger request a
+smaller cached block (pytorch/pytorch#192722), so the library leaves the setting alone and the dry run and
+the planner count the rounded bytes.
 """
 from __future__ import annotations
 
@@ -29,6 +37,12 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.multiprocessing.reductions import StorageWeakRef
 
 OFFLOAD = ("none", "inputs", "all")
+
+
+def pinned_bytes(nbytes: int) -> int:
+    """Bytes the pinned host allocator takes for a block of ``nbytes``: the next power of two (0 for 0)."""
+    n = int(nbytes)
+    return 0 if n <= 0 else 1 << (n - 1).bit_length()
 
 
 def check_offload(mode: Any, name: str = "offload") -> None:
@@ -71,6 +85,7 @@ class HostOffload:
 
     ``with off.hooks(): ...`` around the forward; :meth:`mark` the layer inputs before they are
     saved. ``bytes_on_host`` counts the storage bytes copied (CUDA, or CPU with ``copy_on_cpu``).
+    ``pinned_on_host`` the same copies as the pinned allocator holds them (:func:`pinned_bytes`).
     ``host``: where the copies of CPU tensors go, for CPU tensors that stand for a device's
     (``burstattn train --dry-run``'s fake tensors: ``meta``, a device the dry run's tracker does not
     count as the GPU's, so the saved tensors leave the device as on a GPU and come back when
@@ -84,6 +99,7 @@ class HostOffload:
         self._marked: list[StorageWeakRef] = []
         self._stream = None
         self.bytes_on_host = 0
+        self.pinned_on_host = 0  # the same copies as pinned blocks (pinned_bytes): what a GPU's host holds
 
     @property
     def active(self) -> bool:
@@ -139,6 +155,7 @@ class HostOffload:
 
     def _copy_to_host(self, t: torch.Tensor, storage) -> _HostCopy:
         self.bytes_on_host += storage.nbytes()
+        self.pinned_on_host += pinned_bytes(storage.nbytes())
         if t.device.type == "cpu" and self.host is not None:  # no data to copy (the host is meta); a
             # whole-storage view (``set_``) of a fake tensor would keep its storage alive in the fake mode
             flat = torch.empty(storage.nbytes() // t.element_size(), dtype=t.dtype, device=self.host)

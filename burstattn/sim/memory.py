@@ -22,6 +22,19 @@ from .gpu_call import gpu_call_units, kernel_bytes
 from .plans import head_groups
 
 
+HEADROOM = 0.10
+"""Of the device memory every answer leaves free (``fits``, ``plan``, ``plan --max-seq-len`` and its ``--verify``):
+the CUDA caching allocator's rounding and fragmentation (blocks rounded and split; measured 0.5% over the
+allocated bytes for llama3-8b on an H200 and 13-29% for small models, docs/simulation.md) and the communication
+library's own buffers (NCCL's channels, the ring's staging), which neither the dry run nor the model counts.
+A stated assumption, the same for every answer."""
+HOST_RESERVE = 16 * 2**30
+"""Host memory each process keeps for itself, outside what offload may fill: its CUDA context, libraries, data
+loader and batch, and its share of the operating system's (a PyTorch training process takes several GiB
+resident before any offload). A node's host memory less this reserve per process is shared by its GPUs
+(``sim.step.host_capacity``). A stated assumption."""
+
+
 @dataclass(frozen=True)
 class Memory:
     """Bytes per device, by part, and whether the sum fits (device and host memory).
@@ -42,7 +55,9 @@ class Memory:
     gathered: float = 0.0
     """Of ``params``: what FSDP all-gathers during the step (allocated in it)."""
     host_state: float = 0.0
-    """Of ``host``: the offloaded optimizer's parameters, gradients and AdamW state (``offload_optimizer``)."""
+    """The offloaded optimizer's parameters, gradients and AdamW state (``offload_optimizer``), exact bytes."""
+    host_copied: float = 0.0
+    """The bytes copied to the host (``host`` is what the pinned allocator holds for them on a GPU)."""
     phase_totals: Optional[dict] = None
     """Training: the bytes of every phase beyond the weights and optimizer state (:mod:`.activations`)."""
     peak_grads: Optional[float] = None
@@ -55,8 +70,14 @@ class Memory:
         return self.params + grads + self.optimizer + self.activations + self.attention + self.kv_cache
 
     @property
+    def usable(self) -> float:
+        """The device bytes a plan may fill: the capacity less :data:`HEADROOM`."""
+        return (1.0 - HEADROOM) * self.capacity
+
+    @property
     def fits(self) -> bool:
-        return self.peak <= self.capacity and self.host <= self.host_capacity
+        """The peak within :attr:`usable` and the host bytes within the host's share."""
+        return self.peak <= self.usable and self.host <= self.host_capacity
 
     def parts(self) -> dict:
         """The peak by part: weights, optimizer state, KV cache, gradients, attention call and the
@@ -168,6 +189,38 @@ def alone_buffers(*, batch: int, local_seq: int, q_heads: int, kv_heads: int, he
     return out_lse + rows * (q_heads + 2 * kv_heads) * head_dim * e + ws
 
 
+# On a CPU (``grad_partials="float32"``, the CPU flash kernel's 16-bit partials) a 16-bit multi-rank
+# backward runs on float32 copies of one square tile at a time (``engine.passes.BlockCalls``: q, dO,
+# O and K, V, and the kernel's float32 gradients): TILE_BYTES bytes per tile row and (query + kv) head
+# element of the call's head group, the tile's side the kernel call's query rows capped by
+# ``kernels.base.chunk_rows`` (32 MiB of float32 per side). Fitted against the dry run's attention call
+# (bf16, world 2, zigzag, n = 8,192-32,768, heads 4/1 and 8/2, d = 64: within 2%; MHA 4/4: 16% over).
+TILE_BYTES = 12
+
+
+def tile_bytes(strategy: str, *, batch: int, local_seq: int, world: int, q_heads: int, kv_heads: int,
+               head_dim: int, e: int, groups: int = 1, ulysses: int = 1) -> float:
+    """The float32 tile copies of a 16-bit attention backward (:data:`TILE_BYTES`; 0 for 32 and 64
+    bits). The kernel call's query rows: half the local shard for the ring strategies and allgather
+    (zigzag's halves), half of what the all-to-all gathers for ulysses and usp (their heads over its
+    degree), the whole sequence for tp (``local_seq``). None over one rank (``world`` 1: tp alone, or one
+    GPU: one dense block, ``strategies.burst.alone``). A GPU's path has no tiles
+    (``sim.gpu_call.kernel_bytes`` instead; the dry run takes that path, ``train.dryrun.as_on_a_gpu``)."""
+    from ..kernels.base import chunk_rows
+
+    if e >= 4 or world == 1:  # one rank (tp, one GPU): one dense block, the GPU kernel's own backward (alone())
+        return 0.0
+    hq, hkv = q_heads / groups, kv_heads / groups
+    rows = local_seq // 2
+    if strategy in ("ulysses", "usp"):
+        degree = world if strategy == "ulysses" else max(1, ulysses)
+        rows, hq, hkv = local_seq * degree // 2, hq / degree, max(1.0, hkv / degree)
+    elif strategy.startswith("tp"):
+        rows = local_seq
+    side = min(rows, chunk_rows(int(batch * hq * head_dim)))
+    return TILE_BYTES * batch * side * (hq + hkv) * head_dim
+
+
 def attention_buffers(strategy: str, *, batch: int, local_seq: int, world: int, q_heads: int, kv_heads: int,
                       head_dim: int, e: int, backward: bool, schedule: str = "ring", bwd_mode: str = "burst",
                       ulysses: int = 1, head_chunks: int = 1, kernel: Optional[str] = None) -> float:
@@ -184,7 +237,8 @@ def attention_buffers(strategy: str, *, batch: int, local_seq: int, world: int, 
                                   kv_heads=max(1, kv_heads // head_chunks), head_dim=head_dim, e=e, backward=backward,
                                   schedule=schedule, bwd_mode=bwd_mode, ulysses=ulysses, kernel=kernel)
         whole = (2 + 2 * kv_heads / q_heads) if backward else 1.0  # the earlier groups' outputs (and gradients)
-        unit = q_heads * batch * local_seq * head_dim * (e + 4) / 2
+        # in the inputs' dtype on a GPU in 16 bits (no float32 partial stays whole); else (e + 4) / 2 per element
+        unit = q_heads * batch * local_seq * head_dim * (e if kernel is not None and e < 4 else (e + 4) / 2)
         return group + unit * (whole * (head_chunks - 1) / head_chunks + (CHUNK_CONCAT if backward else 1.0))
     key = "distflash" if (strategy == "burst" and schedule == "distflash") else strategy
     if (world == 1 and key in ALONE) or key in ("tp-v1", "tp-v3"):  # tp-v1/v3: burst over a cp group of one

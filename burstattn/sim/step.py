@@ -311,10 +311,10 @@ def offload_exposed(host_bytes: float, host_bw: float, *, forward_s: float, back
 
 
 def host_capacity(hw: ClusterHW, gpus: int) -> float:
-    """Host memory one device may fill: its share of the node's (``host_mem_bytes``), the node's memory
-    over the devices the job uses on it when it uses fewer than the node has (a one-GPU job has the whole
-    host, as DeepSpeed ALST's one-GPU runs)."""
-    return hw.host_mem_bytes * hw.devices_per_node / max(1, min(gpus, hw.devices_per_node))
+    """Host memory one device may fill: its share of the node's (``host_mem_bytes`` per device), the node's
+    memory over the devices the job uses on it when it uses fewer than the node has (a one-GPU job has the
+    whole host, as DeepSpeed ALST's one-GPU runs), less each process's own (:data:`~.memory.HOST_RESERVE`)."""
+    return hw.host_mem_bytes * hw.devices_per_node / max(1, min(gpus, hw.devices_per_node)) - mem.HOST_RESERVE
 
 
 THROUGH_OP = ("burst", "ring", "tp-v1", "tp-v3")  # attention as the registered op: the lean remat keeps its outputs
@@ -368,7 +368,10 @@ def memory_model(cfg: SimConfig, bwd_mode: Optional[str] = None) -> mem.Memory:
                                param_fp32=0.0 if cfg.offload_optimizer else (4 if cfg.fsdp else e) * m.num_params() / tp / (cfg.dp * cp if cfg.fsdp else 1))
     t = acts.terms
     rest = sum(v for k, v in t.items() if k not in (GRADIENTS, ATTENTION))
-    return mem.Memory(params, grads, opt, rest, t.get(ATTENTION, 0.0), 0.0, hw.mem_bytes, host=acts.host + host_state,
+    # host memory as a GPU's pinned allocator holds it (power-of-two blocks); the bytes copied beside it
+    pinned = acts.host_pinned + (host_offload.pinned_state_bytes(m, tp=tp, shards=cfg.dp * cp) if host_state else 0.0)
+    return mem.Memory(params, grads, opt, rest, t.get(ATTENTION, 0.0), 0.0, hw.mem_bytes,
+                      host=acts.host + host_state if hw.host_is_device else pinned, host_copied=acts.host + host_state,
                       host_state=host_state,
                       host_capacity=host_capacity(hw, cfg.gpus), peak_grads=t.get(GRADIENTS, 0.0), phase=acts.phase,
                       terms=dict(t), gathered=mem.gathered_bytes(m, tp=tp, e=e) if cfg.fsdp else 0.0,

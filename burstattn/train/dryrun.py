@@ -122,6 +122,19 @@ def as_on_a_gpu(job) -> None:
         options.setdefault("grad_partials", "kernel")
 
 
+def _pinned_state_extra(job) -> int:
+    """What pinning adds to the offloaded optimizer state (FSDP2's ``CPUOffloadPolicy(pin_memory=True)`` pins
+    each parameter's padded shard and its gradient: power-of-two blocks; AdamW's moments are not pinned)."""
+    from ..models.offload import pinned_bytes
+
+    extra = 0
+    for p in job.model.parameters():
+        local = p._local_tensor if hasattr(p, "_local_tensor") else p
+        nbytes = local.untyped_storage().nbytes()
+        extra += 2 * (pinned_bytes(nbytes) - nbytes)
+    return extra
+
+
 def _check(cfg: TrainConfig, world_size: int, rank: int) -> None:
     if not isinstance(world_size, int) or not 1 <= world_size <= MAX_WORLD:
         raise ValueError(f"--world-size must be an int from 1 to {MAX_WORLD} for --dry-run, got {world_size!r}")
@@ -207,7 +220,7 @@ def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool 
     if device not in ("cuda", "cpu"):
         raise ValueError(f"dry_run: device must be 'cuda' or 'cpu', got {device!r}")
     gpu = GpuKernel(kernel) if device == "cuda" else None
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with _fake_group(rank, world_size), FakeTensorMode(allow_non_fake_inputs=True):
         try:
             job = build_job(cfg, optimizer_device=device)
@@ -226,6 +239,7 @@ def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool 
         if not cfg.fsdp:
             tracker.track_external(job.model, job.optimizer)
         tracker.workspace_of = gpu
+        tracker.host_device = job.model.offload_host
         hooks = _phase_hooks(job, tracker)
         try:
             with tracker, comm_stats() as stats:
@@ -242,6 +256,7 @@ def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool 
             for h in hooks:
                 h.remove()
     workspace, phase_peaks = tracker.workspace_bytes, dict(tracker.phase_peaks)
+    pinned = tracker.host_pinned + (_pinned_state_extra(job) if host_refs else 0)
     peak, split = tracker.peak_bytes, dict(tracker.peak_split)
     report = dict(rank=rank, world_size=world_size, device=device, peak_bytes=int(peak), peak_by_category=split,
                   peak_by_phase=phase_peaks, step_peak_bytes=int(tracker.peak_bytes - tracker.start_bytes),
@@ -251,12 +266,14 @@ def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool 
                   workspace=(f"the CPU flash op's outputs; {gpu.backend}'s buffers added at each call (float32 dq_accum and "
                              "softmax_d, the expanded dK/dV of grouped K/V heads"
                              + (", copies of row slices)" if gpu.backend == "sdpa" else ")")) if gpu else "none (CPU)",
-                  host_bytes=int(host_bytes) + tracker.host_state_bytes, host_activation_bytes=int(host_bytes),
+                  host_bytes=int(pinned + tracker.host_state_bytes) if gpu else int(host_bytes) + tracker.host_state_bytes,
+                  host_copied_bytes=int(host_bytes) + tracker.host_state_bytes, host_activation_bytes=int(host_bytes),
+                  host_pinned_activation_bytes=int(tracker.host_pinned),
                   host_state_bytes=int(tracker.host_state_bytes), sent_bytes=int(stats.sent()), sent_by_op=stats.sent_by_op("str"),
                   attention_calls=tracker.attention_calls, peak_at=dict(zip(("op", "phase", "module"), tracker.peak_at)), ops=tracker.ops,
                   dims=dict(dp=job.dims.dp, cp=job.dims.cp, tp=job.dims.tp), strategy=cfg.strategy,
                   layout=job.layout, chunks=[job.model.config.mlp_chunk, job.model.config.loss_chunk],
-                  seconds=time.perf_counter() - t0)
+                  seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0)
     if timeline:
         report["timeline"] = dict(categories=list(CATEGORIES), phases=list(PHASES), points=tracker.points)
     return report
