@@ -59,7 +59,7 @@ class Activations:
     host: float = 0.0
     host_pinned: float = 0.0
     """``host`` as the pinned host allocator holds it: each offloaded tensor a power-of-two block
-    (:func:`offloaded_tensors`, ``models.offload.pinned_bytes``)."""
+    (:func:`offloaded_tensors`: the library's power-of-two pieces, ``models.offload.pinned_bytes``)."""
     totals: dict = field(default_factory=dict)
     """Every phase's bytes (the peak phase's is ``total``)."""
 

@@ -38,13 +38,13 @@ def parameter_shapes(model: LlamaConfig, tp: int) -> list[tuple[int, int]]:
 def pinned_state_bytes(model: LlamaConfig, *, tp: int, shards: int) -> float:
     """Host bytes of the offloaded state as FSDP2's ``CPUOffloadPolicy(pin_memory=True)`` allocates them: each
     parameter's float32 shard (padded to whole rows) and its gradient pinned, each a power-of-two block
-    (``models.offload.pinned_bytes``); AdamW's two moments plain host memory (exact)."""
-    from ..models.offload import pinned_bytes
+    (``models.offload.pow2_bytes``); AdamW's two moments plain host memory (exact)."""
+    from ..models.offload import pow2_bytes
 
     total = 0.0
     for rows, cols in parameter_shapes(model, tp):
         shard = -(-rows // shards) * cols * 4
-        total += 2 * pinned_bytes(shard) + 2 * rows * cols * 4 / shards
+        total += 2 * pow2_bytes(shard) + 2 * rows * cols * 4 / shards
     return total
 
 

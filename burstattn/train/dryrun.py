@@ -125,13 +125,13 @@ def as_on_a_gpu(job) -> None:
 def _pinned_state_extra(job) -> int:
     """What pinning adds to the offloaded optimizer state (FSDP2's ``CPUOffloadPolicy(pin_memory=True)`` pins
     each parameter's padded shard and its gradient: power-of-two blocks; AdamW's moments are not pinned)."""
-    from ..models.offload import pinned_bytes
+    from ..models.offload import pow2_bytes
 
     extra = 0
     for p in job.model.parameters():
         local = p._local_tensor if hasattr(p, "_local_tensor") else p
         nbytes = local.untyped_storage().nbytes()
-        extra += 2 * (pinned_bytes(nbytes) - nbytes)
+        extra += 2 * (pow2_bytes(nbytes) - nbytes)
     return extra
 
 

@@ -28,7 +28,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from ..models.offload import pinned_bytes
+from ..models.offload import pow2_bytes
 
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries")
 PHASES = ("forward", "backward", "optimizer")
@@ -172,7 +172,7 @@ class _Timeline:
                 self._workspace(self.workspace_of(func, args))
             if func is _EMPTY and self.recording and self.host_device is not None \
                     and (kwargs or {}).get("device") == self.host_device:  # an offloaded copy (HostOffload)
-                self.host_pinned += pinned_bytes(out.nbytes)
+                self.host_pinned += pow2_bytes(out.nbytes)  # one pinned block
             return out
         if func.name().split(".")[0] in ATTENTION_OPS:
             self.attention_calls += 1
