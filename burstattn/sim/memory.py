@@ -14,11 +14,12 @@ call's own buffers are the library's measured allocations: :data:`CALL_UNITS`.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
 from ..models.config import LlamaConfig
-from .gpu_call import gpu_call_units, kernel_bytes
+from .gpu_call import ONE_HEAD, gpu_call_units, kernel_bytes
 from .plans import head_groups
 
 
@@ -257,6 +258,8 @@ def attention_buffers(strategy: str, *, batch: int, local_seq: int, world: int, 
     per_elem = (e + 4) / 2
     ratio = kv_heads / q_heads
     units = cq + ckv * ratio + (cg if kv_heads < q_heads else 0.0)
+    if key in ("ulysses", "usp"):
+        units = a2a_call_units(key, world=world, q_heads=q_heads, kv_heads=kv_heads, ulysses=ulysses)
     if grouped:
         gq, gkv = GROUP_UNITS[key]
         units = units + (gq + gkv * ratio) / groups if backward else GROUP_FORWARD[0] + GROUP_FORWARD[1] / groups
@@ -267,6 +270,27 @@ def attention_buffers(strategy: str, *, batch: int, local_seq: int, world: int, 
     if strategy == "rsa":
         total += 2 * batch * q_heads * local_seq * world * local_seq * 4
     return total if (backward or grouped) else FORWARD_SHARE * total
+
+
+USP_UNITS = (9.05, 8.0, 2.5)
+"""usp on a CPU: ``a + b r + c [r < 1 and a ring of more than one rank]`` query shards (``r`` after the kv
+repeats), read off the dry run's float32 call (worlds 2 and 4, Ulysses 2 and 4, heads 4/4, 4/2, 4/1)."""
+
+
+def a2a_call_units(key: str, *, world: int, q_heads: int, kv_heads: int, ulysses: int = 1) -> float:
+    """Query shards of one ulysses or usp call on a CPU (or in float32): :data:`CALL_UNITS`' ulysses with the
+    kv heads after their repeats (``lcm(Hkv, P) / Hkv``: small-l3's one kv head over 2 ranks is 2, 22% low
+    before), :data:`USP_UNITS` for usp (its units were read at one shape; the dry run of ``small`` over 4 ranks
+    was 43% over), less :data:`ONE_HEAD` with one query head per rank."""
+    degree = world if key == "ulysses" else max(1, ulysses)
+    reps = math.lcm(kv_heads, degree) // kv_heads
+    r = kv_heads * reps / q_heads
+    one = ONE_HEAD if q_heads // degree == 1 else 0.0
+    if key == "ulysses":
+        cq, ckv, cg = CALL_UNITS["ulysses"]
+        return cq + ckv * r + (cg if kv_heads < q_heads else 0.0) - one
+    a, b, c = USP_UNITS
+    return a + b * r + (c if r < 1 and world > degree else 0.0) - one
 
 
 def eager_kept_units(strategy: str, *, world: int, q_heads: int, kv_heads: int, head_dim: int, e: int,

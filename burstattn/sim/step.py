@@ -353,10 +353,10 @@ def memory_model(cfg: SimConfig, bwd_mode: Optional[str] = None) -> mem.Memory:
     out_lse = tokens * (m.n_heads // tp) * (m.head_dim * e + 4)
     eager = mem.eager_kept_units(cfg.strategy, world=cp, q_heads=m.n_heads // tp, kv_heads=kv_heads, head_dim=m.head_dim,
                                  e=e, seq_len=cfg.seq_len, ulysses=cfg.ulysses_degree or 1)
-    # what the call keeps from its forward is counted with the layer's kept tensors: on a GPU in 16 bits the call's
-    # units (sim.gpu_call, read off whole calls) include the head-sharded copies ulysses and usp save
+    # what the call keeps from its forward is counted with the layer's kept tensors; the call's units (read off
+    # whole calls) include it: its output and LSE, and the head-sharded copies ulysses and usp save
     saved = out_lse + (max(0.0, eager - 1.0) * tokens * (m.n_heads // tp) * m.head_dim * e
-                       if cfg.strategy in ("ulysses", "usp") and call["kernel"] and e < 4 else 0.0)
+                       if cfg.strategy in ("ulysses", "usp") else 0.0)
     attn_bwd = max(0.0, mem.attention_buffers(cfg.strategy, backward=True, **call) - saved)
     attn_fwd = mem.attention_buffers(cfg.strategy, backward=False, **call)
     acts = training_activations(m, shape, checkpointing=cfg.checkpointing, eager_units=eager,
