@@ -87,7 +87,8 @@ def confirm_lengths(res: dict, k: int, ranking: Callable[[int], list[dict]], cap
             fits = peak <= limit and host <= host_capacity
             checks.append({"tokens": tokens, "predicted_peak_bytes": int(row["peak_memory_bytes"]),
                            "dry_run_peak_bytes": int(peak), "dry_run_host_bytes": int(host), "fits": fits,
-                           "command": row["config"]["train"], "dry_run_cpu_s": dry["seconds"]})
+                           "command": row["config"]["train"], "dry_run_seconds": dry["seconds"],
+                           "dry_run_cpu_s": dry.get("cpu_seconds")})
             if fits:
                 confirmed = tokens
                 break
