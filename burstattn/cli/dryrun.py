@@ -24,12 +24,17 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run-device", choices=("cuda", "cpu"), default="cuda",
                    help="with --dry-run: the device the step is modelled for (default cuda: a GPU's fused AdamW and "
                         "attention workspace; cpu: this machine's, to compare with a real step here)")
+    p.add_argument("--dry-run-kernel", choices=("sdpa", "flash_attn"), default="sdpa",
+                   help="with --dry-run (device cuda): the GPU attention kernel whose buffers are counted (default "
+                        "sdpa: PyTorch's own flash / cuDNN kernels, in every CUDA build; flash_attn: the flash-attn "
+                        "package)")
 
 
 def check_flags(ns: argparse.Namespace) -> None:
     """``ValueError`` for dry-run flags given without ``--dry-run``."""
-    if not ns.dry_run and (ns.dry_run_rank != 0 or ns.json or ns.dry_run_device != "cuda"):
-        raise ValueError("--dry-run-rank and --json are options of --dry-run (and --dry-run-device)")
+    if not ns.dry_run and (ns.dry_run_rank != 0 or ns.json or ns.dry_run_device != "cuda"
+                           or ns.dry_run_kernel != "sdpa"):
+        raise ValueError("--dry-run-rank and --json are options of --dry-run (and --dry-run-device, --dry-run-kernel)")
 
 
 def _gib(n: float) -> str:
@@ -48,7 +53,9 @@ def format_report(r: dict) -> str:
               f"  host (offload) {_gib(r['host_bytes'])}",
               f"  sent           {_gib(r['sent_bytes'])}  " + ", ".join(f"{k} {v / GIB:.2f}" for k, v in
                                                                       r["sent_by_op"].items()),
-              f"  attention calls {r['attention_calls']}, ops {r['ops']}, {r['seconds']:.1f} s"]
+              f"  attention calls {r['attention_calls']}, kernel calls "
+              + (", ".join(f"{k} {v}" for k, v in r["kernel_calls"].items()) if r.get("kernel_calls") else "-")
+              + f" ({r.get('kernel', '')}), ops {r['ops']}, {r['seconds']:.1f} s"]
     if r.get("unmetered"):  # PyTorch's own collectives: not in "sent"
         lines.insert(-1, "    not metered: " + "; ".join(r["unmetered"]))
     return "\n".join(lines)
@@ -62,7 +69,7 @@ def run_dry(ns: argparse.Namespace, cfg) -> int:
     with contextlib.ExitStack() as stack:
         metrics = stack.enter_context(_open_metrics(cfg.metrics)) if cfg.metrics else None
         try:
-            report = dry_run(cfg, ns.world_size or 1, ns.dry_run_rank, device=ns.dry_run_device)
+            report = dry_run(cfg, ns.world_size or 1, ns.dry_run_rank, device=ns.dry_run_device, kernel=ns.dry_run_kernel)
         except DryRunError as exc:
             print(f"burstattn train --dry-run: failed: {exc}", file=sys.stderr)
             return 1

@@ -175,7 +175,10 @@ def run_sim(ns) -> int:
              f"{ns.loss_chunk}, offload {ns.offload}" if ns.mode == "train" else ""))
     print(f"  time {seconds(res.time_s)} = compute {seconds(res.compute_s)} + exposed comm "
           f"{seconds(res.exposed_comm_s)} + idle {seconds(res.idle_s)}; {rate(res.tokens_per_s)} tokens/s")
-    print(f"  peak memory {size(res.peak_memory_bytes)} of {size(hw.mem_bytes)}: "
+    from ..sim.memory import HEADROOM
+
+    print(f"  peak memory {size(res.peak_memory_bytes)} of {size(hw.mem_bytes)} (at most {size(res.memory.usable)}: "
+          f"{HEADROOM:.0%} headroom): "
           f"{'fits' if res.fits else 'DOES NOT FIT'} ({', '.join(f'{k} {size(v)}' for k, v in res.memory.to_dict().items() if isinstance(v, int))})")
     if res.memory.phase:
         print(f"  peak in the {res.memory.phase}; largest term: {res.memory.binding()}"
@@ -241,8 +244,10 @@ def run_planner(ns) -> int:
             res = max_seq_len(model, ns.gpus, hw, ns.mode, ns.batch, fixed=fixed)
             if ns.verify:  # only lengths a dry run confirms fit, with headroom (.verify_len)
                 from .verify_len import confirm_lengths, format_confirmed
+                from ..sim.step import host_capacity
                 done = confirm_lengths(res, ns.verify, lambda n: plan(
-                    model, n, ns.gpus, hw, ns.mode, ns.batch, model_name=ns.model, fixed=fixed), hw.mem_bytes)
+                    model, n, ns.gpus, hw, ns.mode, ns.batch, model_name=ns.model, fixed=fixed), hw.mem_bytes,
+                    host_capacity=host_capacity(hw, ns.gpus))
                 print(json.dumps({"confirmed": done}) if ns.json else format_confirmed(done, hw.mem_bytes))
                 return 0
             if ns.json:

@@ -12,11 +12,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-HEADROOM = 0.10
-"""Of the device memory a confirmed length leaves free: the CUDA caching allocator's fragmentation
-(its blocks are rounded and split; PyTorch's memory docs) and the communication library's own buffers
-(NCCL's channels and the ring's send/receive staging), which neither the dry run nor the model count. A
-stated assumption, not measured here (no GPU): docs/simulation.md."""
+from ..sim.memory import HEADROOM  # the one headroom of every answer (the planner's too)
+
 TRIES = 3
 
 
@@ -57,11 +54,13 @@ def _with_length(command: str, tokens: int) -> str:
 
 
 def confirm_lengths(res: dict, k: int, ranking: Callable[[int], list[dict]], capacity: float,
-                    granularity: int = 1024) -> list[dict]:
+                    granularity: int = 1024, host_capacity: float = float("inf")) -> list[dict]:
     """The ``k`` longest answers of ``res`` (``max_seq_len``'s ``{label: {"tokens", "degrees", ...}}``), each
     ``{"strategy", "degrees", "planned_tokens", "confirmed_tokens", "headroom", "checks": [...]}`` (a check:
-    ``tokens``, ``predicted_peak_bytes``, ``dry_run_peak_bytes``, ``fits``; or ``dry_run_error``).
-    ``ranking(tokens)``: the planner's rows at that length; ``capacity``: device bytes."""
+    ``tokens``, ``predicted_peak_bytes``, ``dry_run_peak_bytes``, ``dry_run_host_bytes``, ``fits``; or
+    ``dry_run_error``). ``ranking(tokens)``: the planner's rows at that length; ``capacity``: device bytes;
+    ``host_capacity``: the host bytes one device may fill (``sim.step.host_capacity``): a length whose dry
+    run's host copies (pinned, as a GPU allocates them) exceed it is not confirmed either."""
     from ..train.dryrun import DryRunError, dry_run
     from .verify import train_config
 
@@ -80,17 +79,21 @@ def confirm_lengths(res: dict, k: int, ranking: Callable[[int], list[dict]], cap
             first = first or row["config"]["train"]
             cfg, world = train_config(row["config"]["train"])
             try:
-                peak = dry_run(cfg, world, 0)["peak_bytes"]
+                dry = dry_run(cfg, world, 0)
             except DryRunError as exc:
                 checks.append({"tokens": tokens, "dry_run_error": str(exc)})
                 break
-            fits = peak <= limit
+            peak, host = dry["peak_bytes"], dry["host_bytes"]
+            fits = peak <= limit and host <= host_capacity
             checks.append({"tokens": tokens, "predicted_peak_bytes": int(row["peak_memory_bytes"]),
-                           "dry_run_peak_bytes": int(peak), "fits": fits})
+                           "dry_run_peak_bytes": int(peak), "dry_run_host_bytes": int(host), "fits": fits,
+                           "command": row["config"]["train"], "dry_run_seconds": dry["seconds"],
+                           "dry_run_cpu_s": dry.get("cpu_seconds")})
             if fits:
                 confirmed = tokens
                 break
-            tokens = _shorter(checks, limit, step)
+            tokens = _shorter(checks, limit, step) if peak > limit else \
+                min(int(tokens * host_capacity / host) // step * step, (tokens // step - 1) * step)
         out.append({"strategy": label, "degrees": v["degrees"], "planned_tokens": v["tokens"],
                     "confirmed_tokens": confirmed, "headroom": HEADROOM, "checks": checks})
     return out
@@ -111,5 +114,6 @@ def format_confirmed(rows: list[dict], capacity: float) -> str:
                 lines.append(f"    {c['tokens']:>12,}: no dry run: {c['dry_run_error']}")
                 continue
             lines.append(f"    {c['tokens']:>12,}: predicted {size(c['predicted_peak_bytes'])}, dry run "
-                         f"{size(c['dry_run_peak_bytes'])}: {'fits' if c['fits'] else 'over the limit'}")
+                         f"{size(c['dry_run_peak_bytes'])}, host {size(c.get('dry_run_host_bytes', 0))}: "
+                         f"{'fits' if c['fits'] else 'over the limit'}")
     return "\n".join(lines)

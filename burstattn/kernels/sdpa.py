@@ -3,7 +3,9 @@
 For float16/bfloat16: cuDNN attention where this PyTorch has it (on Hopper it runs about
 twice as fast as the flash kernel: 13.1 ms vs 24.5 ms fwd+bwd, N=16384, 16 heads, d=128,
 bf16, H200), else the flash kernel; for float32 the memory-efficient kernel.
-K/V are expanded for GQA inside the call (never on the wire).
+Grouped K/V heads (GQA) go to the flash kernel as they are (it takes them natively, as cuDNN's does from
+PyTorch 2.8); the memory-efficient kernel gets them expanded to the query heads (never on the wire).
+What each kernel allocates beside its inputs and outputs: :mod:`.workspace`.
 """
 from __future__ import annotations
 
@@ -17,6 +19,24 @@ from .base import expand_kv, mask_bias, pad_head_dims, reduce_kv_grad
 def sdpa_cuda_available() -> bool:
     """Whether CUDA and the SDPA flash / memory-efficient ops are present."""
     return torch.cuda.is_available() and hasattr(torch.ops.aten, "_scaled_dot_product_efficient_attention")
+
+
+def _torch_at_least(major: int, minor: int) -> bool:
+    return tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (major, minor)
+
+
+def native_gqa(impl: str) -> bool:
+    """Whether kernel ``impl`` takes fewer K/V heads than query heads as they are: flash (flash-attn 2's
+    own GQA; its backward sums the expanded dK/dV itself), cuDNN from PyTorch 2.8."""
+    return impl == "flash" or (impl == "cudnn" and _torch_at_least(2, 8))
+
+
+def dense(x: torch.Tensor) -> torch.Tensor:
+    """``x [B, H, S, D]`` as the fused kernels read it: itself when contiguous or a contiguous
+    ``[B, S, H, D]`` seen as ``[B, H, S, D]`` (the layout SDPA's callers pass), else a contiguous copy
+    (row slices of a longer block: misread by the fused kernels, measured on an H200 with wrong dQ/dK
+    and illegal memory accesses with cuDNN)."""
+    return x if x.is_contiguous() or x.transpose(1, 2).is_contiguous() else x.contiguous()
 
 
 def _impl(q: torch.Tensor, prefer_cudnn: bool) -> str:
@@ -64,11 +84,11 @@ class SdpaKernel:
             out, lse = self.forward(*pad_head_dims(q, k, v), scale, causal, mask=mask)
             return out[..., :dv], lse
         hq = q.shape[1]
-        # dense [B, H, S, D] strides: the fused kernels misread row slices of a longer sequence
-        # (measured on an H200: wrong dQ/dK and illegal memory accesses with cuDNN)
-        q, k, v = (x.contiguous() for x in (q, expand_kv(k, hq), expand_kv(v, hq)))
-        sq = q.shape[-2]
         impl = "efficient" if mask is not None else _impl(q, self.prefer_cudnn)
+        if not native_gqa(impl):
+            k, v = expand_kv(k, hq), expand_kv(v, hq)
+        q, k, v = (dense(x) if impl != "efficient" else x.contiguous() for x in (q, k, v))
+        sq = q.shape[-2]
         bias = _bias(mask, q)
         if impl == "cudnn":
             res = torch.ops.aten._scaled_dot_product_cudnn_attention(
@@ -92,10 +112,13 @@ class SdpaKernel:
             dq, dk, dv_ = self.backward(dout, *pad_head_dims(q, k, v), out, lse, scale, causal, mask=mask)
             return dq[..., :d], dk[..., :d], dv_[..., :dv]
         hq, hkv = q.shape[1], k.shape[1]
-        dout, q, out, lse = (x.contiguous() for x in (dout, q, out, lse))
-        k, v = (x.contiguous() for x in (expand_kv(k, hq), expand_kv(v, hq)))
-        sq, sk = q.shape[-2], k.shape[-2]
         impl = "efficient" if mask is not None else _impl(q, self.prefer_cudnn)
+        if not native_gqa(impl):
+            k, v = expand_kv(k, hq), expand_kv(v, hq)
+        fix = dense if impl != "efficient" else (lambda x: x.contiguous())
+        dout, q, k, v, out = (fix(x) for x in (dout, q, k, v, out))
+        lse = lse.contiguous()
+        sq, sk = q.shape[-2], k.shape[-2]
         bias = _bias(mask, q)
         seed = torch.zeros((), dtype=torch.int64, device=q.device)
         if impl == "cudnn":
@@ -105,13 +128,13 @@ class SdpaKernel:
         elif impl == "flash":
             # None = undefined tensors: dense (not varlen) sequences, no dropout RNG state
             dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
-                dout.contiguous(), q, k, v, out.contiguous(), lse.contiguous(), None, None, sq, sk,
+                dout, q, k, v, out, lse, None, None, sq, sk,
                 0.0, causal, None, None, scale=scale)
         else:
             padded = math.ceil(sq / 32) * 32
             lse_p = lse.new_zeros(*lse.shape[:-1], padded)
             lse_p[..., :sq] = lse
             dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-                dout.contiguous(), q, k, v, bias, out.contiguous(), lse_p, seed, seed, 0.0,
+                dout, q, k, v, bias, out, lse_p, seed, seed, 0.0,
                 [True, True, True, False], causal, scale=scale)
         return dq, reduce_kv_grad(dk, hkv), reduce_kv_grad(dv, hkv)

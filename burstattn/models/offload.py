@@ -18,6 +18,17 @@ back runs on the compute stream when the backward needs it. On CPU the tensors a
 host memory: nothing is copied (``copy_on_cpu=True``, for tests, makes a real copy so that the
 same bookkeeping is exercised). Views of one storage (the chunks of a blockwise MLP) share one
 host copy; each unpack copies back only its own view.
+
+Pinned host memory as it is allocated: PyTorch's pinned (page-locked) host allocator rounds every block up
+to a power of two (``ATen/core/CachingHostAllocator.h``; a 6.4 GiB layer input would take 8 GiB), so that
+freed blocks are reused by size. The allocator setting ``pinned_max_round_threshold_mb`` turns the rounding
+off above a size, but then blocks of different sizes share a free list, and torch up to 2.13 hands a larger
+request a smaller cached block (pytorch/pytorch#192722); the library leaves the setting alone. Instead a
+storage's host copy is made of power-of-two pieces (:func:`host_pieces`: the binary digits of its size in
+granules of at most 1/256 of it; 6.4 GiB: 4 + 2 + 0.25 + 0.125 + ... GiB), which the allocator takes as they
+are (less than 0.4% over the bytes) and reuses from one layer and step to the next. :func:`pinned_bytes` is
+what they take, ``pinned_on_host`` its sum; :func:`pow2_bytes` what a plain pinned block takes (FSDP2's
+pinned shards). The dry run and the planner count these.
 """
 from __future__ import annotations
 
@@ -31,6 +42,29 @@ from torch.multiprocessing.reductions import StorageWeakRef
 OFFLOAD = ("none", "inputs", "all")
 
 
+def pow2_bytes(nbytes: int) -> int:
+    """Bytes the pinned host allocator takes for one block of ``nbytes``: the next power of two (0 for 0)."""
+    n = int(nbytes)
+    return 0 if n <= 0 else 1 << (n - 1).bit_length()
+
+
+def host_pieces(nbytes: int) -> list[int]:
+    """The power-of-two pieces (bytes, largest first) of a host copy of ``nbytes``: the binary digits of
+    ``nbytes`` rounded up to a granule of at most ``nbytes / 256`` (at least 4 KiB, so every piece holds whole
+    elements): at most 8 pieces, less than 0.4% (or 4 KiB) over."""
+    n = int(nbytes)
+    if n <= 0:
+        return []
+    granule = max(4096, 1 << max(0, n.bit_length() - 9))
+    units = -(-n // granule)
+    return [granule << i for i in range(units.bit_length() - 1, -1, -1) if units >> i & 1]
+
+
+def pinned_bytes(nbytes: int) -> int:
+    """Pinned host bytes of the library's host copy of a storage of ``nbytes`` (:func:`host_pieces`)."""
+    return sum(host_pieces(nbytes))
+
+
 def check_offload(mode: Any, name: str = "offload") -> None:
     """Raise ``ValueError`` naming ``name`` unless ``mode`` is one of :data:`OFFLOAD`."""
     if mode not in OFFLOAD:
@@ -39,10 +73,10 @@ def check_offload(mode: Any, name: str = "offload") -> None:
 
 @dataclass
 class _HostCopy:
-    """The host copy of one device storage: ``flat`` (1-D, the storage's dtype) and the event
-    after which it is complete (CUDA) or ``None``."""
+    """The host copy of one device storage: ``pieces`` (1-D, the storage's dtype, one after another; one
+    piece on a CPU) and the event after which it is complete (CUDA) or ``None``."""
 
-    flat: torch.Tensor
+    pieces: list
     event: Optional[Any]
     source: StorageWeakRef
 
@@ -58,12 +92,26 @@ class _Handle:
     device: torch.device
 
     def restore(self) -> torch.Tensor:
-        view = self.copy.flat.as_strided(self.size, self.stride, self.offset)
-        if self.copy.flat.device == self.device:  # CPU: the copy is where the tensor was
-            return view
+        pieces = self.copy.pieces
+        if len(pieces) == 1:
+            view = pieces[0].as_strided(self.size, self.stride, self.offset)
+            if pieces[0].device == self.device:  # CPU: the copy is where the tensor was
+                return view
         if self.copy.event is not None:
             torch.cuda.current_stream(self.device).wait_event(self.copy.event)
-        return view.to(self.device, non_blocking=True)
+        if len(pieces) == 1:
+            return view.to(self.device, non_blocking=True)
+        # the elements the view spans, gathered from the pieces they lie in
+        lo = self.offset
+        hi = lo + (1 + sum((n - 1) * st for n, st in zip(self.size, self.stride)) if all(self.size) else 0)
+        out = torch.empty(hi - lo, dtype=pieces[0].dtype, device=self.device)
+        start = 0
+        for piece in pieces:
+            a, b = max(lo, start), min(hi, start + piece.numel())
+            if a < b:
+                out[a - lo:b - lo].copy_(piece[a - start:b - start], non_blocking=True)
+            start += piece.numel()
+        return out.as_strided(self.size, self.stride, 0)
 
 
 class HostOffload:
@@ -71,6 +119,7 @@ class HostOffload:
 
     ``with off.hooks(): ...`` around the forward; :meth:`mark` the layer inputs before they are
     saved. ``bytes_on_host`` counts the storage bytes copied (CUDA, or CPU with ``copy_on_cpu``).
+    ``pinned_on_host`` the same copies as the pinned allocator holds them (:func:`pinned_bytes`).
     ``host``: where the copies of CPU tensors go, for CPU tensors that stand for a device's
     (``burstattn train --dry-run``'s fake tensors: ``meta``, a device the dry run's tracker does not
     count as the GPU's, so the saved tensors leave the device as on a GPU and come back when
@@ -84,6 +133,7 @@ class HostOffload:
         self._marked: list[StorageWeakRef] = []
         self._stream = None
         self.bytes_on_host = 0
+        self.pinned_on_host = 0  # the same copies as pinned blocks (pinned_bytes): what a GPU's host holds
 
     @property
     def active(self) -> bool:
@@ -139,22 +189,30 @@ class HostOffload:
 
     def _copy_to_host(self, t: torch.Tensor, storage) -> _HostCopy:
         self.bytes_on_host += storage.nbytes()
+        e = t.element_size()
         if t.device.type == "cpu" and self.host is not None:  # no data to copy (the host is meta); a
             # whole-storage view (``set_``) of a fake tensor would keep its storage alive in the fake mode
-            flat = torch.empty(storage.nbytes() // t.element_size(), dtype=t.dtype, device=self.host)
-            return _HostCopy(flat, None, StorageWeakRef(storage))
+            self.pinned_on_host += pinned_bytes(storage.nbytes())
+            pieces = [torch.empty(n // e, dtype=t.dtype, device=self.host) for n in host_pieces(storage.nbytes())]
+            return _HostCopy(pieces, None, StorageWeakRef(storage))
         whole = t.new_empty(0).set_(storage)  # 1-D over the whole storage, t's dtype
         if t.device.type == "cpu":
-            return _HostCopy(whole.clone(), None, StorageWeakRef(storage))
+            return _HostCopy([whole.clone()], None, StorageWeakRef(storage))
+        self.pinned_on_host += pinned_bytes(storage.nbytes())
         if self._stream is None:
             self._stream = torch.cuda.Stream(t.device)
         self._stream.wait_stream(torch.cuda.current_stream(t.device))
+        pieces, start = [], 0
         with torch.cuda.stream(self._stream):
-            flat = torch.empty(whole.shape, dtype=whole.dtype, pin_memory=True)
-            flat.copy_(whole, non_blocking=True)
+            for n in host_pieces(storage.nbytes()):  # power-of-two blocks: the pinned allocator rounds none up
+                piece = torch.empty(n // e, dtype=whole.dtype, pin_memory=True)
+                m = min(piece.numel(), whole.numel() - start)
+                piece[:m].copy_(whole[start:start + m], non_blocking=True)
+                pieces.append(piece)
+                start += m
             event = self._stream.record_event()
         whole.record_stream(self._stream)  # the device block stays allocated until the copy is done
-        return _HostCopy(flat, event, StorageWeakRef(storage))
+        return _HostCopy(pieces, event, StorageWeakRef(storage))
 
 
 def offload_problem(mode: str, needed_bytes: float, available_bytes: float, flag: str = "--offload") -> Optional[str]:

@@ -58,6 +58,9 @@ class Activations:
     terms: dict = field(default_factory=dict)
     kept: float = 0.0
     host: float = 0.0
+    host_pinned: float = 0.0
+    """``host`` as the pinned host allocator holds it: each offloaded tensor a power-of-two block
+    (:func:`offloaded_tensors`: the library's power-of-two pieces, ``models.offload.pinned_bytes``)."""
     totals: dict = field(default_factory=dict)
     """Every phase's bytes (the peak phase's is ``total``)."""
 
@@ -175,7 +178,9 @@ def layer_backward(m: LlamaConfig, s: ActivationShape, checkpointing: str, mlp_c
                    through_op: bool, eager_shared: float = 0.0) -> tuple[float, float]:
     """One layer's backward beyond what is kept and the attention call's buffers: ``(while the
     attention differentiates: the recomputed norm output, q, k, v, and dO; while an MLP chunk
-    differentiates)``."""
+    differentiates)``. Under ``remat`` an attention that is not the op runs outside the checkpoint and
+    differentiates from its own saved tensors: the segment before it (norm, projections, rotary) is recomputed
+    after its backward, beside the MLP's (the dry run of ``small`` over 4 ranks, ulysses: 13% over before)."""
     h, hd, hq, hkv, _, _ = _dims(m, s.tp)
     e, r, a = s.e, s.rows, s.attn_rows
     grads = a * hq * hd * e + r * h * e  # dO and the residual's gradient (it waits for the attention branch's)
@@ -186,6 +191,8 @@ def layer_backward(m: LlamaConfig, s: ActivationShape, checkpointing: str, mlp_c
     else:
         recompute = r * (s.norm(h) - h * e) + a * (h * e + (hq + 2 * hkv) * hd * e)
     mlp = mlp_transient(m, s, mlp_chunk, recomputed=checkpointing != "none" or mlp_chunk > 0)
+    if checkpointing == "remat" and not through_op:
+        return grads, max(mlp, recompute + grads)
     return recompute + grads, mlp + (recompute if checkpointing == "full" else 0.0)
 
 
@@ -195,6 +202,45 @@ def param_bytes(m: LlamaConfig, tp: int, e: int) -> tuple[float, float, float]:
     layer = (h * (h + 2 * kvd) + h * h + 3 * h * m.ffn_dim) / tp * e + 2 * h * e
     head = m.vocab_size * h / tp * e + h * e
     return layer, head, (0.0 if m.tie_embeddings else m.vocab_size * h / tp * e)
+
+
+def _norm_tensors(h: int, s: ActivationShape) -> list:
+    """Per row, what one RMSNorm keeps, tensor by tensor (:func:`norm_kept`)."""
+    return [4 * h, 4 * h, 4] if s.rows < s.attn_rows else [h * s.e, 4]
+
+
+def offloaded_tensors(m: LlamaConfig, s: ActivationShape, checkpointing: str, offload: str, eager_units: float,
+                      through_op: bool, mlp_chunk: int = 0, loss_chunk: int = 0, fused: bool = False,
+                      eager_shared: float = 0.0) -> list:
+    """The bytes of every tensor ``offload`` copies to host memory in one forward, one entry per storage
+    (what the pinned host allocator gets as one block): ``inputs`` each layer's input and the head's; ``all``
+    everything :func:`layer_kept` and :func:`head_kept` count, tensor by tensor (they sum to them)."""
+    h, hd, hq, hkv, f, v = _dims(m, s.tp)
+    e, r, a = s.e, s.rows, s.attn_rows
+    head_in = [r * h * e] if (loss_chunk or fused) else []
+    if offload == "inputs":
+        return [r * h * e] * m.n_layers + head_in
+    if offload != "all":
+        return []
+    q, out_lse = a * hq * hd * e, [a * hq * hd * e, a * hq * 4]
+    extra = max(0.0, eager_units - 1.0 - eager_shared) if checkpointing == "none" else eager_units
+    eager = [] if through_op else [q] * int(extra) + ([q * (extra - int(extra))] if extra % 1 else [])
+    if checkpointing == "full":
+        layer = [r * h * e]
+    elif checkpointing == "remat":
+        layer = [r * h * e] + (out_lse if through_op else eager)
+    else:
+        norm = [x * r for x in _norm_tensors(h, s)]
+        attention = [q, a * hkv * hd * e, a * hkv * hd * e] + out_lse + eager
+        mlp = [] if mlp_chunk else norm + [a * h * e] + [a * f * e] * 4
+        layer = norm + [a * h * e] + attention + mlp
+    if fused:
+        head = [x * r for x in _norm_tensors(m.dim, s)] + [a * m.dim * e, 4 * v // s.tp * m.dim]
+    elif loss_chunk:
+        head = [r * m.dim * e]
+    else:
+        head = [x * r for x in _norm_tensors(m.dim, s)] + [a * m.dim * e, a * 4 * v]
+    return layer * m.n_layers + head
 
 
 def training_activations(m: LlamaConfig, s: ActivationShape, *, checkpointing: str, eager_units: float,
@@ -263,4 +309,8 @@ def training_activations(m: LlamaConfig, s: ActivationShape, *, checkpointing: s
             phases[name_][STATE_PASSING] = extra
     totals = {p: sum(t.values()) for p, t in phases.items()}
     phase = max(totals, key=totals.get)
-    return Activations(phase, phases[phase], kept, host, totals)
+    from ..models.offload import pinned_bytes
+
+    pinned = sum(pinned_bytes(x) for x in offloaded_tensors(m, s, checkpointing, offload, eager_units, through_op,
+                                                            mlp_chunk, loss_chunk, fused_loss, eager_shared))
+    return Activations(phase, phases[phase], kept, host, host_pinned=float(pinned), totals=totals)

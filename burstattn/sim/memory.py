@@ -14,11 +14,26 @@ call's own buffers are the library's measured allocations: :data:`CALL_UNITS`.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
 from ..models.config import LlamaConfig
+from .gpu_call import ONE_HEAD, gpu_call_units, kernel_bytes
 from .plans import head_groups
+
+
+HEADROOM = 0.10
+"""Of the device memory every answer leaves free (``fits``, ``plan``, ``plan --max-seq-len`` and its ``--verify``):
+the CUDA caching allocator's rounding and fragmentation (blocks rounded and split; measured 0.5% over the
+allocated bytes for llama3-8b on an H200 and 13-29% for small models, docs/simulation.md) and the communication
+library's own buffers (NCCL's channels, the ring's staging), which neither the dry run nor the model counts.
+A stated assumption, the same for every answer."""
+HOST_RESERVE = 16 * 2**30
+"""Host memory each process keeps for itself, outside what offload may fill: its CUDA context, libraries, data
+loader and batch, and its share of the operating system's (a PyTorch training process takes several GiB
+resident before any offload). A node's host memory less this reserve per process is shared by its GPUs
+(``sim.step.host_capacity``). A stated assumption."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +56,9 @@ class Memory:
     gathered: float = 0.0
     """Of ``params``: what FSDP all-gathers during the step (allocated in it)."""
     host_state: float = 0.0
-    """Of ``host``: the offloaded optimizer's parameters, gradients and AdamW state (``offload_optimizer``)."""
+    """The offloaded optimizer's parameters, gradients and AdamW state (``offload_optimizer``), exact bytes."""
+    host_copied: float = 0.0
+    """The bytes copied to the host (``host`` is what the pinned allocator holds for them on a GPU)."""
     phase_totals: Optional[dict] = None
     """Training: the bytes of every phase beyond the weights and optimizer state (:mod:`.activations`)."""
     peak_grads: Optional[float] = None
@@ -54,8 +71,14 @@ class Memory:
         return self.params + grads + self.optimizer + self.activations + self.attention + self.kv_cache
 
     @property
+    def usable(self) -> float:
+        """The device bytes a plan may fill: the capacity less :data:`HEADROOM`."""
+        return (1.0 - HEADROOM) * self.capacity
+
+    @property
     def fits(self) -> bool:
-        return self.peak <= self.capacity and self.host <= self.host_capacity
+        """The peak within :attr:`usable` and the host bytes within the host's share."""
+        return self.peak <= self.usable and self.host <= self.host_capacity
 
     def parts(self) -> dict:
         """The peak by part: weights, optimizer state, KV cache, gradients, attention call and the
@@ -149,18 +172,26 @@ ALONE = ("burst", "ring", "distflash")  # over one rank: one kernel call (strate
 
 
 def alone_buffers(*, batch: int, local_seq: int, q_heads: int, kv_heads: int, head_dim: int, e: int,
-                  backward: bool) -> float:
+                  backward: bool, kernel: Optional[str] = None) -> float:
     """A ring strategy over one rank (one GPU, or cp = 1 beside tp): one kernel call, forward its output
-    and LSE; backward also dQ, dK, dV and flash-attn 2's backward workspace (float32 ``dq_accum
-    [B, n, Hq, d]`` and ``softmax_d [B, Hq, n]``: ``train.dryrun.flash_workspace_bytes``)."""
+    and LSE; backward also dQ, dK, dV and, on a GPU (``kernel``: the backend,
+    :data:`~burstattn.kernels.workspace.GPU_BACKENDS`), what that kernel allocates besides
+    (:func:`~burstattn.kernels.workspace.kernel_workspace`: float32 ``dq_accum`` and ``softmax_d``, the
+    expanded dK/dV of grouped K/V heads; the call's ``[B, n, H, D]`` views are read as they are)."""
+    from ..kernels.workspace import kernel_workspace
+
     rows = batch * local_seq
     out_lse = rows * q_heads * (head_dim * e + 4)
     if not backward:
         return out_lse
-    return out_lse + rows * (q_heads + 2 * kv_heads) * head_dim * e + rows * q_heads * (head_dim + 1) * 4
+    ws = 0 if kernel is None else kernel_workspace(kernel, batch=batch, q_heads=q_heads, kv_heads=kv_heads,
+                                                   q_rows=local_seq, k_rows=local_seq, head_dim=head_dim,
+                                                   element_size=e, backward=True)
+    return out_lse + rows * (q_heads + 2 * kv_heads) * head_dim * e + ws
 
 
-# A 16-bit backward runs on float32 copies of one square tile at a time (``engine.passes.BlockCalls``: q, dO,
+# On a CPU (``grad_partials="float32"``, the CPU flash kernel's 16-bit partials) a 16-bit multi-rank
+# backward runs on float32 copies of one square tile at a time (``engine.passes.BlockCalls``: q, dO,
 # O and K, V, and the kernel's float32 gradients): TILE_BYTES bytes per tile row and (query + kv) head
 # element of the call's head group, the tile's side the kernel call's query rows capped by
 # ``kernels.base.chunk_rows`` (32 MiB of float32 per side). Fitted against the dry run's attention call
@@ -174,8 +205,8 @@ def tile_bytes(strategy: str, *, batch: int, local_seq: int, world: int, q_heads
     bits). The kernel call's query rows: half the local shard for the ring strategies and allgather
     (zigzag's halves), half of what the all-to-all gathers for ulysses and usp (their heads over its
     degree), the whole sequence for tp (``local_seq``). None over one rank (``world`` 1: tp alone, or one
-    GPU): on a GPU such a call is one dense block with the kernel's own 16-bit backward
-    (``strategies.burst.alone``; the dry run takes that path, ``train.dryrun.as_on_a_gpu``)."""
+    GPU: one dense block, ``strategies.burst.alone``). A GPU's path has no tiles
+    (``sim.gpu_call.kernel_bytes`` instead; the dry run takes that path, ``train.dryrun.as_on_a_gpu``)."""
     from ..kernels.base import chunk_rows
 
     if e >= 4 or world == 1:  # one rank (tp, one GPU): one dense block, the GPU kernel's own backward (alone())
@@ -193,41 +224,73 @@ def tile_bytes(strategy: str, *, batch: int, local_seq: int, world: int, q_heads
 
 def attention_buffers(strategy: str, *, batch: int, local_seq: int, world: int, q_heads: int, kv_heads: int,
                       head_dim: int, e: int, backward: bool, schedule: str = "ring", bwd_mode: str = "burst",
-                      ulysses: int = 1, head_chunks: int = 1) -> float:
+                      ulysses: int = 1, head_chunks: int = 1, kernel: Optional[str] = None) -> float:
     """Peak bytes one attention call allocates on one device beyond q, k, v and dO (:data:`CALL_UNITS`,
     :data:`GROUP_UNITS` over the library's ``head_groups``; 16-bit inputs with float32 accumulators count
     ``(e + 4) / 2`` bytes per element). ``q_heads`` / ``kv_heads`` are this tp rank's; for ``tp-v1`` /
     ``tp-v3`` (no sequence split) ``local_seq`` is the whole sequence. Raises ``ValueError`` for an
-    unknown strategy. ``head_chunks``: the call over that many groups of heads (:data:`CHUNK_CONCAT`)."""
+    unknown strategy. ``head_chunks``: the call over that many groups of heads (:data:`CHUNK_CONCAT`).
+    ``kernel``: on a GPU, the attention kernel's backend (one kernel call per head group and block op in the
+    inputs' dtype, its own buffers: :func:`kernel_bytes`); ``None``: a CPU (16-bit backwards on float32
+    tiles: :func:`tile_bytes`)."""
     if head_chunks > 1:
         group = attention_buffers(strategy, batch=batch, local_seq=local_seq, world=world, q_heads=q_heads // head_chunks,
                                   kv_heads=max(1, kv_heads // head_chunks), head_dim=head_dim, e=e, backward=backward,
-                                  schedule=schedule, bwd_mode=bwd_mode, ulysses=ulysses)
+                                  schedule=schedule, bwd_mode=bwd_mode, ulysses=ulysses, kernel=kernel)
         whole = (2 + 2 * kv_heads / q_heads) if backward else 1.0  # the earlier groups' outputs (and gradients)
-        unit = q_heads * batch * local_seq * head_dim * (e + 4) / 2
+        # in the inputs' dtype on a GPU in 16 bits (no float32 partial stays whole); else (e + 4) / 2 per element
+        unit = q_heads * batch * local_seq * head_dim * (e if kernel is not None and e < 4 else (e + 4) / 2)
         return group + unit * (whole * (head_chunks - 1) / head_chunks + (CHUNK_CONCAT if backward else 1.0))
     key = "distflash" if (strategy == "burst" and schedule == "distflash") else strategy
-    if world == 1 and key in ALONE:
+    if (world == 1 and key in ALONE) or key in ("tp-v1", "tp-v3"):  # tp-v1/v3: burst over a cp group of one
         return alone_buffers(batch=batch, local_seq=local_seq, q_heads=q_heads, kv_heads=kv_heads,
-                             head_dim=head_dim, e=e, backward=backward)
+                             head_dim=head_dim, e=e, backward=backward, kernel=kernel)
+    grouped = key in GROUP_UNITS
+    groups = head_groups(batch, local_seq, q_heads, kv_heads, head_dim) if grouped else 1
+    call = dict(batch=batch, local_seq=local_seq, world=world, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim)
+    gpu = None if kernel is None or e >= 4 else gpu_call_units(key, backward=backward, ulysses=ulysses, **call)
+    if gpu is not None:  # a GPU in 16 bits: one kernel call per step and head group (sim.gpu_call)
+        ws = kernel_bytes(key, kernel, e=e, groups=groups, ulysses=ulysses, **call) if backward else 0.0
+        return gpu * batch * local_seq * q_heads * head_dim * e + ws
     if key not in CALL_UNITS:
         raise ValueError(f"no memory model for strategy {strategy!r}; known: {sorted(CALL_UNITS)}")
     cq, ckv, cg = CALL_UNITS[key]
     per_elem = (e + 4) / 2
     ratio = kv_heads / q_heads
     units = cq + ckv * ratio + (cg if kv_heads < q_heads else 0.0)
-    grouped = key in GROUP_UNITS
+    if key in ("ulysses", "usp"):
+        units = a2a_call_units(key, world=world, q_heads=q_heads, kv_heads=kv_heads, ulysses=ulysses)
     if grouped:
-        groups = head_groups(batch, local_seq, q_heads, kv_heads, head_dim)
         gq, gkv = GROUP_UNITS[key]
         units = units + (gq + gkv * ratio) / groups if backward else GROUP_FORWARD[0] + GROUP_FORWARD[1] / groups
     total = units * q_heads * batch * local_seq * head_dim * per_elem
     if backward:
-        total += tile_bytes(key, batch=batch, local_seq=local_seq, world=world, q_heads=q_heads, kv_heads=kv_heads,
-                            head_dim=head_dim, e=e, groups=groups if grouped else 1, ulysses=ulysses)
+        total += tile_bytes(key, e=e, groups=groups, ulysses=ulysses, **call) if kernel is None else \
+            kernel_bytes(key, kernel, e=e, groups=groups, ulysses=ulysses, **call)
     if strategy == "rsa":
         total += 2 * batch * q_heads * local_seq * world * local_seq * 4
     return total if (backward or grouped) else FORWARD_SHARE * total
+
+
+USP_UNITS = (9.05, 8.0, 2.5)
+"""usp on a CPU: ``a + b r + c [r < 1 and a ring of more than one rank]`` query shards (``r`` after the kv
+repeats), read off the dry run's float32 call (worlds 2 and 4, Ulysses 2 and 4, heads 4/4, 4/2, 4/1)."""
+
+
+def a2a_call_units(key: str, *, world: int, q_heads: int, kv_heads: int, ulysses: int = 1) -> float:
+    """Query shards of one ulysses or usp call on a CPU (or in float32): :data:`CALL_UNITS`' ulysses with the
+    kv heads after their repeats (``lcm(Hkv, P) / Hkv``: small-l3's one kv head over 2 ranks is 2, 22% low
+    before), :data:`USP_UNITS` for usp (its units were read at one shape; the dry run of ``small`` over 4 ranks
+    was 43% over), less :data:`ONE_HEAD` with one query head per rank."""
+    degree = world if key == "ulysses" else max(1, ulysses)
+    reps = math.lcm(kv_heads, degree) // kv_heads
+    r = kv_heads * reps / q_heads
+    one = ONE_HEAD if q_heads // degree == 1 else 0.0
+    if key == "ulysses":
+        cq, ckv, cg = CALL_UNITS["ulysses"]
+        return cq + ckv * r + (cg if kv_heads < q_heads else 0.0) - one
+    a, b, c = USP_UNITS
+    return a + b * r + (c if r < 1 and world > degree else 0.0) - one
 
 
 def eager_kept_units(strategy: str, *, world: int, q_heads: int, kv_heads: int, head_dim: int, e: int,
@@ -248,8 +311,8 @@ def eager_kept_units(strategy: str, *, world: int, q_heads: int, kv_heads: int, 
 
     if strategy == "ulysses":
         return a2a(world)
-    if strategy == "usp":
-        return a2a(max(1, ulysses)) + 4.0
+    if strategy == "usp":  # its inner ring's head-sharded q, k, v and output, as ulysses' (dry run, small, MHA)
+        return a2a(max(1, ulysses))
     if strategy == "rsa":
         return 2.0 + seq_len * 4 / (head_dim * e)
     if strategy == "tp":
@@ -265,8 +328,9 @@ def eager_shared_units(strategy: str, *, q_heads: int, kv_heads: int) -> float:
     same steps with and without these strategies (small-l3 at 2,048 tokens over 2 ranks, float32, and the
     dry run of llama3-8b at 128K over 8, bf16: allgather's ``none`` step holds what burst's holds,
     ulysses' one query shard more at llama3-8b and 1.5 at small-l3's repeated kv heads, docs/simulation.md).
-    ``usp`` is left at 0 (not measured: conservative)."""
-    return (q_heads + 2 * kv_heads) / q_heads if strategy in ("allgather", "ulysses") else 0.0
+    ``usp`` keeps, as ulysses, its head-sharded copies in their place (the dry run of ``small`` over 4 ranks:
+    with 0 here the model held 2.1x the kept activations of the step)."""
+    return (q_heads + 2 * kv_heads) / q_heads if strategy in ("allgather", "ulysses", "usp") else 0.0
 
 
 def replicated_kv_params(model: LlamaConfig, tp: int) -> float:

@@ -26,9 +26,32 @@ HOST_STATE_BYTES = 16  # float32 master weights, gradients, exp_avg, exp_avg_sq
 ADAM_BYTES = 28  # read param, grad, exp_avg, exp_avg_sq; write param, exp_avg, exp_avg_sq (float32)
 
 
+def parameter_shapes(model: LlamaConfig, tp: int) -> list[tuple[int, int]]:
+    """``(rows, columns)`` of every parameter on one tp rank (Megatron's column and row splits; norms whole):
+    FSDP2 shards each over its rows."""
+    h, f, v, d = model.dim, model.ffn_dim, model.vocab_size, model.head_dim
+    q, kv = model.n_heads * d // tp, max(1, model.n_kv_heads // tp) * d
+    layer = [(q, h), (kv, h), (kv, h), (h, q), (f // tp, h), (h, f // tp), (f // tp, h), (h, 1), (h, 1)]
+    return [(v, h // tp)] + layer * model.n_layers + [(h, 1)] + ([] if model.tie_embeddings else [(v // tp, h)])
+
+
+def pinned_state_bytes(model: LlamaConfig, *, tp: int, shards: int) -> float:
+    """Host bytes of the offloaded state as FSDP2's ``CPUOffloadPolicy(pin_memory=True)`` allocates them: each
+    parameter's float32 shard (padded to whole rows) and its gradient pinned, each a power-of-two block
+    (``models.offload.pow2_bytes``); AdamW's two moments plain host memory (exact)."""
+    from ..models.offload import pow2_bytes
+
+    total = 0.0
+    for rows, cols in parameter_shapes(model, tp):
+        shard = -(-rows // shards) * cols * 4
+        total += 2 * pow2_bytes(shard) + 2 * rows * cols * 4 / shards
+    return total
+
+
 def offloaded_state(model: LlamaConfig, *, tp: int, shards: int, e: int, gathered: float) -> tuple[float, float, float, float]:
     """``(device params, device grads, device optimizer state, host bytes)`` of one device with the
-    optimizer offloaded; ``gathered``: what FSDP all-gathers (``memory.gathered_bytes``)."""
+    optimizer offloaded; ``gathered``: what FSDP all-gathers (``memory.gathered_bytes``). The host bytes are
+    the exact state (:data:`HOST_STATE_BYTES` per parameter); :func:`pinned_state_bytes` as pinned."""
     n = model.num_params() / tp
     layer = n / model.n_layers
     return gathered, 2 * layer * e, 0.0, HOST_STATE_BYTES * n / shards

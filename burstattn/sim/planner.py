@@ -35,7 +35,7 @@ from ..models.offload import OFFLOAD
 from .chunks import frugal, search_chunks
 from .feasible import Exclusion, degree_problem, exclusions
 from .hardware import ClusterHW
-from .memory import growing
+from .memory import HEADROOM, growing
 from .names import seconds, size
 from .step import SimConfig, SimResult, simulate
 
@@ -255,7 +255,8 @@ def _why(c: Candidate, best: Candidate) -> str:
     if not r.fits and r.memory.host > r.memory.host_capacity:
         return f"out of host memory: {size(r.memory.host)} > {size(r.memory.host_capacity)} per device ({r.memory.binding()})"
     if not r.fits:
-        return f"out of memory: {size(r.peak_memory_bytes)} > {size(c.cfg.hw.mem_bytes)} per device"
+        return (f"out of memory: {size(r.peak_memory_bytes)} > {size(r.memory.usable)} per device (its "
+                f"{size(c.cfg.hw.mem_bytes)} less the {HEADROOM:.0%} headroom)")
     if c is best:
         return "fastest configuration that fits"
     slower = r.time_s / b.time_s - 1

@@ -85,6 +85,10 @@ class SimConfig:
     head_chunks: int = 1
     """The attention over this many groups of heads, one after another (``--head-chunks``): the
     call's buffers scale with one group (:func:`burstattn.sim.memory.attention_buffers`)."""
+    kernel: str = "sdpa"
+    """The GPU attention kernel whose own buffers are counted (``sdpa`` or ``flash_attn``:
+    :mod:`burstattn.kernels.workspace`; the dry run's ``--dry-run-kernel``); a CPU spec (``host_is_device``)
+    counts the CPU's float32 tiles instead."""
 
     @property
     def gpus(self) -> int:
@@ -309,10 +313,10 @@ def offload_exposed(host_bytes: float, host_bw: float, *, forward_s: float, back
 
 
 def host_capacity(hw: ClusterHW, gpus: int) -> float:
-    """Host memory one device may fill: its share of the node's (``host_mem_bytes``), the node's memory
-    over the devices the job uses on it when it uses fewer than the node has (a one-GPU job has the whole
-    host, as DeepSpeed ALST's one-GPU runs)."""
-    return hw.host_mem_bytes * hw.devices_per_node / max(1, min(gpus, hw.devices_per_node))
+    """Host memory one device may fill: its share of the node's (``host_mem_bytes`` per device), the node's
+    memory over the devices the job uses on it when it uses fewer than the node has (a one-GPU job has the
+    whole host, as DeepSpeed ALST's one-GPU runs), less each process's own (:data:`~.memory.HOST_RESERVE`)."""
+    return hw.host_mem_bytes * hw.devices_per_node / max(1, min(gpus, hw.devices_per_node)) - mem.HOST_RESERVE
 
 
 def host_state_offloaded(cfg: SimConfig) -> bool:
@@ -348,7 +352,8 @@ def memory_model(cfg: SimConfig, bwd_mode: Optional[str] = None) -> mem.Memory:
         cache = mem.kv_cache_bytes(m, batch=b, tokens=tokens, tp=tp, e=e)
         return mem.Memory(params, 0.0, 0.0, b * h * 16 * e, 0.0, cache, hw.mem_bytes)
     call = dict(batch=b, local_seq=cfg.seq_len // cp, world=cp, q_heads=m.n_heads // tp, kv_heads=kv_heads,
-                head_dim=m.head_dim, e=e, schedule=cfg.schedule, bwd_mode=bwd_mode, head_chunks=cfg.head_chunks)
+                head_dim=m.head_dim, e=e, schedule=cfg.schedule, bwd_mode=bwd_mode, head_chunks=cfg.head_chunks,
+                ulysses=cfg.ulysses_degree or 1, kernel=None if hw.host_is_device else cfg.kernel)
     if not train:
         acts = tokens * (4 * h + 2 * (h + 2 * kvd) / tp + 3 * f / tp) * e  # one layer's transient activations
         cache = mem.kv_cache_bytes(m, batch=b, tokens=tokens, tp=tp, e=e)
@@ -356,10 +361,14 @@ def memory_model(cfg: SimConfig, bwd_mode: Optional[str] = None) -> mem.Memory:
         return mem.Memory(params, grads, opt, acts, attn_mem, cache, hw.mem_bytes)
     shape = ActivationShape(rows=tokens // tp if (sp and tp > 1) else tokens, attn_rows=tokens, tp=tp, e=e)
     out_lse = tokens * (m.n_heads // tp) * (m.head_dim * e + 4)
-    attn_bwd = max(0.0, mem.attention_buffers(cfg.strategy, backward=True, **call) - out_lse)
-    attn_fwd = mem.attention_buffers(cfg.strategy, backward=False, **call)
     eager = mem.eager_kept_units(cfg.strategy, world=cp, q_heads=m.n_heads // tp, kv_heads=kv_heads, head_dim=m.head_dim,
                                  e=e, seq_len=cfg.seq_len, ulysses=cfg.ulysses_degree or 1)
+    # what the call keeps from its forward is counted with the layer's kept tensors; the call's units (read off
+    # whole calls) include it: its output and LSE, and the head-sharded copies ulysses and usp save
+    saved = out_lse + (max(0.0, eager - 1.0) * tokens * (m.n_heads // tp) * m.head_dim * e
+                       if cfg.strategy in ("ulysses", "usp") else 0.0)
+    attn_bwd = max(0.0, mem.attention_buffers(cfg.strategy, backward=True, **call) - saved)
+    attn_fwd = mem.attention_buffers(cfg.strategy, backward=False, **call)
     acts = training_activations(m, shape, checkpointing=cfg.checkpointing, eager_units=eager,
                                 through_op=cfg.strategy in THROUGH_OP, mlp_chunk=cfg.mlp_chunk,
                                loss_chunk=cfg.loss_chunk, attention_fwd=attn_fwd, fused_loss=cfg.fused_loss,
@@ -370,7 +379,10 @@ def memory_model(cfg: SimConfig, bwd_mode: Optional[str] = None) -> mem.Memory:
                                param_fp32=0.0 if offloaded else (4 if cfg.fsdp else e) * m.num_params() / tp / (cfg.dp * cp if cfg.fsdp else 1))
     t = acts.terms
     rest = sum(v for k, v in t.items() if k not in (GRADIENTS, ATTENTION))
-    return mem.Memory(params, grads, opt, rest, t.get(ATTENTION, 0.0), 0.0, hw.mem_bytes, host=acts.host + host_state,
+    # host memory as a GPU's pinned allocator holds it (power-of-two blocks); the bytes copied beside it
+    pinned = acts.host_pinned + (host_offload.pinned_state_bytes(m, tp=tp, shards=cfg.dp * cp) if host_state else 0.0)
+    return mem.Memory(params, grads, opt, rest, t.get(ATTENTION, 0.0), 0.0, hw.mem_bytes,
+                      host=acts.host + host_state if hw.host_is_device else pinned, host_copied=acts.host + host_state,
                       host_state=host_state,
                       host_capacity=host_capacity(hw, cfg.gpus), peak_grads=t.get(GRADIENTS, 0.0), phase=acts.phase,
                       terms=dict(t), gathered=mem.gathered_bytes(m, tp=tp, e=e) if cfg.fsdp else 0.0,

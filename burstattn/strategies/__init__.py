@@ -28,10 +28,10 @@ STRATEGIES = MappingProxyType({s.name: s for s in (
     # DeepSpeed-Ulysses: all-to-all sequence shards <-> head shards
     StrategySpec("ulysses", _ALL, DEFAULT_LAYOUT, ("backend",) + MASK_OPTIONS, partitions=True),
     # all-gather K/V, local attention, reduce-scatter dK/dV (Llama 3 CP)
-    StrategySpec("allgather", _ALL, DEFAULT_LAYOUT, ("backend",) + MASK_OPTIONS, partitions=True),
+    StrategySpec("allgather", _ALL, DEFAULT_LAYOUT, ("backend", "grad_partials") + MASK_OPTIONS, partitions=True),
     # USP: Ulysses inside a group x burst ring across groups
     StrategySpec("usp", _ALL, DEFAULT_LAYOUT, ("backend", "backward", "ulysses_degree", "ring_degree", "mesh",
-                                               "ulysses_group", "ring_group"), partitions=True),
+                                               "ulysses_group", "ring_group", "grad_partials"), partitions=True),
     # Megatron-SP tensor parallelism: all-gather q/k/v, Hq/P heads over the full sequence, all-to-all back
     StrategySpec("tp", _ALL, DEFAULT_LAYOUT, ("backend",), partitions=True),
 )})

@@ -134,12 +134,13 @@ def _given_groups(p: int, rank: int, ulysses_degree, ring_degree, mesh, ulysses_
 
 
 def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backward="auto", ulysses_degree=None,
-        ring_degree=None, mesh=None, ulysses_group=None, ring_group=None) -> torch.Tensor:
+        ring_degree=None, mesh=None, ulysses_group=None, ring_group=None, grad_partials="float32") -> torch.Tensor:
     """``q [B, n, Hq, D]``, ``k, v [B, n, Hkv, D]`` (this rank's shard in ``layout`` over the whole
     group, as :func:`burstattn.shard_sequence` gives it) -> ``[B, n, Hq, D]`` in q's dtype.
-    ``backend``/``backward``: as in :func:`burst_attn_func`. Given only degrees, the sub-groups are
-    built on the first call and reused (:func:`burstattn.comm.groups.usp_subgroups`). Runs as the custom op
-    ``torch.ops.burstattn.attention_fwd`` (:mod:`burstattn.ops`; the sub-groups travel by name).
+    ``backend``/``backward``/``grad_partials``: as in :func:`burst_attn_func` (the inner ring's). Given only
+    degrees, the sub-groups are built on the first call and reused (:func:`burstattn.comm.groups.usp_subgroups`).
+    Runs as the custom op ``torch.ops.burstattn.attention_fwd`` (:mod:`burstattn.ops`; the sub-groups travel
+    by name).
 
     Raises:
         ValueError / TypeError on every rank: invalid inputs (``check_inputs``), degrees that do
@@ -154,7 +155,7 @@ def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backwa
     options = ({"ulysses_degree": u, "ring_degree": r} if groups is None else
                {"ulysses_group": group_name(groups.ulysses_group), "ring_group": group_name(groups.ring_group)})
     return strategy_call("usp", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
-                         backend=backend, backward=backward, options=options,
+                         backend=backend, backward=backward, options=options, grad_partials=grad_partials,
                          problem=problem and (ValueError, problem))
 
 
@@ -197,7 +198,7 @@ class _Inner:
     def cfg(self, call, qh, kh, vh) -> Call:
         c = call
         inner = Call(causal=c.causal, softmax_scale=c.softmax_scale, layout=self.layout, backend=c.backend,
-                     backward=c.backward, grad=c.grad, where=self.where)
+                     backward=c.backward, grad=c.grad, where=self.where, grad_partials=c.grad_partials)
         return replace(inner, backward=resolve_backward(inner, qh, kh, vh, self.where.world_size))
 
     def sort(self, x: torch.Tensor) -> torch.Tensor:  # rank order -> increasing global positions

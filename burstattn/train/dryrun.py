@@ -12,12 +12,17 @@ What is measured and what is not:
 * Device: a CPU build cannot run a matmul on fake CUDA tensors, so the fake tensors are CPU
   tensors in the run's dtype. Their storage sizes are what the GPU's allocator would be asked
   for (without the CUDA caching allocator's rounding to 512 bytes: negligible at these sizes).
-* Kernel workspace: the local attention kernel is the CPU flash op, whose fake implementation
-  allocates its outputs (output, LSE, gradients) only. A GPU's flash-attention backward also
-  allocates a float32 ``dq`` accumulator and a float32 row sum ``D`` of the largest local kernel
-  call: :func:`flash_workspace_bytes` adds ``B x n_q x Hq x (d + 1) x 4`` bytes (flash-attn 2's
-  ``dq_accum`` and ``softmax_d``) at each kernel backward call, to what is alive then (its outputs
-  allocated), and says so (``workspace_bytes``: the largest call's).
+* The GPU's attention path: on a GPU a 16-bit ring step is one kernel call per head group in the inputs'
+  own dtype (the kernel's own backward; partials accumulated in float32), while the CPU kernel of the fake
+  tensors would take the engine's float32 tiles. :func:`as_on_a_gpu` sets ``grad_partials="kernel"`` for
+  every strategy and context-parallel size, so the fake step makes one kernel call per step, block op and
+  head group (``kernel_calls`` in the report).
+* Kernel workspace: the local kernel is the CPU flash op, whose fake implementation allocates the outputs
+  a GPU kernel returns (output, LSE; dQ, dK, dV). :class:`GpuKernel` adds what the modelled GPU backend
+  (``kernel``: ``sdpa``, the default, or ``flash_attn``) allocates besides at each call, to what is alive
+  then (:func:`burstattn.kernels.workspace.kernel_workspace`: flash-attn 2's float32 ``dq_accum`` and
+  ``softmax_d``, the expanded dK/dV of grouped K/V heads, and the copies SDPA makes of row slices);
+  ``workspace_bytes`` is the largest call's.
 * Host state: with ``--offload-optimizer`` (FSDP2's ``CPUOffloadPolicy``) the sharded parameters,
   gradients and optimizer state are host memory on a GPU; here every fake tensor is a CPU tensor, so
   the tracker leaves those reference types out of the device's bytes and reports them as
@@ -61,29 +66,75 @@ def warm_optimizer(job) -> None:
     job.optimizer.zero_grad(set_to_none=True)
 
 
+_CPU_FLASH_FWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 _CPU_FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 
 
+class GpuKernel:
+    """The GPU kernel ``backend`` (:data:`~burstattn.kernels.workspace.GPU_BACKENDS`) in place of the CPU
+    flash op that stands for it on the fake tensors: called with each dispatched op and its arguments, it
+    returns the bytes the GPU kernel allocates beside that call's outputs (0 for any other op) and counts
+    the calls (``calls``: forward and backward)."""
+
+    def __init__(self, backend: str = "sdpa") -> None:
+        from ..kernels.workspace import GPU_BACKENDS
+
+        if backend not in GPU_BACKENDS:
+            raise ValueError(f"--dry-run-kernel must be one of {GPU_BACKENDS}, got {backend!r}")
+        self.backend = backend
+        self.calls = {"forward": 0, "backward": 0}
+
+    def __call__(self, func, args) -> int:
+        from ..kernels.sdpa import dense
+        from ..kernels.workspace import kernel_workspace
+
+        if func is not _CPU_FLASH_FWD and func is not _CPU_FLASH_BWD:
+            return 0
+        backward = func is _CPU_FLASH_BWD
+        self.calls["backward" if backward else "forward"] += 1
+        tensors = args[:6] if backward else args[:3]  # (dout, q, k, v, out, lse) or (q, k, v)
+        q, k = tensors[1 if backward else 0], tensors[2 if backward else 1]
+        copied = sum(t.nbytes for t in tensors if t.dim() == 4 and dense(t) is not t) + \
+            (tensors[5].nbytes if backward and not tensors[5].is_contiguous() else 0)
+        b, hq, n_q, d = q.shape
+        return kernel_workspace(self.backend, batch=b, q_heads=hq, kv_heads=k.shape[1], q_rows=n_q, k_rows=k.shape[2],
+                                head_dim=d, element_size=q.element_size(), backward=backward, copied=copied)
+
+
 def flash_workspace_bytes(func, args) -> int:
-    """flash-attn 2's backward workspace of one local kernel call, for the CPU flash op's backward that
-    stands for it on the fake tensors: float32 ``dq_accum [B, n_q, Hq, d]`` and ``softmax_d [B, Hq, n_q]``
-    (``args[1]``: the call's ``q [B, Hq, n_q, d]``), alive while the call runs; 0 for any other op."""
-    if func is not _CPU_FLASH_BWD:
-        return 0
-    b, h, n, d = args[1].shape
-    return int(b * h * n * (d + 1) * 4)
+    """flash-attn 2's backward workspace of one local kernel call (:class:`GpuKernel` ``("flash_attn")``), for
+    the CPU flash op's backward that stands for it on the fake tensors; 0 for any other op."""
+    return GpuKernel("flash_attn")(func, args) if func is _CPU_FLASH_BWD else 0
 
 
 def as_on_a_gpu(job) -> None:
-    """The attention's path as a GPU takes it: where the context-parallel group is one rank (``cp = 1``:
-    one GPU, or tensor parallelism alone), a 16-bit call on a GPU's cuDNN / flash kernel is one dense
-    block with the kernel's own backward (``strategies.burst.alone``), while the CPU kernel of the fake
-    tensors would run the engine's float32 tiles (other buffers; at a million tokens, hours of fake ops).
-    ``grad_partials="kernel"`` takes the GPU's path on the fake CPU tensors (the same allocations: the
-    kernel's outputs, the workspace of :func:`flash_workspace_bytes` added). Other groups are left as
-    they are: a GPU's multi-rank 16-bit call runs the float32 tiles too."""
-    if job.dims.cp == 1 and job.attn.strategy in ("burst", "ring") and "grad_partials" not in job.attn.options:
-        job.attn.options["grad_partials"] = "kernel"
+    """The attention's path as a GPU takes it: a 16-bit ring step on a GPU is one kernel call per head group
+    with the kernel's own backward (a world of one: one dense block, ``strategies.burst.alone``), while the
+    CPU kernel of the fake tensors would run the engine's float32 tiles (other buffers, and at millions of
+    tokens hours of fake ops). ``grad_partials="kernel"`` takes the GPU's path on the fake CPU tensors, for
+    every context-parallel size and strategy that runs the engine's block calls (burst, ring, allgather, usp;
+    ulysses and tp make one kernel call of the gathered sequence or heads already). The one switch; a run that
+    names ``grad_partials`` keeps it."""
+    from ..strategies import STRATEGIES
+
+    options, spec = getattr(job.attn, "options", None), STRATEGIES.get(getattr(job.attn, "strategy", None))
+    if isinstance(options, dict) and spec is not None and "grad_partials" in spec.options:
+        options.setdefault("grad_partials", "kernel")
+        if "device_type" in spec.options:  # the kernel policy of a GPU (kernels.policy), not of the fake tensors
+            options.setdefault("device_type", "cuda")
+
+
+def _pinned_state_extra(job) -> int:
+    """What pinning adds to the offloaded optimizer state (FSDP2's ``CPUOffloadPolicy(pin_memory=True)`` pins
+    each parameter's padded shard and its gradient: power-of-two blocks; AdamW's moments are not pinned)."""
+    from ..models.offload import pow2_bytes
+
+    extra = 0
+    for p in job.model.parameters():
+        local = p._local_tensor if hasattr(p, "_local_tensor") else p
+        nbytes = local.untyped_storage().nbytes()
+        extra += 2 * (pow2_bytes(nbytes) - nbytes)
+    return extra
 
 
 def _check(cfg: TrainConfig, world_size: int, rank: int, device: str) -> None:
@@ -164,14 +215,15 @@ def _phase_hooks(job, tracker) -> list:
 
 
 def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool = False,
-            device: str = "cuda") -> dict[str, Any]:
+            device: str = "cuda", kernel: str = "sdpa") -> dict[str, Any]:
     """One step of ``cfg`` on rank ``rank`` of ``world_size``, with fake tensors, as it would run on
-    ``device`` ("cuda": a GPU's AdamW (fused) and kernel workspace; "cpu": this machine's, to compare
-    with a real step here). Returns the report
+    ``device`` ("cuda": a GPU's AdamW (fused), attention path and the GPU ``kernel``'s workspace (:class:`GpuKernel`);
+    "cpu": this machine's, to compare with a real step here). Returns the report
     (bytes are per rank): ``peak_bytes``, ``peak_by_category`` (:data:`CATEGORIES`), ``peak_by_phase``
     (:data:`PHASES`), ``step_peak_bytes``, ``start_bytes``, ``workspace_bytes``, ``host_bytes``,
     ``sent_bytes``, ``sent_by_op``, ``unmetered`` (what ``sent_bytes`` leaves out, :func:`unmetered`),
-    ``attention_calls``, ``ops``, ``seconds``; with ``timeline`` also
+    ``attention_calls``, ``kernel``, ``kernel_calls`` (the local kernel's forward and backward calls), ``ops``,
+    ``seconds``; with ``timeline`` also
     ``timeline``: ``[(op index, phase, bytes by category)]``.
 
     Raises:
@@ -185,7 +237,8 @@ def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool 
     from .step import step_tensors
 
     _check(cfg, world_size, rank, device)
-    t0 = time.perf_counter()
+    gpu = GpuKernel(kernel) if device == "cuda" else None
+    t0, c0 = time.perf_counter(), time.process_time()
     with _fake_group(rank, world_size), FakeTensorMode(allow_non_fake_inputs=True):
         try:
             job = build_job(cfg, optimizer_device=device)
@@ -203,8 +256,8 @@ def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool 
                    else DryRunTracker(tracked))
         if not cfg.fsdp:
             tracker.track_external(job.model, job.optimizer)
-        if device == "cuda":
-            tracker.workspace_of = flash_workspace_bytes
+        tracker.workspace_of = gpu
+        tracker.host_device = job.model.offload_host
         hooks = _phase_hooks(job, tracker)
         try:
             with tracker, comm_stats() as stats:
@@ -221,19 +274,25 @@ def dry_run(cfg: TrainConfig, world_size: int, rank: int = 0, *, timeline: bool 
             for h in hooks:
                 h.remove()
     workspace, phase_peaks = tracker.workspace_bytes, dict(tracker.phase_peaks)
+    pinned = tracker.host_pinned + (_pinned_state_extra(job) if host_refs else 0)
     peak, split = tracker.peak_bytes, dict(tracker.peak_split)
     report = dict(rank=rank, world_size=world_size, device=device, peak_bytes=int(peak), peak_by_category=split,
                   peak_by_phase=phase_peaks, step_peak_bytes=int(tracker.peak_bytes - tracker.start_bytes),
                   start_bytes=int(tracker.start_bytes), workspace_bytes=workspace,
-                  workspace="CPU flash op's outputs counted; flash-attn 2 backward dq_accum + softmax_d (float32) "
-                            "added at each kernel backward call",
-                  host_bytes=int(host_bytes) + tracker.host_state_bytes, host_activation_bytes=int(host_bytes),
+                  kernel=gpu.backend if gpu else "cpu_flash",
+                  kernel_calls=dict(gpu.calls) if gpu else None,
+                  workspace=(f"the CPU flash op's outputs; {gpu.backend}'s buffers added at each call (float32 dq_accum and "
+                             "softmax_d, the expanded dK/dV of grouped K/V heads"
+                             + (", copies of row slices)" if gpu.backend == "sdpa" else ")")) if gpu else "none (CPU)",
+                  host_bytes=int(pinned + tracker.host_state_bytes) if gpu else int(host_bytes) + tracker.host_state_bytes,
+                  host_copied_bytes=int(host_bytes) + tracker.host_state_bytes, host_activation_bytes=int(host_bytes),
+                  host_pinned_activation_bytes=int(tracker.host_pinned),
                   host_state_bytes=int(tracker.host_state_bytes), sent_bytes=int(stats.sent()), sent_by_op=stats.sent_by_op("str"),
                   unmetered=unmetered(cfg, job.dims),
                   attention_calls=tracker.attention_calls, peak_at=dict(zip(("op", "phase", "module"), tracker.peak_at)), ops=tracker.ops,
                   dims=dict(dp=job.dims.dp, cp=job.dims.cp, tp=job.dims.tp), strategy=cfg.strategy,
                   layout=job.layout, chunks=[job.model.config.mlp_chunk, job.model.config.loss_chunk],
-                  seconds=time.perf_counter() - t0)
+                  seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0)
     if timeline:
         report["timeline"] = dict(categories=list(CATEGORIES), phases=list(PHASES), points=tracker.points)
     return report

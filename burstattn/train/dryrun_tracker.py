@@ -28,6 +28,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
 
+from ..models.offload import pow2_bytes
+
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries")
 PHASES = ("forward", "backward", "optimizer")
 _CATEGORY = {"Parameter": "parameters", "Buffer": "parameters", "Sharded Param": "parameters",
@@ -42,6 +44,7 @@ ATTENTION_OPS = ("burstattn::attention_fwd", "burstattn::strategy_fwd")
 # returns no tensor, so the tracker passes it straight to the fake mode beneath
 _DEVICE = torch.ops.prim.device.default
 _A = torch.ops.aten
+_EMPTY = _A.empty.memory_format
 # Ops whose output is (a view of) their first argument and that allocate nothing: once that argument's
 # storage is tracked, MemTracker would record nothing new for them (no new storage, the same total), so
 # they skip its bookkeeping (a third of the step's dispatches). A storage not yet tracked goes through it.
@@ -87,6 +90,8 @@ class _Timeline:
         self._impls: dict = {}  # op -> the library's implementation (None: any other op)
         self.workspace_of: Optional[Any] = None  # (op, args) -> a GPU kernel's workspace bytes of that call
         self.workspace_bytes = 0  # the largest workspace of one call
+        self.host_device: Optional[torch.device] = None  # where the offloaded copies go (the dry run: meta)
+        self.host_pinned = 0  # those copies as the pinned host allocator holds them (power-of-two blocks)
 
     def _workspace(self, nbytes: int) -> None:
         """A kernel call's workspace, alive while the call runs (its outputs allocated): a point of the
@@ -165,6 +170,9 @@ class _Timeline:
             out = super().__torch_dispatch__(func, types, args, kwargs)
             if self.workspace_of is not None:
                 self._workspace(self.workspace_of(func, args))
+            if func is _EMPTY and self.recording and self.host_device is not None \
+                    and (kwargs or {}).get("device") == self.host_device:  # an offloaded copy (HostOffload)
+                self.host_pinned += pow2_bytes(out.nbytes)  # one pinned block
             return out
         if func.name().split(".")[0] in ATTENTION_OPS:
             self.attention_calls += 1

@@ -1,7 +1,8 @@
 """The real-scale table of docs/simulation.md as a regression test: every stored dry run of llama3-8b
-(``bench/results/verify/NAME.json``, made by ``bench/scripts/verify_table.py --run NAME`` from the command in
-``NAME.cmd``; the one-GPU row at 522,240 tokens by ``burstattn train ... --dry-run --json`` of its command)
-against the memory model of the same configuration, within the issue's 10%. No dry run
+(``bench/results/verify/NAME.json``, made by ``python -m bench.scripts.verify_table --run NAME`` from the command
+in ``NAME.cmd``; the one-GPU row at 522,240 tokens by ``burstattn train ... --dry-run --json`` of its command;
+all re-run on the GPU's path: one kernel call per step and head group, the SDPA kernel's buffers counted)
+against the memory model of the same configuration, within 10%. No dry run
 runs here (each took CPU minutes); a change to the memory model that moves a prediction out of the band
 fails. Ring Self-Attention is left out: its plan needs 8 TiB of host memory (offloaded ``[Hq, n, N]``
 scores) and is never a plan that fits; its host bytes are checked instead."""
