@@ -22,13 +22,10 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from .errors import RingCommError
 from .groups import GroupContext
 from .stats import CommStats
 from .trace import StepTrace, now_ns
-
-
-class RingCommError(RuntimeError):
-    """A transfer failed: a peer died, hung past the group's timeout, or the link broke."""
 
 
 class Transport:
