@@ -1,5 +1,5 @@
 """The bottom vocabulary: the names of layouts, backends, backward rings, schedules and gradient
-partials; the window convention; dtype names. Plain values, imported by every layer (nothing here
+partials; the window convention; dtype names and the accumulators' dtype; the ignore index. Plain values, imported by every layer (nothing here
 imports the rest of the package)."""
 from __future__ import annotations
 
@@ -52,6 +52,18 @@ def torch_dtype(name: str) -> "torch.dtype":
 
     return getattr(torch, name)
 
+
+def accum_dtype(dtype: "torch.dtype") -> "torch.dtype":
+    """The dtype partial results accumulate in for inputs of ``dtype``: float64 stays float64 (the exact
+    checks), everything else (float32, bfloat16, float16) float32. The one rule: kernels, merges, reductions
+    and recurrences all ask here."""
+    import torch  # already imported by whoever holds a torch dtype; this module imports nothing at load
+
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+IGNORE_INDEX = -100
+"""The label of positions without a target: PyTorch's ``cross_entropy`` and transformers' ``ignore_index``."""
 
 
 def __getattr__(name: str):

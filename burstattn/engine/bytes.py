@@ -25,17 +25,14 @@ from __future__ import annotations
 
 import torch
 
+from ..config import accum_dtype
+
 META_INTS = 20
 
 
 def element_size(dtype: torch.dtype) -> int:
     """Bytes per element of ``dtype``."""
     return torch.empty((), dtype=dtype).element_size()
-
-
-def accum_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Accumulator dtype for inputs of ``dtype``: float64 for float64, else float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def kv_elements(batch: int, local_seq: int, kv_heads: int, head_dim: int, kv_local_seq=None,

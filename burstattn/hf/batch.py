@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm.groups import group_context
+from ..config import IGNORE_INDEX
 from ..infer.generate import check_every_rank
 from ..layouts.named import gather_sequence, layout_or_default, local_positions
 from ..layouts.partition import document_partition
@@ -29,7 +30,7 @@ from ..strategies import STRATEGIES
 from .attention import registered_options
 from .families import check_model
 from .guard import calling_model, running_model_problem
-from .packing import IGNORE_INDEX, BatchPlan, flatten_rows, plan_batch, rope_positions, shifted_labels
+from .packing import BatchPlan, flatten_rows, plan_batch, rope_positions, shifted_labels
 
 SHARD_KEY = "burst_shard"  # the model kwarg that carries the ShardSpec to the attention function
 # collated keys shard_batch understands (max_length_* are flash-attn's and only describe cu_seq_lens)

@@ -27,11 +27,12 @@ import torch
 import torch.distributed as dist
 
 from ..comm.groups import degree_groups, group_context
+from ..config import IGNORE_INDEX
 from ..layouts.named import local_positions
 from ..parallel.dispatch import DispatchCost, Placement, divisors, micro_batches, plan_dispatch
 from ..strategies import STRATEGIES
 from .batch import SHARD_KEY, ShardSpec, batch_kwargs, checked_plan, place, sync_gradients
-from .packing import IGNORE_INDEX, BatchPlan, flatten_rows, rope_positions, shifted_labels
+from .packing import BatchPlan, flatten_rows, rope_positions, shifted_labels
 
 FN = "ContextParallelTrainer(dispatch='dynamic')"
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from ..recurrent import (chunk_delta_rule, chunk_linear_attention, sp_causal_conv1d, sp_gated_delta_rule, sp_kda,
                          sp_lightning_attention, sp_ssd)
-from ..recurrent.chunked import compute_dtype
+from ..config import accum_dtype
 
 
 class ShardedOps:
@@ -64,7 +64,7 @@ class CachedOps:
         return (F.silu(y) if activation in ("silu", "swish") else y).to(x.dtype)
 
     def _run(self, fn, q, k, v, *rest, **kw):
-        dtype, up = q.dtype, compute_dtype(q.dtype)
+        dtype, up = q.dtype, accum_dtype(q.dtype)
         rep = v.shape[2] // k.shape[2]
         q, k = (t.repeat_interleave(rep, dim=2) if rep > 1 else t for t in (q, k))
         o, self.slot["state"] = fn(*(t.to(up) for t in (q, k, v, *rest)), initial_state=self.slot.get("state"), **kw)
@@ -151,7 +151,7 @@ def mamba2_ssd(m, hidden_states: torch.Tensor, attention_mask, ops) -> torch.Ten
         dt = torch.clamp(dt, min=m.time_step_limit[0], max=m.time_step_limit[1])
     A = -torch.exp(m.A_log.float())
     # transformers' scan runs in float32 whatever the model's dtype (float64 stays float64 here)
-    up = torch.float64 if x.dtype == torch.float64 else torch.float32
+    up = accum_dtype(x.dtype)
     y = ops.ssd(x.reshape(B, n, m.num_heads, m.head_dim).to(up), dt.to(up), A,
                 Bm.reshape(B, n, m.n_groups, m.ssm_state_size).to(up),
                 Cm.reshape(B, n, m.n_groups, m.ssm_state_size).to(up), m.D.to(up))

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ..config import IGNORE_INDEX
 from ..models.fused_loss import fused_linear_cross_entropy
 
-IGNORE_INDEX = -100
 
 
 def _chunk_loss(head: Callable, h: torch.Tensor, labels: torch.Tensor, softcap: Optional[float]) -> torch.Tensor:

@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-IGNORE_INDEX = -100  # transformers' ignore_index for the loss
+from ..config import IGNORE_INDEX
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 
 from ..comm.groups import group_context
+from ..config import IGNORE_INDEX
 from ..layouts.named import local_positions
 from .batch import GlobalItemCount
-from .packing import IGNORE_INDEX
 
 
 def _ids(name: str, x) -> None:

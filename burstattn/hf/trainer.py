@@ -36,12 +36,12 @@ import torch
 import torch.distributed as dist
 from transformers import Trainer
 
+from ..config import IGNORE_INDEX
 from .attention import register
 from .families import check_model
 from .hybrid import patch_mixers
 from .batch import SHARD_KEY, gather_logits, shard_inputs
 
-IGNORE_INDEX = -100
 
 
 class ContextParallelMixin:

@@ -20,6 +20,8 @@ from typing import Optional, Protocol
 
 import torch
 
+from ..config import accum_dtype
+
 
 @dataclass(frozen=True)
 class ScoreMods:
@@ -104,8 +106,7 @@ def reduce_kv_grad(g: torch.Tensor, kv_heads: int) -> torch.Tensor:
     if hq == kv_heads:
         return g
     # (B, Hq, S, D) -> (B, Hkv, g, S, D) -> sum over g
-    wide = torch.float64 if g.dtype == torch.float64 else torch.float32
-    return g.view(b, kv_heads, hq // kv_heads, s, d).sum(dim=2, dtype=wide).to(g.dtype)
+    return g.view(b, kv_heads, hq // kv_heads, s, d).sum(dim=2, dtype=accum_dtype(g.dtype)).to(g.dtype)
 
 
 def mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -25,6 +25,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ..config import accum_dtype
 from .pair import on_device
 
 
@@ -146,7 +147,7 @@ def flex_call(fn, q, k, v, bm, scale: float) -> tuple[torch.Tensor, torch.Tensor
 def dense_reference(spec: FlexSpec, q, k, v, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """What the flex call computes, densely in plain PyTorch (differentiable; float32, float64 for float64):
     ``out [B, h, n_q, Dv]`` (q's dtype) and ``lse [B, h, n_q]`` (``-inf`` where a row sees nothing)."""
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = accum_dtype(q.dtype)
     nq, nk = spec.n_q, spec.n_k
     fn = _mask_fn(*(x.to(q.device) for x in (spec.q_pos, spec.k_pos, spec.lo, spec.hi)), spec.mask_mod)
     vis = fn(0, 0, torch.arange(nq, device=q.device)[:, None], torch.arange(nk, device=q.device)[None, :])

@@ -11,6 +11,7 @@ import inspect
 
 import torch
 
+from ..config import accum_dtype
 from . import varlen as vl
 from .bands import PairBands
 
@@ -78,7 +79,7 @@ class VarlenPair:
         """``(rows, out [B, h, R, Dv], lse [B, h, R])`` over the span ``rows`` of ``q [B, h, n, D]`` against
         ``k, v [B, hk, n_k, D]``: one kernel call per :class:`~.bands.BandCall`; rows no call covers get 0
         and ``-inf``."""
-        batch, h, acc = q.shape[0], q.shape[1], _acc(q.dtype)
+        batch, h, acc = q.shape[0], q.shape[1], accum_dtype(q.dtype)
         r0, r1 = bands.rows
         single = len(bands.calls) == 1 and bands.calls[0].q_runs == ((r0, r1),)
         if not single:
@@ -98,7 +99,7 @@ class VarlenPair:
     def backward(self, bands: PairBands, dout, q, k, v, out, lse, scale: float):
         """``(rows, keys, dq [B, h, R, D], dk, dv [B, hk, K, D])`` over the pair's spans; ``dout, out``
         ``[B, h, n, Dv]``, ``lse [B, h, n]`` (the rows' global LSE; huge for rows that see nothing)."""
-        batch, hk, acc = q.shape[0], k.shape[1], _acc(q.dtype)
+        batch, hk, acc = q.shape[0], k.shape[1], accum_dtype(q.dtype)
         r0, r1 = bands.rows
         k0, k1 = bands.keys
         dq = torch.zeros(batch, q.shape[1], r1 - r0, q.shape[-1], dtype=acc, device=q.device)
@@ -114,10 +115,6 @@ class VarlenPair:
             dk.index_add_(2, kidx, vl.unpack(g[1], batch).to(acc))  # boxes may overlap: add
             dv.index_add_(2, kidx, vl.unpack(g[2], batch).to(acc))
         return slice(r0, r1), slice(k0, k1), dq, dk, dv
-
-
-def _acc(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _index(runs: tuple, base: int, device) -> torch.Tensor:

@@ -17,11 +17,8 @@ from typing import Optional
 
 import torch
 
+from ..config import accum_dtype
 from .base import ScoreMods, row_dot
-
-
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _grouped(x: torch.Tensor, kv_heads: int, dtype: torch.dtype) -> torch.Tensor:
@@ -78,7 +75,7 @@ class PlainKernel:
         self.tile = tile
 
     def forward(self, q, k, v, scale, causal, mask=None, mods=None):
-        acc = _acc_dtype(q.dtype)
+        acc = accum_dtype(q.dtype)
         b, hq, sq, _ = q.shape
         hkv, dv = k.shape[1], v.shape[-1]
         g = hq // hkv
@@ -99,7 +96,7 @@ class PlainKernel:
         return out.reshape(b, hq, sq, dv), lse.reshape(b, hq, sq)
 
     def backward(self, dout, q, k, v, out, lse, scale, causal, mask=None, mods=None):
-        acc = _acc_dtype(q.dtype)
+        acc = accum_dtype(q.dtype)
         b, hq, sq, d = q.shape
         hkv, sk = k.shape[1], k.shape[-2]
         g = hq // hkv

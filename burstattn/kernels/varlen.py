@@ -22,6 +22,7 @@ from typing import Optional
 
 import torch
 
+from ..config import accum_dtype
 from .bands import BandCall, segment_ranges
 
 FLASH_FWD = "_flash_attention_forward"
@@ -129,13 +130,9 @@ def efficient_rows(lse: torch.Tensor, call: BandCall, batch: int) -> torch.Tenso
     return torch.cat([lse[s, :, :cu[s + 1] - cu[s]] for s in range(len(cu) - 1)], dim=1)
 
 
-def _acc(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _segment_scores(q, k, scale, q0, q1, k0, k1, left, right):
     """Masked scores ``[H, m, sk]`` of one segment (flash's rule) in the accumulator dtype."""
-    acc = _acc(q.dtype)
+    acc = accum_dtype(q.dtype)
     g = q.shape[1] // k.shape[1]
     qs = q[q0:q1].to(acc).transpose(0, 1)                                   # [H, m, D]
     ks = k[k0:k1].to(acc).repeat_interleave(g, dim=1).transpose(0, 1)        # [H, sk, D]
@@ -155,7 +152,7 @@ def reference_forward(call: BandCall, q: torch.Tensor, k: torch.Tensor, v: torch
                       batch: int) -> tuple[torch.Tensor, torch.Tensor]:
     """What ``aten._flash_attention_forward`` computes for ``call`` on packed tensors: ``out [B*T, H, Dv]``
     (q's dtype), ``lse [H, B*T]`` float32 (``+inf`` where a row sees nothing, as flash writes it)."""
-    acc = _acc(q.dtype)
+    acc = accum_dtype(q.dtype)
     out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
     lse = torch.full((q.shape[1], q.shape[0]), math.inf, dtype=acc, device=q.device)
     g = q.shape[1] // k.shape[1]
@@ -176,7 +173,7 @@ def reference_forward(call: BandCall, q: torch.Tensor, k: torch.Tensor, v: torch
 def reference_backward(call: BandCall, dout, q, k, v, out, lse, scale: float, batch: int):
     """What ``aten._flash_attention_backward`` computes: ``dq, dk, dv`` (the inputs' dtypes and shapes)
     from the rows' global ``lse [H, B*T]`` and ``out`` (``P = exp(S - lse)``, ``D = rowsum(dout * out)``)."""
-    acc = _acc(q.dtype)
+    acc = accum_dtype(q.dtype)
     g = q.shape[1] // k.shape[1]
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     dk = torch.zeros(k.shape, dtype=acc, device=q.device)

@@ -1,6 +1,6 @@
 """LLaMA-style models for sequence-parallel training and inference (configs, presets, the model,
 the blockwise MLP and loss, checkpointing and offload)."""
-from .blockwise import IGNORE, auto_chunks, blockwise_cross_entropy, chunk_bounds
+from .blockwise import auto_chunks, blockwise_cross_entropy, chunk_bounds
 from .checkpointing import CHECKPOINTING, LayerRun
 from .config import PRESETS, HybridConfig, LlamaConfig, preset
 from .hybrid import GatedDeltaNet, HybridLlama, model_class
@@ -11,4 +11,4 @@ from .rope import apply_rotary
 
 __all__ = ["LlamaConfig", "HybridConfig", "HybridLlama", "GatedDeltaNet", "model_class", "PRESETS", "preset", "Llama", "AttnCall", "Attention", "FeedForward",
            "TransformerBlock", "RMSNorm", "apply_rotary", "LossOutput", "LayerRun", "CHECKPOINTING", "OFFLOAD",
-           "HostOffload", "IGNORE", "auto_chunks", "blockwise_cross_entropy", "chunk_bounds"]
+           "HostOffload", "auto_chunks", "blockwise_cross_entropy", "chunk_bounds"]

@@ -25,8 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-IGNORE = -100
-"""The label of positions without a target (PyTorch's and transformers' ``ignore_index``)."""
+from ..config import IGNORE_INDEX
 
 MLP_TILE = 2048
 """Automatic MLP chunk: ``max(MLP_TILE, dim)`` tokens (ALST tiles the MLP by about ``dim`` tokens)."""
@@ -108,7 +107,7 @@ def _chunk_ce(head: Callable, h: torch.Tensor, labels: torch.Tensor,
     cross-entropy, [answer hits, answer cross-entropy sum])`` (the second detached, float64)."""
     logits = head(h)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE, reduction="none")
+    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
     with torch.no_grad():
         if answer is None:
             stats = torch.zeros(2, dtype=torch.float64, device=ce.device)
@@ -120,7 +119,7 @@ def _chunk_ce(head: Callable, h: torch.Tensor, labels: torch.Tensor,
 
 def blockwise_cross_entropy(head: Callable, hidden: torch.Tensor, labels: torch.Tensor, *, chunk: int,
                             answer: Optional[torch.Tensor] = None, shards: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum of the next-token cross-entropy over the targets of ``labels [B, shards*m]`` (``IGNORE``:
+    """Sum of the next-token cross-entropy over the targets of ``labels [B, shards*m]`` (``IGNORE_INDEX``:
     no target) for ``hidden [B, m, dim]``, ``head(h [B, c, dim]) -> logits [B, shards*c, V]`` (the
     final norm and output projection), over chunks of ``chunk`` rows (0: all at once, nothing
     recomputed). Returns ``(ce_sum, stats)``: ``ce_sum`` a differentiable float32 scalar;

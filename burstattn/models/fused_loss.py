@@ -39,7 +39,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .blockwise import IGNORE, chunk_bounds
+from ..config import IGNORE_INDEX
+from .blockwise import chunk_bounds
 
 
 def _head_inputs(x: torch.Tensor, weight: torch.Tensor):
@@ -65,7 +66,7 @@ def _chunk(raw: torch.Tensor, labels: torch.Tensor, offset: int, group, scale: f
            answer: Optional[torch.Tensor], softcap: Optional[float] = None):
     """One chunk's ``(ce [c] float32, grad [c, V_local] float32, stats [2] float64)`` from the head's
     output ``raw [c, V_local]`` (float32; the logits are ``softcap * tanh(raw / softcap)`` when
-    ``softcap``, else ``raw``), ``labels [c]`` (global vocabulary ids or ``IGNORE``); ``grad`` is
+    ``softcap``, else ``raw``), ``labels [c]`` (global vocabulary ids or ``IGNORE_INDEX``); ``grad`` is
     the gradient with respect to ``raw`` of ``scale * sum(ce)``."""
     logits = raw if not softcap else softcap * torch.tanh(raw / softcap)
     vl = logits.shape[1]
@@ -74,7 +75,7 @@ def _chunk(raw: torch.Tensor, labels: torch.Tensor, offset: int, group, scale: f
         dist.all_reduce(mx, op=dist.ReduceOp.MAX, group=group)
     shifted = logits - mx[:, None]
     sumexp = shifted.exp().sum(-1)
-    valid = labels != IGNORE
+    valid = labels != IGNORE_INDEX
     local = labels - offset
     inside = valid & (local >= 0) & (local < vl)
     target = torch.where(inside, logits.gather(1, local.clamp(0, vl - 1)[:, None]).squeeze(1), 0.0)

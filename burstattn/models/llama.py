@@ -222,7 +222,7 @@ class Llama(nn.Module):
                 labels: Optional[torch.Tensor] = None, total_targets: Optional[int] = None,
                 answer: Optional[torch.Tensor] = None):
         """``tokens [B, n]`` at global ``positions [n]`` -> logits ``[B, n, vocab_size]``; with
-        ``labels [B, n]`` (``IGNORE``: no target) and ``total_targets`` (the targets of the global
+        ``labels [B, n]`` (``IGNORE_INDEX``: no target) and ``total_targets`` (the targets of the global
         batch) -> :class:`LossOutput`, the cross-entropy computed blockwise (``config.loss_chunk``),
         so the logits of the whole sequence never exist. ``answer [B, n]`` (bool): positions whose
         argmax hits and cross-entropy are counted.

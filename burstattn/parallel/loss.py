@@ -13,22 +13,22 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..models.blockwise import IGNORE
+from ..config import IGNORE_INDEX
 
 
 def shift_labels(tokens: torch.Tensor) -> torch.Tensor:
     """``tokens [B, N]`` (the global sequences) -> ``labels [B, N]``: ``tokens[:, 1:]`` then
-    ``IGNORE`` at the last position."""
-    ignore = torch.full_like(tokens[:, :1], IGNORE)
+    ``IGNORE_INDEX`` at the last position."""
+    ignore = torch.full_like(tokens[:, :1], IGNORE_INDEX)
     return torch.cat([tokens[:, 1:], ignore], dim=1)
 
 
 def sharded_loss(logits: torch.Tensor, labels: torch.Tensor, total_targets: int) -> torch.Tensor:
     """This rank's share of the global mean cross-entropy: ``logits [B, n, V]`` (any float dtype,
-    computed in at least float32), ``labels [B, n]`` (``IGNORE`` where there is no target) -> scalar
+    computed in at least float32), ``labels [B, n]`` (``IGNORE_INDEX`` where there is no target) -> scalar
     ``sum(CE over targets) / total_targets``."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # at least float32
-    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE, reduction="sum")
+    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
     return ce / total_targets
 
 

@@ -24,10 +24,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; everything else computes in float32 (as transformers' references)."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+from ..config import accum_dtype
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -60,7 +57,7 @@ def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     Returns:
         ``(o [B, T, H, dv] in q's dtype, final state [B, H, dk, dv] in the compute dtype)``.
     """
-    in_dtype, dtype = q.dtype, compute_dtype(q.dtype)
+    in_dtype, dtype = q.dtype, accum_dtype(q.dtype)
     channel = g.dim() == 4
     B, T, H, dk = k.shape
     q, k, v, beta, g = (x.transpose(1, 2).to(dtype) for x in (q, k, v, beta, g))  # [B, H, T, ...]
@@ -116,7 +113,7 @@ def chunk_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     Returns:
         ``(o [B, T, H, dv], final state [B, H, dk, dv] in the compute dtype)``.
     """
-    in_dtype, dtype = q.dtype, compute_dtype(q.dtype)
+    in_dtype, dtype = q.dtype, accum_dtype(q.dtype)
     B, T, H, dk = k.shape
     q, k, v, g = (x.transpose(1, 2).to(dtype) for x in (q, k, v, g))
     q = q * scale

@@ -32,9 +32,10 @@ import torch
 
 from ..comm.groups import group_context
 from ..comm.host import host_side
+from ..config import accum_dtype
 from ..layouts.named import check_layout, layout_or_default
 from ..layouts.partition import _check_cu_seqlens
-from .chunked import chunk_delta_rule, chunk_linear_attention, compute_dtype
+from .chunked import chunk_delta_rule, chunk_linear_attention
 from .comm import check_agree, crc, sum_grad
 from .schemes import SCHEMES, Packer, fold_allgather, fold_scan, resolve_scheme, route
 from .segments import segment_plan
@@ -150,7 +151,7 @@ def _fields(kind: str, q, v, chunk_size, scale, layout, cu_seqlens, problem, **e
 
 def _grouped(q, k, v, **rest) -> dict:
     """The inputs in the compute dtype, q and k repeated to v's heads (grouped heads)."""
-    dtype = compute_dtype(q.dtype)
+    dtype = accum_dtype(q.dtype)
     rep = v.shape[2] // k.shape[2]
     q, k = (x.repeat_interleave(rep, dim=2) if rep > 1 else x for x in (q, k))
     return {name: t.to(dtype) for name, t in dict(q=q, k=k, v=v, **rest).items()}

@@ -20,10 +20,11 @@ import torch.distributed as dist
 
 from ..comm.agree import agree
 from ..comm.groups import degree_groups
+from ..config import IGNORE_INDEX
 from ..layouts.named import local_positions, split_error
 from ..masks import AttnMask
 from ..models import AttnCall
-from ..parallel import IGNORE, sum_grads
+from ..parallel import sum_grads
 from ..parallel.dispatch import (DISPATCH_STRATEGIES, MODES, DispatchCost, Placement, divisors,  # noqa: F401
                                  micro_batches, plan_dispatch)
 from .config import TrainConfig
@@ -108,8 +109,8 @@ def check_same_batch(lengths: list[int], group: Optional[dist.ProcessGroup]) -> 
 
 
 def _labels(tokens: torch.Tensor, answer: torch.Tensor, targets: str) -> torch.Tensor:
-    labels = torch.cat([tokens[1:], torch.full((1,), IGNORE, dtype=tokens.dtype)])
-    return labels.masked_fill(~answer, IGNORE) if targets == "answer" else labels
+    labels = torch.cat([tokens[1:], torch.full((1,), IGNORE_INDEX, dtype=tokens.dtype)])
+    return labels.masked_fill(~answer, IGNORE_INDEX) if targets == "answer" else labels
 
 
 def _call(job, mb: list[Placement], seqs, labels):
@@ -131,7 +132,7 @@ def _call(job, mb: list[Placement], seqs, labels):
         step = p.degree * (2 if disp.layout == "zigzag" else 1)
         pad = -p.length % step
         tok = torch.cat([tok, torch.zeros(pad, dtype=tok.dtype)])
-        lab = torch.cat([labels[p.seq], torch.full((pad,), IGNORE, dtype=tok.dtype)])
+        lab = torch.cat([labels[p.seq], torch.full((pad,), IGNORE_INDEX, dtype=tok.dtype)])
         ans = torch.cat([ans, torch.zeros(pad, dtype=torch.bool)])
         err = split_error(p.length + pad, p.degree, disp.layout)
         if err:
@@ -153,15 +154,15 @@ def dispatch_forward_backward(job, step: int) -> tuple[torch.Tensor, dict]:
     check_same_batch(lengths, dist.group.WORLD)
     plan = plan_dispatch(lengths, dist.get_world_size(), disp.cost, mode=disp.mode, cp=disp.cp, budget=disp.budget)
     labels = [_labels(t, a, cfg.targets) for t, a in seqs]
-    total = sum(int((lab != IGNORE).sum()) for lab in labels)
+    total = sum(int((lab != IGNORE_INDEX).sum()) for lab in labels)
     stats = torch.zeros(4, dtype=torch.float64)
     cap = disp.budget or cfg.seq_len
     for mb in micro_batches(plan.of_rank(dist.get_rank()), cap):
         tokens, positions, lab, ans, attn = _call(job, mb, seqs, labels)
-        out = model(tokens, positions, attn=attn, labels=lab, total_targets=max(total, 1), answer=ans & (lab != IGNORE))
+        out = model(tokens, positions, attn=attn, labels=lab, total_targets=max(total, 1), answer=ans & (lab != IGNORE_INDEX))
         out.loss.backward()
         stats += torch.stack([out.loss.detach().double().cpu(), out.answer_hits.double().cpu(),
-                              (ans & (lab != IGNORE)).sum().double().cpu(), out.answer_ce.double().cpu()])
+                              (ans & (lab != IGNORE_INDEX)).sum().double().cpu(), out.answer_ce.double().cpu()])
     for p in model.parameters():  # a rank without work (or a parameter unused) still joins the sum
         if p.grad is None and p.requires_grad:
             p.grad = torch.zeros_like(p)

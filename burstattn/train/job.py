@@ -17,11 +17,11 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from ..comm.agree import agree
-from ..config import torch_dtype
+from ..config import IGNORE_INDEX, torch_dtype
 from ..models import AttnCall, auto_chunks
 from ..models.hybrid import model_class
 from ..models.offload import offload_problem, offloaded_bytes, optimizer_offload_problem
-from ..parallel import (IGNORE, ParallelDims, apply_fsdp, apply_tp, build_mesh, cp_attention, flat_mesh,
+from ..parallel import (ParallelDims, apply_fsdp, apply_tp, build_mesh, cp_attention, flat_mesh,
                         mixed_precision, shard_positions, shift_labels, build_usp_mesh)
 from .checks import check_config, model_config
 from .config import TrainConfig
@@ -221,18 +221,18 @@ def build_job(cfg: TrainConfig, *, optimizer_device: Optional[str] = None) -> Jo
 
 
 def local_batch(job: Job, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """This rank's ``tokens [B/dp, N/cp]``, ``labels`` (shifted on the global sequence; ``IGNORE``
+    """This rank's ``tokens [B/dp, N/cp]``, ``labels`` (shifted on the global sequence; ``IGNORE_INDEX``
     outside the answer with ``targets="answer"``), ``answer`` mask, and the number of targets of the
     global batch."""
     batch = job.data.batch(step)
     labels = shift_labels(batch.tokens)
     if job.cfg.targets == "answer":
-        labels = labels.masked_fill(~batch.answer, IGNORE)
+        labels = labels.masked_fill(~batch.answer, IGNORE_INDEX)
     pos = job.positions.cpu()
     rows = job.rows
 
     def cut(x: torch.Tensor) -> torch.Tensor:
         return x[rows].index_select(1, pos).to(job.device)
 
-    total = int((labels != IGNORE).sum())
+    total = int((labels != IGNORE_INDEX).sum())
     return cut(batch.tokens), cut(labels), cut(batch.answer), total

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..parallel import IGNORE, sum_grads
+from ..config import IGNORE_INDEX
+from ..parallel import sum_grads
 from .dispatch_step import dispatch_forward_backward
 from .job import Job, local_batch
 
@@ -55,7 +56,7 @@ def step_tensors(job: Job, step: int, batch=None) -> tuple[torch.Tensor, torch.T
         norm, lr = _update(job)
         return stats, norm, lr, 0
     tokens, labels, answer, total = local_batch(job, step) if batch is None else batch
-    answer = answer & (labels != IGNORE)
+    answer = answer & (labels != IGNORE_INDEX)
     # the blockwise loss (LlamaConfig.loss_chunk): [B/dp, N/cp, V] logits exist one chunk at a time
     out = model(tokens, job.positions, labels=labels, total_targets=total, answer=answer)
     loss = out.loss
