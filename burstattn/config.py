@@ -1,6 +1,6 @@
 """The bottom vocabulary: the names of layouts, backends, backward rings, schedules and gradient
-partials; the window convention; dtype names and the accumulators' dtype; the ignore index. Plain values, imported by every layer (nothing here
-imports the rest of the package)."""
+partials; the window convention; dtype names and the accumulators' dtype rule; the ignore index of
+the loss. Plain values, imported by every layer (nothing here imports the rest of the package)."""
 from __future__ import annotations
 
 import sys

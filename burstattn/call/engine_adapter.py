@@ -17,12 +17,12 @@ from typing import Callable, Optional
 import torch
 
 from ..comm.groups import GroupContext
-from ..comm.host import LruCache, host_side
+from ..comm.host import host_side
 from ..comm.stats import CommStats, active_stats
 from ..comm.trace import StepTrace, active_trace
 from ..comm.transport import pass_transport
 from ..engine.passes import BlockCalls
-from ..engine.run import attention_backward, attention_forward, build_plan, head_groups
+from ..engine.run import attention_backward, attention_forward, build_plan, head_groups, memo_plan
 from ..kernels import ScoreMods, get_kernel, resolve_backend
 from ..kernels.flex import FlexPair
 from ..kernels.pair import VarlenPair
@@ -181,15 +181,11 @@ def engine_pass(where: GroupContext, cfg: Call, q: torch.Tensor, k: torch.Tensor
         plan, pos = make()
     else:
         # the plan and positions are a pure function of these values (the mask's by its summary), and a
-        # model's layers repeat them every step
-        key = (where.rank, p, int(q.shape[1]), int(k.shape[1]), layout_key(cfg.layout), layout_key(cfg.keys_layout),
-               cfg.causal, travelling, schedule, per_node, blocks)
-        plan, pos = PASS_PLANS.get(key, make)
+        # model's layers repeat them every step: kept in the one memo of plans, beside build_plan's entries
+        key = ("pass", where.rank, p, int(q.shape[1]), int(k.shape[1]), layout_key(cfg.layout),
+               layout_key(cfg.keys_layout), cfg.causal, travelling, schedule, per_node, blocks)
+        plan, pos = memo_plan(key, make)
     return plan, block_calls(cfg, blocks is not None, pos, scale, q, v, alibi, mask)
-
-
-PASS_PLANS = LruCache(64)
-"""The plans and positions of passes built so far, by what they are a pure function of (:func:`engine_pass`)."""
 
 
 def _slopes(alibi: Optional[torch.Tensor], batch: int) -> Optional[torch.Tensor]:

@@ -44,9 +44,17 @@ def head_groups(batch: int, local_seq: int, q_heads: int, kv_heads: int, head_di
     return best
 
 
-PLANS = LruCache(64)
-"""The plans built so far (:func:`build_plan`): a pure function of its arguments and of the positions'
-values, which every layer of a model, and each layer's forward, recomputation and backward, repeat."""
+PLANS = LruCache(128)
+"""The one memo of plans: every plan built so far, by the values it is a pure function of, which every
+layer of a model, and each layer's forward, recomputation and backward, repeat. :func:`build_plan` keys a
+plan by its arguments and the positions' values; a caller that knows the same plan from fewer values (the
+call path: shapes and layouts, before any positions are computed) keys it by those (:func:`memo_plan`)."""
+
+
+def memo_plan(key: tuple, make):
+    """The entry of ``key`` in :data:`PLANS` (a tagged tuple of every value it is a pure function of),
+    built by ``make()`` on first use."""
+    return PLANS.get(key, make)
 
 
 def build_plan(rank: int, world_size: int, *, positions: list, causal: bool, travelling: str,
@@ -58,10 +66,10 @@ def build_plan(rank: int, world_size: int, *, positions: list, causal: bool, tra
     :class:`~burstattn.masks.plan.MaskPlan`: its summary as ``blocks`` and schedule ``"sparse"``."""
     if mask_plan is not None:
         blocks, schedule = mask_plan.blocks, (schedule if schedule == "gathered" else "sparse")
-    key = (rank, world_size, causal, travelling, schedule, ranks_per_node, blocks,
+    key = ("positions", rank, world_size, causal, travelling, schedule, ranks_per_node, blocks,
            tuple(positions_key(x) for x in positions),
            None if kv_positions is None else tuple(positions_key(x) for x in kv_positions))
-    return PLANS.get(key, lambda: make_plan(rank, world_size, positions=positions, causal=causal,
+    return memo_plan(key, lambda: make_plan(rank, world_size, positions=positions, causal=causal,
                                             travelling=travelling, schedule=schedule, ranks_per_node=ranks_per_node,
                                             blocks=blocks, kv_positions=kv_positions))
 

@@ -159,7 +159,8 @@ def dispatch_forward_backward(job, step: int) -> tuple[torch.Tensor, dict]:
     cap = disp.budget or cfg.seq_len
     for mb in micro_batches(plan.of_rank(dist.get_rank()), cap):
         tokens, positions, lab, ans, attn = _call(job, mb, seqs, labels)
-        out = model(tokens, positions, attn=attn, labels=lab, total_targets=max(total, 1), answer=ans & (lab != IGNORE_INDEX))
+        out = model(tokens, positions, attn=attn, labels=lab, total_targets=max(total, 1),
+                    answer=ans & (lab != IGNORE_INDEX))
         out.loss.backward()
         stats += torch.stack([out.loss.detach().double().cpu(), out.answer_hits.double().cpu(),
                               (ans & (lab != IGNORE_INDEX)).sum().double().cpu(), out.answer_ce.double().cpu()])

@@ -47,3 +47,21 @@ def test_row_chunks_hold_a_byte_budget():
     a, b = torch.randn(1, 2, 3000, 8, dtype=torch.bfloat16), torch.randn(1, 2, 3000, 8, dtype=torch.bfloat16)
     want = (a.float() * b.float()).sum(-1)
     assert torch.allclose(row_dot(a, b, torch.float32), want, rtol=1e-6, atol=1e-6)
+
+
+
+def test_the_call_path_keeps_its_plans_in_the_one_memo(monkeypatch):
+    """The call path (which knows a pass's plan from shapes and layouts, before any positions) and
+    ``build_plan`` (from positions) share ``engine.run.PLANS``: a repeated pass builds nothing, and a
+    fresh memo forgets both."""
+    import burstattn.call.engine_adapter as adapter
+    from burstattn.call.call import Call
+    from burstattn.comm.groups import GroupContext
+
+    assert not [n for n, v in vars(adapter).items() if isinstance(v, LruCache)]  # no second memo of plans
+    built = counting_builds(monkeypatch)
+    q = torch.randn(1, 8, 2, 4, dtype=torch.float64)
+    cfg = Call(causal=True, backend="reference", where=GroupContext(None, 1, 4))
+    plans = [adapter.engine_pass(cfg.where, cfg, q, q, q, "kv", None, 0.5)[0] for _ in range(2)]
+    assert plans[0] is plans[1] and built == ["kv"]
+    assert sorted(key[0] for key in run.PLANS.entries) == ["pass", "positions"]
