@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from .host import host_side
 from .stats import CommStats
-from .transport import RingCommError
+from .errors import CollectiveError
 
 Signature = Sequence[tuple[str, str]]
 """Ordered ``(field name, value text)`` pairs: what every rank must hold equal."""
@@ -169,7 +169,7 @@ def agree(what: str, signature: Signature, group: Optional[dist.ProcessGroup], *
         stats, phase, op: the byte meter and its labels for the digest's all-gather.
     Raises:
         the problem's type (naming the rank), :class:`Disagreement`, or
-        :class:`~burstattn.comm.transport.RingCommError` when the exchange itself fails (a rank died).
+        :class:`~burstattn.comm.errors.CollectiveError` when the exchange itself fails (a rank died).
     """
     mine = _normalise(problem)
     world = _world(group)
@@ -184,8 +184,8 @@ def agree(what: str, signature: Signature, group: Optional[dist.ProcessGroup], *
         try:
             getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(table, local, group=group)
         except RuntimeError as e:
-            raise RingCommError(f"{_lead(what)}exchanging the cross-rank check failed (a rank died or did not "
-                                f"reach it within the process group's timeout): {e}") from e
+            raise CollectiveError(f"{_lead(what)}exchanging the cross-rank check failed (a rank died or did not "
+                                  f"reach it within the process group's timeout): {e}") from e
         rows = table.view(world, DIGEST_INTS).tolist()
     if stats is not None:
         nbytes = (world - 1) * local.numel() * local.element_size()

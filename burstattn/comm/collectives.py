@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .transport import RingCommError
+from .errors import CollectiveError
 from .stats import CommStats
 
 
@@ -41,8 +41,8 @@ class Collectives:
         try:
             fn(*args, group=self.group)
         except RuntimeError as e:
-            raise RingCommError(f"rank {self.rank}: {self.phase} {op!r} collective failed (a rank died, "
-                                f"hung past the process group's timeout, or the link broke): {e}") from e
+            raise CollectiveError(f"rank {self.rank}: {self.phase} {op!r} collective failed (a rank died, "
+                                  f"hung past the process group's timeout, or the link broke): {e}") from e
 
     def all_to_all(self, x: torch.Tensor, op: str) -> torch.Tensor:
         """``x [P, ...]``: chunk ``j`` goes to rank ``j``; returns ``[P, ...]`` with chunk ``i``

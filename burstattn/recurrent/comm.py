@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from ..comm.collectives import Collectives
 from ..comm.stats import active_stats
-from ..comm.transport import RingCommError
+from ..comm.errors import CollectiveError
 from ..comm.host import host_side
 
 
@@ -79,9 +79,9 @@ def _p2p(group, phase: str, op: str, stats, sends: list, recvs: list) -> list:
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
         except RuntimeError as e:
-            raise RingCommError(f"rank {dist.get_rank(group)}: {phase} {op!r} exchange with ranks "
-                                f"{sorted({p for p, *_ in sends + recvs})} failed (a rank died, hung past the "
-                                f"process group's timeout, or the link broke): {e}") from e
+            raise CollectiveError(f"rank {dist.get_rank(group)}: {phase} {op!r} exchange with ranks "
+                                  f"{sorted({p for p, *_ in sends + recvs})} failed (a rank died, hung past the "
+                                  f"process group's timeout, or the link broke): {e}") from e
         if stats is not None:
             stats.record(phase, op, sum(t.numel() * t.element_size() for _, t in sends),
                          sum(t.numel() * t.element_size() for t in out))
@@ -113,7 +113,8 @@ class _SumGrad(torch.autograd.Function):
         try:
             dist.all_reduce(dx, group=ctx.group)
         except RuntimeError as e:
-            raise RingCommError(f"rank {dist.get_rank(ctx.group)}: backward {ctx.op!r} all-reduce failed: {e}") from e
+            raise CollectiveError(f"rank {dist.get_rank(ctx.group)}: backward {ctx.op!r} all-reduce failed: "
+                                  f"{e}") from e
         if stats is not None:  # a ring all-reduce sends 2 (P - 1) / P of the buffer
             n = dx.numel() * dx.element_size() * 2 * (P - 1) // P
             stats.record("backward", "d" + ctx.op, n, n)
@@ -133,7 +134,7 @@ def broadcast(x: torch.Tensor, src: int, group, op: str) -> torch.Tensor:
     try:
         dist.broadcast(out, src=dist.get_global_rank(group, src), group=group)
     except RuntimeError as e:
-        raise RingCommError(f"rank {dist.get_rank(group)}: forward {op!r} broadcast failed: {e}") from e
+        raise CollectiveError(f"rank {dist.get_rank(group)}: forward {op!r} broadcast failed: {e}") from e
     stats = active_stats()
     if stats is not None:
         n = out.numel() * out.element_size()
@@ -167,8 +168,8 @@ def check_agree(fn: str, fields: dict, problem: Optional[str], group, world: int
         table = mine.repeat(world, 1)  # every row this rank's: a fake process group leaves the buffer as it is
         try:
             Collectives(group, "forward", active_stats()).all_gather(mine, "meta", out=table)
-        except RingCommError as e:
-            raise RingCommError(f"{fn}: exchanging the input check failed: {e}") from e
+        except CollectiveError as e:
+            raise CollectiveError(f"{fn}: exchanging the input check failed: {e}") from e
         rows = table.tolist()  # [rank][flag, field...]
     if any(row[0] for row in rows):
         # error path only: every rank saw a flag, so every rank enters this exchange

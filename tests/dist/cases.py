@@ -179,3 +179,22 @@ def vanish(rank: int, world: int, when: str) -> str:
     out.backward(dout)
     return "finished"
 
+
+def vanish_before_collective(rank: int, world: int, where: str) -> str:
+    """Rank 1 exits before an exchange every rank enters (``where``: ``"all_gather"``, the metered
+    collective of ``comm.collectives``; ``"recurrence"``: a sequence-parallel linear attention's state
+    exchange, its input check off)."""
+    import torch.distributed as dist
+
+    from burstattn.comm.collectives import Collectives
+    from burstattn.recurrent import sp_linear_attention
+
+    if rank == 1:
+        os._exit(17)
+    if where == "all_gather":
+        Collectives(dist.group.WORLD, "forward").all_gather(torch.ones(4), "probe")
+    else:
+        q = torch.randn(1, 8, 2, 4)
+        sp_linear_attention(q, q, q, -torch.rand(1, 8, 2), check=False)
+    return "finished"
+

@@ -28,3 +28,15 @@ def test_vanished_peer_is_reported_as_ring_comm_error():
     for rank in (0, 2):
         err = info.value.errors[rank]
         assert "RingCommError" in err.type_names, f"rank {rank} raised {err.type_names[0]}:\n{err.traceback}"
+
+
+@pytest.mark.parametrize("where", ["all_gather", "recurrence"])
+def test_vanished_peer_in_a_collective_is_a_collective_error(where):
+    """A collective (or a recurrence's state exchange) that loses a peer raises CollectiveError, a
+    CommError like the ring's RingCommError but not one: the error names the kind of exchange."""
+    with pytest.raises(LocalGroupError) as info:
+        run_local(cases.vanish_before_collective, 3, where, pg_timeout_s=5.0, timeout_s=120.0)
+    for rank in (0, 2):
+        err = info.value.errors[rank]
+        assert "CollectiveError" in err.type_names and "RingCommError" not in err.type_names, \
+            f"rank {rank} raised {err.type_names[0]}:\n{err.traceback}"
