@@ -28,9 +28,10 @@ from typing import Optional
 
 import torch
 
+from burstattn.config import IGNORE_INDEX
+
 SUITES = ("steps", "maxlen", "balance")
 CONTENDERS = ("cp-burst", "cp-ulysses", "single", "ddp")
-IGNORE = -100
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def packed_rows(cfg: HfBenchConfig, seq_len: int, rows: int) -> list[dict]:
         ids = torch.randint(0, cfg.vocab, (seq_len,), generator=gen)
         pos = torch.cat([torch.arange(n) for n in lengths])
         labels = ids.clone()
-        labels[pos == 0] = IGNORE
+        labels[pos == 0] = IGNORE_INDEX
         out.append({"input_ids": ids, "position_ids": pos, "labels": labels})
     return out
 

@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import sys
 import types
+import warnings
 from importlib.machinery import ModuleSpec
 from typing import TYPE_CHECKING
 
@@ -59,6 +60,10 @@ MOVED = {
     "burstattn.bench.progress": "burstattn.meter.progress",
     "burstattn.bench.demo": "burstattn.cli.demo_run",
     "burstattn.bench.generate_run": "burstattn.cli.generate_run",
+    "burstattn.engine.passes": "burstattn.engine.compute",
+    "burstattn.sim.passes": "burstattn.sim.attn_timeline",
+    "burstattn.hf.mixers": "burstattn.hf.survey",
+    "burstattn.hf.mixer_table": "burstattn.hf.hybrid_mixers",
     # names that left a module
     "burstattn.config.Call": "burstattn.call.Call",
     "burstattn.config.AttnConfig": "burstattn.call.Call",
@@ -74,6 +79,15 @@ MOVED = {
     "burstattn.strategies.op.run_call": "burstattn.ops.run_call",
     "burstattn.strategies.op.strategy_call": "burstattn.ops.strategy_call",
     "burstattn.bench.train_memory.sim_config": "burstattn.sim.from_train.sim_config",
+    "burstattn.models.IGNORE": "burstattn.config.IGNORE_INDEX",
+    "burstattn.models.blockwise.IGNORE": "burstattn.config.IGNORE_INDEX",
+    "burstattn.parallel.IGNORE": "burstattn.config.IGNORE_INDEX",
+    "burstattn.parallel.loss.IGNORE": "burstattn.config.IGNORE_INDEX",
+    "burstattn.hf.BurstOptions": "burstattn.hf.Registration",
+    "burstattn.hf.attention.BurstOptions": "burstattn.hf.attention.Registration",
+    "burstattn.hf.attention.registered_options": "burstattn.hf.families.registration",
+    "burstattn.hf.families.registered_options": "burstattn.hf.families.registration",
+    "burstattn.train.checks.Plan": "burstattn.train.checks.ParallelPlan",
     # outside the package, or gone: refused with the spelling that replaces them
     "burstattn.bench": f"bench ({_CHECKOUT})",
     "burstattn.cluster": f"bench.cluster ({_CHECKOUT})",
@@ -85,9 +99,11 @@ MOVED = {
     "burstattn.ops.OpSpec": "burstattn.call.Call (a call is one Call, encoded for the op by burstattn.call.boundary)",
 }
 """Every moved name, by its old spelling (a module or a module's name): a ``burstattn.`` path resolves
-to its new home (imports and attribute reads of the old spelling keep working); any other spelling
-(outside the package, or a sentence) is raised as the way to write it now. A module's entry covers its
-names and submodules too (``burstattn.bench.core`` -> ``bench.core``)."""
+to its new home (imports and attribute reads of the old spelling keep working, with a
+``DeprecationWarning`` naming the new spelling); any other spelling (outside the package, or a sentence)
+is raised as the way to write it now. A module's entry covers its names and submodules too
+(``burstattn.bench.core`` -> ``bench.core``). The one mechanism: a module a name left answers through
+:func:`moved_attribute` (its ``__getattr__``), an old module path through the finder below."""
 
 
 def _new_spelling(old: str):
@@ -126,13 +142,19 @@ def _is_module(spelling: str) -> bool:
         return False
 
 
+def _deprecated(old: str, new: str, stacklevel: int) -> None:
+    warnings.warn(f"{old} moved: now {new}", DeprecationWarning, stacklevel=stacklevel + 1)
+
+
 def moved_attribute(module: str, name: str):
     """``module.name`` for a name that left ``module`` (a module's ``__getattr__`` asks here): its new home's
-    value; ``ImportError`` naming the new spelling for one outside the package; ``AttributeError`` else."""
+    value (with a ``DeprecationWarning`` naming it); ``ImportError`` naming the new spelling for one outside
+    the package; ``AttributeError`` else."""
     new = MOVED.get(f"{module}.{name}")
     if new is None:
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
     if _resolves(new):
+        _deprecated(f"{module}.{name}", new, 3)  # the caller of the module's __getattr__
         return _resolve(new)
     raise ImportError(f"{module}.{name} moved: now {new}", name=module)
 
@@ -172,7 +194,9 @@ class _MovedFinder:
     @staticmethod
     def exec_module(module) -> None:
         new = _new_spelling(module.__name__)
-        if not _resolves(new) and not hasattr(module, "__path__"):
+        if _resolves(new):
+            _deprecated(module.__name__, new, 2)  # warnings skips importlib's own frames: the importer
+        elif not hasattr(module, "__path__"):
             raise ModuleNotFoundError(f"{module.__name__} moved: now {new}", name=module.__name__)
 
 

@@ -21,7 +21,7 @@ from ..comm.host import host_side
 from ..comm.stats import CommStats, active_stats
 from ..comm.trace import StepTrace, active_trace
 from ..comm.transport import pass_transport
-from ..engine.passes import BlockCalls
+from ..engine.compute import BlockCalls
 from ..engine.run import attention_backward, attention_forward, build_plan, head_groups, memo_plan
 from ..kernels import ScoreMods, get_kernel, resolve_backend
 from ..kernels.flex import FlexPair
@@ -106,7 +106,7 @@ def step_policy(cfg: Call, q: torch.Tensor, v: torch.Tensor, mask_kind: str = "n
 
 def pair_calls(cfg: Call, policy: KernelPolicy, pos: CallPositions, mask) -> tuple[object, Callable]:
     """``(pair_kernel, pair_spec)`` of a masked call whose pairs run in one kernel call
-    (:class:`~burstattn.engine.passes.BlockCalls`): the varlen kernels' bands or Flex's block mask of the
+    (:class:`~burstattn.engine.compute.BlockCalls`): the varlen kernels' bands or Flex's block mask of the
     pair of ranks ``(q_owner, k_owner)`` from their positions (``None``: the pair keeps its block ops)."""
     if policy.masked == "flex":
         raw = getattr(mask.mask_mod, "fn", mask.mask_mod)  # the user's predicate (not the eager guard)

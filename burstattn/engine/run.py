@@ -2,7 +2,7 @@
 
 ``attention_forward`` and ``attention_backward`` take this rank's ``[B, n, H, D]`` shards as the
 caller has them, and a plan (:func:`build_plan`, built once per shape and layout: :data:`PLANS`), and run the one loop
-(:func:`.loop.run_plan`) with the pass (:mod:`.passes`) for each *head group* in turn.
+(:func:`.loop.run_plan`) with the block computations (:mod:`.compute`) for each *head group* in turn.
 ``attention_partials`` is the forward's unnormalised end: the merged ``(out, lse)`` in the
 accumulators' dtype, for callers that merge further (decoding over a sharded cache).
 ``gathered_forward`` / ``gathered_backward`` run a :func:`~.plan.local` plan over K/V blocks that
@@ -22,13 +22,13 @@ from typing import Optional
 import torch
 
 from ..comm.host import LruCache
-from .bytes import accum_dtype
+from ..config import accum_dtype
+from .compute import (BackwardAccs, BlockCalls, ForwardAccs, KVPack, backward_compute, forward_compute, held_kv,
+                      query_side, stacked_kv)
 from .direct import direct, distflash_steps, sparse_steps
 from .loop import run_plan
 from .merge import add_sinks_, sinks_grad
 from .pairs import Blocks, ops_from_positions, positions_key
-from .passes import (BackwardAccs, BlockCalls, ForwardAccs, KVPack, backward_compute, forward_compute, held_kv,
-                     query_side, stacked_kv)
 from .plan import DIRECT, AnyPlan, Key, Nested, Plan, local, ring, two_level
 
 MIN_GROUP_ELEMENTS = 1 << 19  # 2 MiB of float32 queries per group (1 MiB bfloat16)

@@ -20,22 +20,24 @@ Importing :mod:`burstattn` never imports transformers; importing this package do
 """
 from __future__ import annotations
 
+import sys
+
 try:
     import transformers  # noqa: F401
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("burstattn.hf needs transformers 5.x: pip install 'burstattn[hf]'") from e
 
-from .attention import BurstMask, BurstOptions, register
+from .attention import BurstMask, Registration, register
 from .batch import GlobalItemCount, ShardSpec, gather_logits, shard_batch, shard_inputs, sync_gradients
 from .cache import ShardedCache, cache_kwargs
 from .families import check_model
 from .hybrid import patch_mixers
-from .mixers import sequence_mixers
+from .survey import sequence_mixers
 from .seq2seq import shard_seq2seq_batch
 from .loss import causal_lm_loss  # noqa: F401  (the blockwise loss, burstattn/hf/loss.py)
 
 __all__ = ["register", "shard_batch", "shard_inputs", "sync_gradients", "gather_logits", "ShardedCache",
-           "cache_kwargs", "BurstOptions", "BurstMask", "GlobalItemCount", "ShardSpec", "ContextParallelTrainer",
+           "cache_kwargs", "Registration", "BurstMask", "GlobalItemCount", "ShardSpec", "ContextParallelTrainer",
            "ContextParallelMixin", "check_model", "sequence_mixers", "patch_mixers", "shard_seq2seq_batch"]
 
 
@@ -44,4 +46,5 @@ def __getattr__(name: str):
         from . import trainer
 
         return getattr(trainer, name)
-    raise AttributeError(f"module 'burstattn.hf' has no attribute {name!r}")
+    # names that moved out of this module (the table burstattn.MOVED): resolved, or refused with the new spelling
+    return sys.modules["burstattn"].moved_attribute(__name__, name)

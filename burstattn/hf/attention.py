@@ -29,6 +29,7 @@ Three ways a model runs under it:
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
@@ -41,7 +42,7 @@ from ..infer.sharded import replicated_attention
 from ..layouts.named import layout_or_default, local_positions, split_error
 from ..strategies import STRATEGIES, attention
 from ..strategies.base import MASK_OPTIONS
-from .families import describe, kv_source_layer, registered_options
+from .families import describe, kv_source_layer, registration
 from .guard import check_running_model
 
 OPTIONS = ("strategy", "layout", "backend", "group")
@@ -49,11 +50,13 @@ MASKED = tuple(sorted(name for name, s in STRATEGIES.items() if "mask" in s.opti
 
 
 @dataclass(frozen=True)
-class BurstOptions:
-    """What :func:`register` was given: ``strategy`` (a :data:`burstattn.strategies.STRATEGIES` name),
-    ``layout`` (``None``: chosen per batch by :func:`burstattn.hf.shard_batch`), ``backend`` (local
-    kernel), ``group`` (``None``: the default group) and ``options``, the strategy's own options
-    (e.g. ``ulysses_degree`` / ``ring_degree`` for usp, ``backward`` for burst)."""
+class Registration:
+    """The record of one :func:`register` call, kept on the registered attention function (an
+    implementation's settings, not one call's :class:`burstattn.BurstOptions`): ``strategy`` (a
+    :data:`burstattn.strategies.STRATEGIES` name), ``layout`` (``None``: chosen per batch by
+    :func:`burstattn.hf.shard_batch`), ``backend`` (local kernel), ``group`` (``None``: the default
+    group), ``options`` (the strategy's own, e.g. ``ulysses_degree`` / ``ring_degree`` for usp,
+    ``backward`` for burst) and ``name`` (the ``attn_implementation``)."""
 
     strategy: str = "burst"
     layout: Optional[Any] = None
@@ -108,13 +111,13 @@ def _forward_shard(forward_args: Optional[dict]):
     return forward_args.get("burst_shard") or (forward_args.get("kwargs") or {}).get("burst_shard")
 
 
-def _group_of(opts: BurstOptions, shard) -> Optional[dist.ProcessGroup]:
+def _group_of(opts: Registration, shard) -> Optional[dist.ProcessGroup]:
     """The group of this forward: the batch's own (a dynamically dispatched micro-batch), else the registered one."""
     own = getattr(shard, "group", None)
     return opts.group if own is None else own
 
 
-def make_mask_function(opts: BurstOptions):
+def make_mask_function(opts: Registration):
     """The ``AttentionMaskInterface`` function: :class:`BurstMask`; ``ValueError`` on every rank if any
     rank's 2-D ``attention_mask`` masks a token in a forward without a :class:`ShardedCache`."""
 
@@ -168,7 +171,7 @@ def _same_layout(a, b) -> bool:
     return a.fingerprint == b.fingerprint
 
 
-def _shard_problem(opts: BurstOptions, spec, shard, query, rank: int, world: int) -> Optional[str]:
+def _shard_problem(opts: Registration, spec, shard, query, rank: int, world: int) -> Optional[str]:
     """Why the ``burst_shard`` of this forward does not fit this rank, layer or registration."""
     if (shard.world_size, shard.rank) != (world, rank):
         return (f"the batch was sharded for rank {shard.rank} of {shard.world_size}, but this is rank {rank} of "
@@ -192,7 +195,7 @@ def _shard_problem(opts: BurstOptions, spec, shard, query, rank: int, world: int
     return None
 
 
-def _position_problem(opts: BurstOptions, kwargs: dict, query, rank: int, world: int) -> Optional[str]:
+def _position_problem(opts: Registration, kwargs: dict, query, rank: int, world: int) -> Optional[str]:
     """Why this hand-sharded forward's ``position_ids`` are not this rank's share of the layout."""
     pos = kwargs.get("position_ids")
     n = query.shape[2]
@@ -238,7 +241,7 @@ def _parallel_problem(module, kwargs: dict, forward_args: Optional[dict], shard,
     return None
 
 
-def make_attention_function(opts: BurstOptions):
+def make_attention_function(opts: Registration):
     """The ``AttentionInterface`` function for ``opts`` (see the module docstring)."""
     spec = STRATEGIES[opts.strategy]
 
@@ -313,12 +316,12 @@ def make_attention_function(opts: BurstOptions):
                         layout=layout, backend=opts.backend, **extra)
         return out, None
 
-    burst_attention.burst_options = opts
+    burst_attention.burst_registration = opts
     return burst_attention
 
 
 def register(name: str = "burst", *, strategy: str = "burst", layout=None, backend: str = "auto",
-             group: Optional[dist.ProcessGroup] = None, **strategy_options) -> BurstOptions:
+             group: Optional[dist.ProcessGroup] = None, **strategy_options) -> Registration:
     """Register ``name`` with transformers' ``AttentionInterface`` and ``AttentionMaskInterface``.
 
     Call it (on every rank) before building or loading the model, then select it with
@@ -330,7 +333,7 @@ def register(name: str = "burst", *, strategy: str = "burst", layout=None, backe
     least, their product the group size) or ``backward`` for ``"burst"``. Registration is global in
     transformers: registering the same name again replaces it.
 
-    Returns the :class:`BurstOptions` in effect. Raises ``ValueError`` for an unknown option or
+    Returns the :class:`Registration` in effect. Raises ``ValueError`` for an unknown option or
     strategy, or a layout or option the strategy does not take.
     """
     spec = STRATEGIES.get(strategy)
@@ -357,8 +360,13 @@ def register(name: str = "burst", *, strategy: str = "burst", layout=None, backe
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    opts = BurstOptions(strategy=strategy, layout=layout, backend=backend, group=group, options=dict(strategy_options),
-                        name=name)
+    opts = Registration(strategy=strategy, layout=layout, backend=backend, group=group,
+                        options=dict(strategy_options), name=name)
     AttentionInterface.register(name, make_attention_function(opts))
     AttentionMaskInterface.register(name, make_mask_function(opts))
     return opts
+
+
+def __getattr__(name: str):
+    # names that moved out of this module (the table burstattn.MOVED): resolved, or refused with the new spelling
+    return sys.modules["burstattn"].moved_attribute(__name__, name)

@@ -27,8 +27,7 @@ from ..layouts.named import gather_sequence, layout_or_default, local_positions
 from ..layouts.partition import document_partition
 from ..masks import AttnMask
 from ..strategies import STRATEGIES
-from .attention import registered_options
-from .families import check_model
+from .families import check_model, registration
 from .guard import calling_model, running_model_problem
 from .packing import BatchPlan, flatten_rows, plan_batch, rope_positions, shifted_labels
 
@@ -167,7 +166,7 @@ def _check_ids(name: str, x) -> Optional[str]:
 
 def _resolve_layout(name: str, layout, given_group):
     """``(strategy spec, layout or None, group)`` from the registration of ``name`` and the call's own."""
-    opts = registered_options(name)
+    opts = registration(name)
     if opts is None:
         raise ValueError(f"shard_batch: attn_implementation {name!r} is not registered; call "
                          f"burstattn.hf.register({name!r}, ...) first (its strategy and layout decide the shards)")

@@ -24,13 +24,14 @@ on each rank's shard alone).
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 import torch
 
-from .mixer_table import hint
-from .mixers import survey
+from .hybrid_mixers import hint
+from .survey import survey
 
 # keyword arguments transformers passes that change nothing about the scores (positions are in the
 # RoPE already; packing metadata is handled by the caller; the rest are flags of other layers)
@@ -125,14 +126,14 @@ def kv_source_layer(module) -> int:
     return next((j for j in range(idx - 1, -1, -1) if modes[j] == "store" and types[j] == types[idx]), idx)
 
 
-def registered_options(name) -> Optional[Any]:
-    """The :class:`~burstattn.hf.BurstOptions` registered under ``name`` by :func:`burstattn.hf.register`,
+def registration(name) -> Optional[Any]:
+    """The :class:`~burstattn.hf.Registration` registered under ``name`` by :func:`burstattn.hf.register`,
     or ``None`` (not registered, or a function of transformers' own such as ``"sdpa"``)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     if not isinstance(name, str):
         return None
-    return getattr(ALL_ATTENTION_FUNCTIONS.get(name), "burst_options", None)
+    return getattr(ALL_ATTENTION_FUNCTIONS.get(name), "burst_registration", None)
 
 
 def _configs(model, attention: list) -> list:
@@ -180,7 +181,7 @@ def model_problem(model, supported_mixers: Iterable = (), *, implementation: boo
         bad: dict[str, str] = {}
         for path, module in found.attention:
             impl = getattr(getattr(module, "config", None), "_attn_implementation", None)
-            if registered_options(impl) is None:
+            if registration(impl) is None:
                 bad.setdefault(str(impl), path)
         if bad:
             where = ", ".join(f"{impl!r} (at {path})" for impl, path in bad.items())
@@ -202,12 +203,12 @@ def model_problem(model, supported_mixers: Iterable = (), *, implementation: boo
 def check_model(model, *, supported_mixers: Iterable = ()) -> None:
     """Raise ``ValueError`` if ``model`` cannot run sequence parallel under a burstattn ``attn_implementation``.
 
-    Decided from what the model contains (:func:`burstattn.hf.mixers.survey`), call it on every rank once
+    Decided from what the model contains (:func:`burstattn.hf.survey.survey`), call it on every rank once
     the model is built with the registered implementation:
 
     * no module dispatches through transformers' ``ALL_ATTENTION_FUNCTIONS`` (T5, BART, BLOOM, MPT, ... in
       transformers 5.x; Falcon before 5.25): the registered name would be ignored;
-    * a module mixes the sequence outside that attention (:func:`burstattn.hf.mixers.sequence_mixers`:
+    * a module mixes the sequence outside that attention (:func:`burstattn.hf.survey.sequence_mixers`:
       convolutions, SSM / Mamba, linear attention, recurrences, or a module the survey cannot classify,
       named by its class): it would run on each rank's shard alone. ``supported_mixers``: classes (or
       class names) accepted as a whole (a later table of sequence-parallel mixers);
@@ -225,3 +226,8 @@ def check_model(model, *, supported_mixers: Iterable = ()) -> None:
         raise ValueError(problem)
     if supported:  # the forward's own check (burstattn.hf.guard) accepts what this call accepted
         model.__dict__[SUPPORTED_KEY] = supported
+
+
+def __getattr__(name: str):
+    # names that moved out of this module (the table burstattn.MOVED): resolved, or refused with the new spelling
+    return sys.modules["burstattn"].moved_attribute(__name__, name)

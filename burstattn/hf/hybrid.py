@@ -3,11 +3,11 @@
 transformers has no interface for the non-attention token mixers of hybrid models (Gated DeltaNet,
 KDA, Mamba2, lightning attention, short convolutions): each module runs its own recurrence over the
 tokens it is given. :func:`patch_mixers` replaces, on the model's instances, the ``forward`` of every
-mixer class in :data:`burstattn.hf.mixer_table.SUPPORTED` by a dispatcher:
+mixer class in :data:`burstattn.hf.hybrid_mixers.SUPPORTED` by a dispatcher:
 
 * a forward over a :func:`burstattn.hf.shard_batch` batch (its ``burst_shard`` reaches every mixer
   with the decoder layer's keyword arguments): the family's sequence computation
-  (:mod:`.hybrid_mixers`) with :mod:`burstattn.recurrent`'s state passing and conv halos, over the
+  (the adapters of :mod:`.hybrid_mixers`) with :mod:`burstattn.recurrent`'s state passing and conv halos, over the
   group registered for the batch's ``attn_implementation`` and the batch's layout and documents
   (packed documents and padding reset the state and the convolution): exact, as one process;
 * a forward without one on a single process (or under an implementation that is not burstattn's):
@@ -30,10 +30,9 @@ from typing import Optional
 from torch import nn
 
 from ..comm.groups import group_context
-from .attention import registered_options
+from .families import registration
 from .guard import CACHE_KEY, calling_model
-from .hybrid_mixers import ADAPTERS, CachedOps, ShardedOps
-from .mixer_table import PATCHED, SUPPORTED
+from .hybrid_mixers import ADAPTERS, PATCHED, SUPPORTED, CachedOps, ShardedOps
 
 SHARD_KEY = "burst_shard"
 STATES = "_burstattn_mixer_states"  # on a ShardedCache: per mixer layer, its conv window and recurrent state
@@ -62,7 +61,7 @@ def _problem(module, shard, cache) -> Optional[str]:
     if shard is None:
         config = getattr(module, "config", None) or module.__dict__.get(CONFIG)
         impl = getattr(config, "_attn_implementation", None)
-        opts = registered_options(impl)
+        opts = registration(impl)
         if opts is not None and group_context(opts.group).world_size > 1:
             return (f"burstattn.hf: {name} in a forward at world size {group_context(opts.group).world_size} without "
                     f"a burstattn.hf.shard_batch batch: its recurrence needs the batch's layout and documents; pass "
@@ -89,7 +88,7 @@ def _dispatcher(adapter, original):
         elif shard is None:
             return original(self, *args, **kwargs)
         else:
-            opts = registered_options(shard.name)
+            opts = registration(shard.name)
             group = None if opts is None else opts.group
             group = group if getattr(shard, "group", None) is None else shard.group  # a dispatched micro-batch's own
             ops = ShardedOps(dict(group=group, layout=shard.layout, cu_seqlens=shard.cu_seqlens))

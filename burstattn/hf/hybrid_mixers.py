@@ -1,8 +1,16 @@
-"""The sequence computation of transformers' hybrid mixers, over this rank's shard of the tokens.
+"""transformers' hybrid mixers made sequence parallel: which ones (the table), and their sequence
+computation over this rank's shard of the tokens (the adapters). :mod:`.hybrid` patches a model with them.
 
-One function per recurrence of :data:`burstattn.hf.mixer_table.SUPPORTED`; each reads the module's own
-projections and norms (so a checkpoint's weights are used as they are) and replaces only what mixes the
-sequence, through ``ops``:
+**The table** (by class name, checked against transformers 5.24): :data:`SUPPORTED` maps each class
+burstattn makes sequence parallel to ``(model_type, recurrence)``, the recurrence one of
+:mod:`burstattn.recurrent`'s: ``"gdn"`` (Gated DeltaNet: conv + gated delta rule), ``"kda"`` (Kimi delta
+attention: conv + per-channel decay), ``"ssd"`` (Mamba2: conv + state-space duality scan),
+``"lightning"`` (MiniMax's constant-decay linear attention), ``"conv"`` (LFM2's gated short convolution);
+:data:`REFUSED` says why the known others stay refused (:func:`hint`, read by :func:`burstattn.hf.check_model`).
+
+**The adapters** (:data:`ADAPTERS`, one function per recurrence): each reads the module's own projections
+and norms (so a checkpoint's weights are used as they are) and replaces only what mixes the sequence,
+through ``ops``:
 
 * :class:`ShardedOps` (a :func:`burstattn.hf.shard_batch` batch): the causal convolution by
   :func:`burstattn.recurrent.sp_causal_conv1d` (the halo from the ranks before) and the chunked recurrence
@@ -11,18 +19,56 @@ sequence, through ``ops``:
   tokens): the local chunked forms continuing from the conv window and recurrent state kept in the cache
   (replicated on every rank: a constant size per layer, while the attention's K/V stay sharded).
 
- Shapes: ``hidden_states [rows, n, hidden]``
-(``n`` this rank's tokens per row) in, ``[rows, n, hidden]`` out, as the transformers forward they replace
-(checked against transformers 5.24's torch fallbacks: same math, same dtypes).
+Shapes: ``hidden_states [rows, n, hidden]`` (``n`` this rank's tokens per row) in, ``[rows, n, hidden]``
+out, as the transformers forward they replace (checked against transformers 5.24's torch fallbacks: same
+math, same dtypes).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from ..config import accum_dtype
 from ..recurrent import (chunk_delta_rule, chunk_linear_attention, sp_causal_conv1d, sp_gated_delta_rule, sp_kda,
                          sp_lightning_attention, sp_ssd)
-from ..config import accum_dtype
+
+PATCHED = "_burstattn_sequence_parallel"  # on a patched module instance: its recurrence ("gdn", "ssd", ...)
+
+SUPPORTED = {
+    "Qwen3NextGatedDeltaNet": ("qwen3_next", "gdn"),
+    "Qwen3_5GatedDeltaNet": ("qwen3_5", "gdn"),
+    "Qwen3_5MoeGatedDeltaNet": ("qwen3_5_moe", "gdn"),
+    "OlmoHybridGatedDeltaNet": ("olmo_hybrid", "gdn"),
+    "KimiLinearDeltaAttention": ("kimi_linear", "kda"),
+    "BambaMixer": ("bamba", "ssd"),
+    "GraniteMoeHybridMambaLayer": ("granitemoehybrid", "ssd"),
+    "NemotronHMamba2Mixer": ("nemotron_h", "ssd"),
+    "FalconH1Mixer": ("falcon_h1", "ssd"),
+    "MiniMaxLightningAttention": ("minimax", "lightning"),
+    "Lfm2ShortConv": ("lfm2", "conv"),
+    "Lfm2MoeShortConv": ("lfm2_moe", "conv"),
+}
+
+# known mixers that stay refused, with the reason (a class in neither table is refused as unclassified)
+REFUSED = {
+    "JambaMambaMixer": "Mamba (v1)'s selective scan decays every (channel, state) pair on its own: not a scalar "
+                       "or per-key-channel decay that burstattn.recurrent passes between ranks",
+    "MambaMixer": "Mamba (v1)'s selective scan (a decay per channel and state)",
+    "FalconMambaMixer": "Mamba (v1)'s selective scan (a decay per channel and state)",
+    "Zamba2MambaMixer": "Zamba2's Mamba2 mixer is not yet adapted (its layers share blocks)",
+    "Mamba2Mixer": "pure Mamba2 models have no attention layer to shard with burstattn",
+    "RecurrentGemmaRecurrentBlock": "RG-LRU (a per-channel gated recurrence) is not yet adapted",
+    "RecurrentGemmaRglru": "RG-LRU (a per-channel gated recurrence) is not yet adapted",
+}
+
+
+def hint(class_name: str) -> str:
+    """What to do about one refused mixer class: patch it, or why it stays refused ('' if unknown)."""
+    if class_name in SUPPORTED:
+        return f"{class_name} is sequence parallel after burstattn.hf.patch_mixers(model)"
+    if class_name in REFUSED:
+        return f"{class_name}: {REFUSED[class_name]}"
+    return ""
 
 
 class ShardedOps:
@@ -181,4 +227,4 @@ def short_conv(m, hidden_states: torch.Tensor, attention_mask, ops) -> torch.Ten
 
 ADAPTERS = {"gdn": gated_deltanet, "kda": kimi_delta, "ssd": mamba2_ssd, "lightning": lightning, "conv": short_conv}
 
-__all__ = ["ADAPTERS", "ShardedOps", "CachedOps", "gated_deltanet", "kimi_delta", "mamba2_ssd", "lightning", "short_conv"]
+__all__ = ["PATCHED", "SUPPORTED", "REFUSED", "hint", "ADAPTERS", "ShardedOps", "CachedOps", "gated_deltanet", "kimi_delta", "mamba2_ssd", "lightning", "short_conv"]

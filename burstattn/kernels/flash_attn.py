@@ -26,7 +26,7 @@ class FlashAttnKernel:
     """flash-attn 2.x: ``flash_attn_func(..., return_attn_probs=True)`` forward, low-level backward."""
 
     name = "flash_attn"
-    # partially masked blocks go to the sdpa kernel (see engine.passes.BlockCalls)
+    # partially masked blocks go to the sdpa kernel (see engine.compute.BlockCalls)
     supports = frozenset({"softcap", "v_head_dim"})
     supports_mask = False
     fp32_grads = False

@@ -21,7 +21,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from ..config import Window, normalize_window
-from .cut import _cut  # noqa: F401  (partition._cut: the solver's name for it)
+from .cut import _cut
 from .named import local_positions
 CuSeqlens = Union[torch.Tensor, Sequence[int]]
 

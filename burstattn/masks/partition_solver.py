@@ -40,7 +40,7 @@ from ..layouts.cut import cut_runs, stream_owner
 from ..layouts.partition import Partition, _stream, balance
 from .blocks import CAUSAL, EMPTY, FULL, PARTIAL, STRICT, classify
 from .spec import AttnMask
-from .partition_pairs import _pairs_by_runs, _pairs_by_table, touching_pairs  # noqa: F401 (their home before)
+from .partition_pairs import touching_pairs
 
 CANDIDATES = ("layout-contiguous", "layout-zigzag", "layout-striped", "contiguous", "zigzag", "documents", "sorted")
 # the named layouts themselves (no cut): so the kept partition is never worse than them on the score

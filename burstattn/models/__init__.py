@@ -1,5 +1,7 @@
 """LLaMA-style models for sequence-parallel training and inference (configs, presets, the model,
 the blockwise MLP and loss, checkpointing and offload)."""
+import sys
+
 from .blockwise import auto_chunks, blockwise_cross_entropy, chunk_bounds
 from .checkpointing import CHECKPOINTING, LayerRun
 from .config import PRESETS, HybridConfig, LlamaConfig, preset
@@ -12,3 +14,8 @@ from .rope import apply_rotary
 __all__ = ["LlamaConfig", "HybridConfig", "HybridLlama", "GatedDeltaNet", "model_class", "PRESETS", "preset", "Llama", "AttnCall", "Attention", "FeedForward",
            "TransformerBlock", "RMSNorm", "apply_rotary", "LossOutput", "LayerRun", "CHECKPOINTING", "OFFLOAD",
            "HostOffload", "auto_chunks", "blockwise_cross_entropy", "chunk_bounds"]
+
+
+def __getattr__(name: str):
+    # names that moved out of this module (the table burstattn.MOVED): resolved, or refused with the new spelling
+    return sys.modules["burstattn"].moved_attribute(__name__, name)

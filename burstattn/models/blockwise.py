@@ -19,6 +19,7 @@ labels and answer masks ``[B, shards * m]``.
 """
 from __future__ import annotations
 
+import sys
 from typing import Callable, Optional
 
 import torch
@@ -139,3 +140,8 @@ def blockwise_cross_entropy(head: Callable, hidden: torch.Tensor, labels: torch.
         total = ce if total is None else total + ce
         stats = st if stats is None else stats + st
     return total, stats
+
+
+def __getattr__(name: str):
+    # names that moved out of this module (the table burstattn.MOVED): resolved, or refused with the new spelling
+    return sys.modules["burstattn"].moved_attribute(__name__, name)

@@ -8,6 +8,7 @@ global mean, not a mean of per-rank means.
 """
 from __future__ import annotations
 
+import sys
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -47,3 +48,8 @@ def sum_grads(model: nn.Module, group) -> None:
         dist.all_reduce(flat, group=group)
         for g, part in zip(grads, flat.split([g.numel() for g in grads])):
             g.copy_(part.view_as(g))
+
+
+def __getattr__(name: str):
+    # names that moved out of this module (the table burstattn.MOVED): resolved, or refused with the new spelling
+    return sys.modules["burstattn"].moved_attribute(__name__, name)

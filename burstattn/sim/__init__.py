@@ -4,8 +4,8 @@
   ``h100-nvlink-ib``, ``h200-nvlink-ib``, ``tpuv4``), every figure with its source;
 * :mod:`.net`: link and collective cost models;
 * :mod:`.plans`: the one adapter to the library's plan functions and byte formulas;
-* :mod:`.attention`, :mod:`.direct`, :mod:`.passes`: one attention layer's event-level timeline per
-  strategy (ring loops, direct schedules, collectives);
+* :mod:`.attention`, :mod:`.direct`: one attention layer's event-level timeline per strategy (ring
+  loops, direct schedules, collectives), built of :mod:`.attn_timeline`'s parts (shape, pass, kernel cost);
 * :mod:`.memory`, :mod:`.step`: the whole model's step (:func:`simulate`), memory per device;
 * :mod:`.planner`: ranking and longest sequence; :mod:`.timeline`: the Gantt chart;
 * :mod:`.calibrate`: this machine as a spec; :mod:`.validation`: the measured and published checks.

@@ -23,7 +23,7 @@ import numpy as np
 from . import net, plans
 from .direct import distflash_strategy, window_strategy
 from .hardware import ClusterHW
-from .passes import AttnShape, AttnTimeline, Pass, element_sizes, kernel_seconds
+from .attn_timeline import AttnShape, AttnTimeline, Pass, element_sizes, kernel_seconds
 
 __all__ = ["AttnShape", "AttnTimeline", "Pass", "attention_timeline", "SEQUENCE_STRATEGIES"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import net, plans
-from .passes import AttnShape, AttnTimeline, Pass, element_sizes, kernel_seconds
+from .attn_timeline import AttnShape, AttnTimeline, Pass, element_sizes, kernel_seconds
 from .hardware import ClusterHW
 
 

@@ -191,7 +191,7 @@ def alone_buffers(*, batch: int, local_seq: int, q_heads: int, kv_heads: int, he
 
 
 # On a CPU (``grad_partials="float32"``, the CPU flash kernel's 16-bit partials) a 16-bit multi-rank
-# backward runs on float32 copies of one square tile at a time (``engine.passes.BlockCalls``: q, dO,
+# backward runs on float32 copies of one square tile at a time (``engine.compute.BlockCalls``: q, dO,
 # O and K, V, and the kernel's float32 gradients): TILE_BYTES bytes per tile row and (query + kv) head
 # element of the call's head group, the tile's side the kernel call's query rows capped by
 # ``kernels.base.chunk_rows`` (32 MiB of float32 per side). Fitted against the dry run's attention call

@@ -17,7 +17,7 @@ import torch
 from ..call.call import Call
 from ..call.engine_adapter import backward_pass, forward_pass
 from ..comm.groups import GroupContext
-from ..engine.passes import backward_lse
+from ..engine.compute import backward_lse
 from ..kernels import get_kernel
 from ..masks.plan import MaskPlan, mask_plan
 

@@ -8,6 +8,7 @@ every rank (the same checks, the same message on every rank). The planner asks
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -26,7 +27,7 @@ TRAIN_SCHEDULES = ("ring", "distflash")
 
 
 @dataclass(frozen=True)
-class Plan:
+class ParallelPlan:
     """What a configuration resolves to: degrees, the attention strategy over ``cp`` (``burst``
     for ``tp-v1``/``tp-v3``), the TP variant, the layout and usp's Ulysses degree (1 otherwise)."""
 
@@ -50,7 +51,7 @@ def choose_ulysses(cp: int, heads: int, given: int) -> int:
     return max(u for u in range(1, cp + 1) if cp % u == 0 and heads % u == 0)
 
 
-def check_parallel(cfg: TrainConfig, world_size: int, model: Optional[LlamaConfig] = None) -> Plan:
+def check_parallel(cfg: TrainConfig, world_size: int, model: Optional[LlamaConfig] = None) -> ParallelPlan:
     """The degrees, strategy, layout and sequence split of ``cfg`` on ``world_size`` ranks.
 
     Raises:
@@ -105,7 +106,7 @@ def check_parallel(cfg: TrainConfig, world_size: int, model: Optional[LlamaConfi
                             ulysses_degree=ulysses)
         except ValueError as exc:
             raise ValueError(f"--seq-len {cfg.seq_len}: {exc}") from None
-    return Plan(dims, strategy, variant, layout, ulysses)
+    return ParallelPlan(dims, strategy, variant, layout, ulysses)
 
 
 def head_chunks_check(cfg: TrainConfig, model: LlamaConfig, dims: ParallelDims, strategy: str, ulysses: int) -> None:
@@ -123,7 +124,7 @@ def head_chunks_check(cfg: TrainConfig, model: LlamaConfig, dims: ParallelDims, 
         raise ValueError(f"--head-chunks: {problem}")
 
 
-def check_config(cfg: TrainConfig, world_size: int, device_type: str = "cpu") -> Plan:
+def check_config(cfg: TrainConfig, world_size: int, device_type: str = "cpu") -> ParallelPlan:
     """:func:`check_parallel`, and the rest a run needs: the dtype on this device, the data (the
     ``--data`` file's length and largest token id against the vocabulary), and with ``--resume`` an
     existing ``--ckpt-dir``.
@@ -159,7 +160,7 @@ def check_config(cfg: TrainConfig, world_size: int, device_type: str = "cpu") ->
     return plan
 
 
-def dispatch_check(cfg: TrainConfig, plan: Plan) -> None:
+def dispatch_check(cfg: TrainConfig, plan: ParallelPlan) -> None:
     """``--dispatch`` and the documents flags: ``ValueError`` naming the flag (pure but for reading
     ``--doc-offsets``)."""
     problem = dispatch_problem(cfg, plan.dims.dp, plan.dims.cp, plan.dims.tp, plan.strategy)
@@ -169,3 +170,8 @@ def dispatch_check(cfg: TrainConfig, plan: Plan) -> None:
         DocLengths.parse(cfg.doc_lengths)
     if cfg.doc_offsets:
         load_offsets(cfg.doc_offsets)
+
+
+def __getattr__(name: str):
+    # names that moved out of this module (the table burstattn.MOVED): resolved, or refused with the new spelling
+    return sys.modules["burstattn"].moved_attribute(__name__, name)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from .checks import Plan
+from .checks import ParallelPlan
 from .config import TrainConfig
 from .data import FileData, content_id
 
@@ -30,7 +30,7 @@ COMPARED_ELSEWHERE = ("vocab_size", "mlp_chunk", "loss_chunk", "fused_loss")  # 
 HINT = "launch every rank with the same flags and --config content (the same data on every host)"
 
 
-def _resolved(cfg: TrainConfig, plan: Plan, model) -> dict:
+def _resolved(cfg: TrainConfig, plan: ParallelPlan, model) -> dict:
     """The fields whose value on this rank is not the text of the field itself."""
     data_format = cfg.data_format
     if cfg.data and data_format == "auto":
@@ -45,7 +45,7 @@ def _resolved(cfg: TrainConfig, plan: Plan, model) -> dict:
     }
 
 
-def run_signature(cfg: TrainConfig, plan: Plan, model) -> tuple[tuple[str, str], ...]:
+def run_signature(cfg: TrainConfig, plan: ParallelPlan, model) -> tuple[tuple[str, str], ...]:
     """``((field, value text), ...)`` of this rank's run: every TrainConfig field as it resolves here (the
     module docstring), then the model's architecture and the library version. ``plan``: what
     :func:`~burstattn.train.checks.check_config` resolved; ``model``: the model config with its chunks."""

@@ -5,7 +5,8 @@ from unittest import mock
 
 import torch
 
-from burstattn.parallel import IGNORE, sum_grads
+from burstattn.config import IGNORE_INDEX
+from burstattn.parallel import sum_grads
 from burstattn.train import build_job, train_step
 from burstattn.train import job as job_module
 from burstattn.train.job import local_batch
@@ -20,7 +21,8 @@ def _accumulated_step(job, step: int, micro: int) -> float:
     total = sum(b[3] for b in batches)
     loss = torch.zeros((), dtype=torch.float64)
     for tokens, labels, answer, _ in batches:
-        out = job.model(tokens, job.positions, labels=labels, total_targets=total, answer=answer & (labels != IGNORE))
+        out = job.model(tokens, job.positions, labels=labels, total_targets=total,
+                        answer=answer & (labels != IGNORE_INDEX))
         out.loss.backward()
         loss += out.loss.detach().double()
     if not job.cfg.fsdp:

@@ -13,9 +13,8 @@ from typing import Optional
 import torch
 
 import burstattn.hf as bhf
+from burstattn.config import IGNORE_INDEX
 from tests.dist.hf_cases import VOCAB, build
-
-IGNORE = -100
 
 
 @dataclass(frozen=True)
@@ -45,12 +44,12 @@ def padded(docs: list[torch.Tensor], side: str, first_label_ignored: bool = True
     n = max(d.numel() for d in docs)
     ids = torch.zeros(len(docs), n, dtype=torch.long)
     mask = torch.zeros_like(ids)
-    labels = torch.full_like(ids, IGNORE)
+    labels = torch.full_like(ids, IGNORE_INDEX)
     for r, d in enumerate(docs):
         sl = slice(0, d.numel()) if side == "right" else slice(n - d.numel(), n)
         ids[r, sl], mask[r, sl], labels[r, sl] = d, 1, d
         if first_label_ignored:
-            labels[r, sl.start] = IGNORE
+            labels[r, sl.start] = IGNORE_INDEX
     return ids, mask, labels
 
 

@@ -18,7 +18,6 @@ import torch
 from tests.dist.hf_cases import VOCAB, build
 from tests.dist.hf_pack_cases import padded
 
-IGNORE = -100
 LENGTHS = (38, 5, 11, 3, 17, 7, 26, 4, 9, 14, 6, 21)  # a mix: one longer than a shard at world 4, many short
 
 

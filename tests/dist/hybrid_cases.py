@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 import burstattn
 from burstattn.models import AttnCall, HybridLlama, preset
-from burstattn.models.blockwise import IGNORE
+from burstattn.config import IGNORE_INDEX
 
 
 def grads64(rank: int, world: int, strategy: str, layout: str, packed: bool = False) -> dict:
@@ -16,9 +16,10 @@ def grads64(rank: int, world: int, strategy: str, layout: str, packed: bool = Fa
     model = HybridLlama(cfg, attn=AttnCall(strategy, layout=layout, options={"backend": "reference"})).double()
     N = 24
     tokens = torch.randint(0, cfg.vocab_size, (2, N), generator=torch.Generator().manual_seed(1))
-    labels = torch.cat([tokens[:, 1:], torch.full((2, 1), IGNORE)], 1)
+    labels = torch.cat([tokens[:, 1:], torch.full((2, 1), IGNORE_INDEX)], 1)
     pos = burstattn.sequence_positions(N, layout=layout)
-    out = model(tokens[:, pos], pos, labels=labels[:, pos], total_targets=int((labels != IGNORE).sum()))
+    out = model(tokens[:, pos], pos, labels=labels[:, pos],
+                total_targets=int((labels != IGNORE_INDEX).sum()))
     out.loss.backward()
     loss = out.loss.detach().clone()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
@@ -42,7 +43,7 @@ def documents_alone(rank: int, world: int, cfg) -> float:
     loss = 0.0
     with torch.no_grad():
         for d in docs:
-            labels = torch.cat([d[1:], torch.full((1,), IGNORE)])
+            labels = torch.cat([d[1:], torch.full((1,), IGNORE_INDEX)])
             out = job.model(d[None], torch.arange(d.numel()), attn=AttnCall("burst"), labels=labels[None],
                             total_targets=total)
             loss += float(out.loss)

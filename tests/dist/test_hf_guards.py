@@ -82,7 +82,7 @@ def test_stablelm_exact_under_shard_batch(pools):
 
 
 def test_context_parallel_trainer_refuses_hybrids_and_router_logits(pools):
-    """Mixers outside burstattn.hf.mixer_table are refused; the trainer patches those in it."""
+    """Mixers outside the table of burstattn.hf.hybrid_mixers are refused; the trainer patches those in it."""
     kinds = ["jamba", "recurrent_gemma", "lfm2", "granitemoehybrid", "qwen2_moe"]
     for res in pools.get(2).run(gc.trainer_refusals, kinds):
         for kind in kinds[:2]:

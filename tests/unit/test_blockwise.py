@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from burstattn.config import IGNORE_INDEX
 from burstattn.meter.memory import measure_peak
-from burstattn.models import IGNORE, AttnCall, HostOffload, Llama, LlamaConfig, auto_chunks, chunk_bounds, preset
+from burstattn.models import AttnCall, HostOffload, Llama, LlamaConfig, auto_chunks, chunk_bounds, preset
 from burstattn.models.blockwise import take_rows
 from burstattn.models.offload import offload_problem, offloaded_bytes
 from burstattn.train import TrainConfig
@@ -51,10 +52,10 @@ def _batch():
     g = torch.Generator().manual_seed(2)
     tokens = torch.randint(0, CFG.vocab_size, (B, N), generator=g)
     labels = torch.randint(0, CFG.vocab_size, (B, N), generator=g)
-    labels[0, :5] = IGNORE
+    labels[0, :5] = IGNORE_INDEX
     answer = torch.zeros(B, N, dtype=torch.bool)
     answer[:, -4:] = True
-    return tokens, labels, answer, int((labels != IGNORE).sum())
+    return tokens, labels, answer, int((labels != IGNORE_INDEX).sum())
 
 
 def _run(**over):
@@ -91,7 +92,7 @@ def test_blockwise_loss_is_the_logits_loss():
     tokens, labels, answer, total = _batch()
     logits = model(tokens, torch.arange(N))  # [B, N, V]
     assert logits.shape == (B, N, CFG.vocab_size)
-    want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE,
+    want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
                                              reduction="sum") / total
     got = model(tokens, torch.arange(N), labels=labels, total_targets=total, answer=answer)
     assert got.loss.item() == pytest.approx(want.item(), rel=1e-12)

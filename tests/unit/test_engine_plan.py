@@ -179,7 +179,7 @@ def test_head_groups_divide_kv_heads_and_stay_one_for_small_calls():
 @pytest.mark.parametrize("causal", [False, True])
 def test_head_groups_give_the_same_result(heads, causal):
     """One rank: the engine's entry points with G head groups equal G = 1 and the float64 reference."""
-    from burstattn.engine.passes import BlockCalls
+    from burstattn.engine.compute import BlockCalls
     from burstattn.engine.run import attention_backward, attention_forward
     from burstattn.kernels import get_kernel
     from burstattn.testing.oracle import exact_attention

@@ -9,7 +9,7 @@ pytest.importorskip("transformers", minversion="5")
 import torch  # noqa: E402
 
 import burstattn.hf as bhf  # noqa: E402
-from burstattn.hf.mixer_table import REFUSED, SUPPORTED  # noqa: E402
+from burstattn.hf.hybrid_mixers import REFUSED, SUPPORTED  # noqa: E402
 from tests.dist.hf_hybrid_cases import _tokens, build  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""check_model decides from what a model contains: the survey of burstattn.hf.mixers
+"""check_model decides from what a model contains: the survey of burstattn.hf.survey
 on tiny random configs, without a process group."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ pytest.importorskip("transformers", minversion="5")
 import torch  # noqa: E402
 
 import burstattn.hf as bhf  # noqa: E402
-from burstattn.hf.mixers import sequence_mixers, survey  # noqa: E402
+from burstattn.hf.survey import sequence_mixers, survey  # noqa: E402
 from tests.dist.hf_guard_cases import build  # noqa: E402
 
 

@@ -130,7 +130,7 @@ def test_never_worse_than_the_named_layouts(kw, causal, world):
 
 def test_pair_count_by_runs_equals_the_table():
     """The two pair counts of touching_pairs agree (runs of equal owners, used when they are few; the [B, P] table)."""
-    from burstattn.masks.partition_solver import _pairs_by_runs, _pairs_by_table
+    from burstattn.masks.partition_pairs import _pairs_by_runs, _pairs_by_table
 
     g = torch.Generator().manual_seed(0)
     checked = 0

@@ -9,7 +9,7 @@ import torch
 from burstattn.config import normalize_window
 from burstattn.engine.merge import add_sinks_, sinks_grad
 from burstattn.engine.pairs import BlockOp, MaskKind, tile_op
-from burstattn.engine.passes import FP32_TILE, BlockCalls, KVPack
+from burstattn.engine.compute import FP32_TILE, BlockCalls, KVPack
 from burstattn.kernels import ScoreMods, get_kernel, resolve_backend
 from burstattn.testing.oracle import exact_attention
 from tests.helpers import rel_err

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from burstattn.engine.pairs import MaskKind, ops_from_positions, position_ops
-from burstattn.engine.passes import op_slices
+from burstattn.engine.compute import op_slices
 from burstattn.engine.plan import plan_cost, ring, ring_source
 from burstattn.layouts.named import local_positions
 

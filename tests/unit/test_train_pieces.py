@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from burstattn.layouts.named import local_positions
-from burstattn.parallel import IGNORE, ParallelDims, resolve_dims, shard_positions, sharded_loss, shift_labels
+from burstattn.config import IGNORE_INDEX
+from burstattn.parallel import ParallelDims, resolve_dims, shard_positions, sharded_loss, shift_labels
 from burstattn.train import FileData, PasskeyData, TrainConfig, decode, load_config
 from burstattn.train.job import lr_lambda
 
@@ -39,7 +40,7 @@ def test_global_loss_is_the_sum_of_the_shards():
     tokens = torch.randint(0, 11, (2, 12))
     logits = torch.randn(2, 12, 11, dtype=torch.float64)
     labels = shift_labels(tokens)
-    assert torch.equal(labels[:, :-1], tokens[:, 1:]) and (labels[:, -1] == IGNORE).all()
+    assert torch.equal(labels[:, :-1], tokens[:, 1:]) and (labels[:, -1] == IGNORE_INDEX).all()
     whole = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
     total = sum(sharded_loss(logits[:, p], labels[:, p], 2 * 11) for p in (local_positions(12, r, 3, "zigzag")
                                                                            for r in range(3)))

@@ -31,7 +31,7 @@ from typing import Iterable
 
 from torch import nn
 
-from .mixer_table import PATCHED
+from .hybrid_mixers import PATCHED
 
 # torch.nn layers that treat every position on its own
 _POSITIONWISE_TORCH = (nn.Linear, nn.Bilinear, nn.Embedding, nn.EmbeddingBag, nn.LayerNorm, nn.RMSNorm,

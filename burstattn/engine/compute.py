@@ -1,4 +1,5 @@
-"""The passes, each written once: forward and backward over any plan (ring, direct, nested, local).
+"""What a block pair computes, each pass written once: forward and backward over any plan (ring, direct,
+nested, local): the kernel calls of a pair, the accumulators, the query side and the K/V message.
 
 Which data travels (K/V: RingAttention's backward; the query side: BurstAttention's) is the plan's
 choice; a pass only says what a pair computes and how partials accumulate:
@@ -20,8 +21,8 @@ from typing import Callable, Optional
 
 import torch
 
+from ..config import accum_dtype
 from ..kernels.base import CHUNK_ELEMENTS, ROW_CHUNK, Kernel, ScoreMods, chunk_rows, row_dot
-from .bytes import accum_dtype
 from .loop import Partial, Whole
 from .merge import merge_
 from .pairs import BlockOp, MaskKind, tile_op
