@@ -1,4 +1,4 @@
-"""burstattn.comm.agree at worlds 2 and 3: one 16-byte digest per rank when the ranks agree; otherwise
+"""burstattn.comm.agree at worlds 2 and 3: one 8-byte digest per rank when the ranks agree; otherwise
 every rank raises the same exception type and message, naming the differing field(s) and the values in
 rank order, or the problem and the rank(s) that found it."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from tests.dist import agree_cases as ac
 @pytest.mark.parametrize("world", [2, 3])
 def test_every_rank_raises_the_same(pools, world):
     pool = pools.get(world)
-    assert pool.run(ac.exchange, "same") == [("no error", str((world - 1) * 16))] * world
+    assert pool.run(ac.exchange, "same") == [("no error", str((world - 1) * 8))] * world
     seeds = ", ".join(["1"] * (world - 1) + ["2"])
     want = {
         "value": ("Disagreement", f"check: seed must be the same on every rank of the group, got [{seeds}] (rank order)"),
