@@ -189,7 +189,7 @@ def agree(what: str, signature: Signature, group: Optional[dist.ProcessGroup], *
         local = torch.tensor(digest(signature, mine), dtype=torch.int64, device=device)
         table = local.repeat(world)
         try:
-            dist.all_gather_into_tensor(table, local, group=group)
+            getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(table, local, group=group)
         except RuntimeError as e:
             raise CollectiveError(f"{_lead(what)}exchanging the cross-rank check failed (a rank died or did not "
                                   f"reach it within the process group's timeout): {e}") from e
