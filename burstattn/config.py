@@ -57,7 +57,7 @@ def torch_dtype(name: str) -> "torch.dtype":
 def checksum(data: Union[str, bytes, bytearray, memoryview, "torch.Tensor"], value: int = 0) -> int:
     """The library's one checksum: CRC-32 (``zlib.crc32``, an int in ``[0, 2**32)``), equal in every process.
 
-    ``data``: text (its UTF-8 bytes), bytes, or a tensor (its values' bytes in memory order, read on the
+    ``data``: text (its UTF-8 bytes), bytes, or a tensor (its values' bytes in row-major order, read on the
     host: any dtype, any device; the shape and dtype are not included, name them beside it).
     ``value``: a previous checksum to continue (``checksum(b, checksum(a)) == checksum(a + b)``).
     Cheap (a few GB/s) and detects every difference confined to 32 consecutive bits; not a

@@ -34,7 +34,8 @@ def test_rank_outside_group_is_told(pools):
 
 def test_different_strategies_named(pools):
     for text in pools.get(2).run(trap_cases.different_strategies):
-        assert "different functions or strategies" in text and "'burst'" in text and "'ring'" in text, text
+        assert "function (burst_attn_func or the attention strategy) must be the same" in text, text
+        assert "'burst'" in text and "'ring'" in text, text
 
 
 def test_module_topology_and_return_lse(pools):
