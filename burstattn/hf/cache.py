@@ -15,10 +15,10 @@ between ranks and raise ``NotImplementedError``.
 
 The ranks must feed the same tokens: a sharded cache that holds K/V of tokens another rank never
 chose is silently wrong. So every forward checks it with the cross-rank check
-(:func:`burstattn.comm.agree.agree`, op ``"agree"``, 8 bytes per rank): a checksum of the first layer's new
-keys, which depend only on the token ids and positions. Sampling (``do_sample=True``) with per-rank RNG
-states then raises ``ValueError`` on every rank instead of drifting apart; seed the ranks alike before ``generate`` (the logits are
-bit-identical on every rank, so equal RNG states sample equal tokens).
+(:func:`burstattn.comm.agree.agree`, op ``"agree"``, 8 bytes per rank): a checksum of the first layer's
+new keys, which depend only on the token ids and positions. Sampling (``do_sample=True``) with per-rank
+RNG states then raises ``ValueError`` on every rank instead of drifting apart; seed the ranks alike
+before ``generate`` (the logits are bit-identical on every rank, so equal RNG states sample equal tokens).
 
 transformers 5.24 renamed the model's ``past_key_values`` argument to ``cache`` (the old name is
 deprecated until 5.40); :func:`cache_kwargs` gives whichever the installed model takes.

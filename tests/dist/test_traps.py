@@ -14,9 +14,12 @@ def test_mask_mods_must_agree(pools):
 
 
 def test_cached_mask_mod_raising_mid_ring_raises_everywhere(pools):
-    for rank, (first, second, third) in enumerate(pools.get(2).run(trap_cases.mask_raises_mid_ring)):
+    results = pools.get(2).run(trap_cases.mask_raises_mid_ring)
+    assert len({second for _, second, _ in results}) == 1, results  # the same message on every rank
+    for first, second, third in results:
         assert first == "no error" and third == "no error", (first, third)
-        assert second.startswith("ValueError") and "rank 1: mask_mod raised RuntimeError: flaky" in second, second
+        assert second.startswith("ValueError") and "mask_mod raised RuntimeError: flaky" in second, second
+        assert "(rank 1 of 2; every rank aborts)" in second, second
 
 
 def test_usp_degrees_build_groups_once(pools):
