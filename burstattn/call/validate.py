@@ -257,8 +257,12 @@ def check_inputs(q, k, v, cfg: Call, group: Optional[dist.ProcessGroup], world_s
     here) or the mask's; it is shared with the other ranks, so it raises on every rank.
     ``alibi`` / ``sinks``: the call's optional tensors (their shapes and values are compared).
     """
+    if world_size == 1:  # one process: nothing to compare (and no call at all in the clean case)
+        if problem is not None:
+            agree(fn, (), group, problem=problem)
+        return
     sig = ()
-    if problem is None and world_size > 1:
+    if problem is None:
         with host_side():  # real (host) values in a dry run too
             sig = signature(q, k, v, cfg, fn, world_size, alibi, sinks)
     agree(fn, sig, group, problem=problem, alone=(FUNCTION,), stats=active_stats(),
