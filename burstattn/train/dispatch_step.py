@@ -91,8 +91,8 @@ def build_dispatcher(cfg: TrainConfig, mcfg, cp: int, strategy: str, layout: str
     degrees = divisors(world) if cfg.dispatch == "dynamic" else [1, cp]
     cost = DispatchCost.for_model(mcfg.dim, mcfg.n_layers, mcfg.n_heads, mcfg.n_kv_heads, mcfg.head_dim, mcfg.ffn_dim,
                                   mcfg.vocab_size)
-    return Dispatcher(cfg.dispatch, cp, group, degree_groups(degrees), cost, cfg.dispatch_budget, make_documents(cfg),
-                      strategy, layout, dict(options or {}), cfg.head_chunks)
+    return Dispatcher(cfg.dispatch, cp, group, degree_groups(degrees), cost, cfg.dispatch_budget,
+                      make_documents(cfg), strategy, layout, dict(options or {}), cfg.head_chunks)
 
 
 def global_sequences(job, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
