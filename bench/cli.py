@@ -4,7 +4,7 @@ and handler, ``--cluster`` and the emulated cluster's ``cluster up | down | stat
     burstattn bench core [flags]   # overhead, speedup, bytes and memory benchmarks -> JSON + Markdown
     burstattn bench grid --config bench/configs/targets.toml [--plots docs/img]   # strategies + peers
     burstattn bench maxlen --mem-budget MiB [flags]  # longest sequence under a per-rank memory budget
-    burstattn bench masks [--quick] [--docs docs/benchmarks.md]  # windows, documents, load balance
+    burstattn bench masks [--quick] [--docs bench/results/masks.md]  # windows, documents, load balance
     burstattn bench train [--seq-lens ...] [--plots docs/img] [--cluster PRESET]  # training steps
     burstattn bench infer [--quick] [--plots DIR] [--docs FILE] [--cluster PRESET]  # prefill, decode, pass-KV/Q
     burstattn bench hf [--quick] [--docs docs/hf.md]   # HF Trainer: context parallel vs one process vs DDP
@@ -223,7 +223,7 @@ def add_core_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=d.out, help="output directory (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="small sizes and fewer repeats (smoke run)")
     p.add_argument("--docs", default=None, metavar="FILE",
-                   help="also write the tables into FILE (e.g. docs/benchmarks.md), keeping its reading")
+                   help="also write the tables into FILE (e.g. bench/results/core.md), keeping its reading")
     p.add_argument("--seq-len", type=int, default=d.seq_len, help="sequence length of overhead/speedup points")
     p.add_argument("--repeats", type=int, default=d.repeats)
     p.add_argument("--warmup", type=int, default=d.warmup)
@@ -293,7 +293,7 @@ def add_masks_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=d.out, help="output directory (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="N=1024, P<=4, 1 repeat: a smoke run (not for the docs)")
     p.add_argument("--docs", default=None, metavar="FILE",
-                   help="also write the section into FILE (e.g. docs/benchmarks.md), keeping its '### Reading'")
+                   help="also write the section into FILE (e.g. bench/results/masks.md), keeping its '### Reading'")
     p.add_argument("--suites", nargs="+", choices=SUITES, default=list(d.suites))
     p.add_argument("--world-size", type=int, default=d.world_size, help="ranks of the masks suite")
     p.add_argument("--seq-len", type=int, default=d.seq_len, help="N of the masks suite")

@@ -44,7 +44,7 @@ class CoreConfig:
     """Flags of ``burstattn bench core``."""
 
     out: str = "bench-out"        # directory for core.json and core.md
-    docs: Optional[str] = None    # also write the Markdown into this file (e.g. docs/benchmarks.md)
+    docs: Optional[str] = None    # also write the Markdown into this file (e.g. bench/results/core.md)
     quick: bool = False           # small sizes, for a smoke run (not for the committed numbers)
     seq_len: int = 16384          # overhead and speedup points
     heads: int = 8

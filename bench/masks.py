@@ -51,7 +51,7 @@ class MasksConfig:
     """Flags of ``burstattn bench masks``."""
 
     out: str = "bench-out"                      # directory for masks.json and masks.md
-    docs: Optional[str] = None                  # also write the section into this file (docs/benchmarks.md)
+    docs: Optional[str] = None                  # also write the section into this file (bench/results/masks.md)
     quick: bool = False                         # tiny sizes, 1 repeat: a smoke run
     suites: tuple[str, ...] = SUITES
     world_size: int = 4                         # masks suite

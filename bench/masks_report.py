@@ -1,5 +1,5 @@
 """Records, ratios, verdicts and Markdown of ``burstattn bench masks`` (:mod:`.masks`), and the
-section of ``docs/benchmarks.md`` it rewrites (keeping that section's hand-written ``### Reading``)."""
+section of ``bench/results/masks.md`` it rewrites (keeping that section's hand-written ``### Reading``)."""
 from __future__ import annotations
 
 import statistics

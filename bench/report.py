@@ -1,4 +1,5 @@
-"""Markdown for `burstattn bench` results: `core` (the generated part of ``docs/benchmarks.md``), `grid` and `maxlen`."""
+"""Markdown for `burstattn bench` results: `core` (the generated part of ``bench/results/core.md``), `grid`
+and `maxlen`."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Markdown for ``burstattn bench --cluster`` runs, and their section of docs/benchmarks.md."""
+"""Markdown for ``burstattn bench --cluster`` runs, and their section of bench/results/cluster.md."""
 from __future__ import annotations
 
 import re

@@ -1,6 +1,6 @@
 """burst at 8K and 16K (P=2, 8 heads, d 64, float32, zigzag; issue 32): the engine's default head groups
 against one group (``MIN_GROUP_ELEMENTS`` raised). Thread CPU s of fwd+bwd per rank, alternating, median of 7
-(docs/benchmarks.md, "The 8K points again").
+(bench/results/grid.md, "The 8K points again").
 
     python -m bench.scripts.head_groups_time
 """

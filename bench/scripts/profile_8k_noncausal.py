@@ -1,6 +1,6 @@
 """burst against ring at issue 32's point (P=2, N=8,192, non-causal, float32, 8 heads, d 64, zigzag): each
 rank's thread CPU seconds of fwd+bwd (alternating, 5 repeats, median) and ``torch.profiler``'s op table of one
-fwd+bwd on rank 0 (docs/benchmarks.md, "The grid again on today's engine").
+fwd+bwd on rank 0 (bench/results/grid.md, "The grid again on today's engine").
 
     python -m bench.scripts.profile_8k_noncausal
 """

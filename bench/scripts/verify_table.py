@@ -1,4 +1,5 @@
-"""The real-scale table of docs/simulation.md: the planner's predicted peak against the dry run's, per strategy.
+"""The real-scale table of bench/results/simulation.md: the planner's predicted peak against the dry run's,
+per strategy.
 
 For one planning question (model, sequence, GPUs, cluster, dtype), the best plan of every strategy label the
 planner offers is taken from its ranking (as ``burstattn plan`` prints it); its ``burstattn train`` command is

@@ -105,16 +105,6 @@ class Call:
         ``backward="burst"``; DistFlashAttn's direct steps, which move both, ignore it)."""
         return "kv" if phase == "forward" or self.backward == "kv" else "q"
 
-    def mask_key(self, seq_len: Optional[int] = None) -> int:
-        """31-bit checksum of the mask (its values, probed at ``seq_len``: see
-        :meth:`burstattn.AttnMask.fingerprint`) and of an explicit partition (0: neither), for the
-        cross-rank check."""
-        parts = [self.mask.fingerprint(seq_len) if self.mask is not None else 0,
-                 0 if isinstance(self.layout, str) else self.layout.fingerprint,
-                 self.topology.ranks_per_node if self.topology is not None else 0,
-                 0 if isinstance(self.keys_layout, str) else self.keys_layout.fingerprint]
-        return (((parts[0] * 1_000_003 + parts[1]) * 1009 + parts[2]) * 1_000_033 + parts[3]) & 0x7FFFFFFF
-
     def scale_for(self, head_dim: int) -> float:
         """The softmax scale actually used for ``head_dim``."""
         return float(self.softmax_scale) if self.softmax_scale is not None else head_dim ** -0.5

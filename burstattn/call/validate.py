@@ -1,30 +1,28 @@
 """Input checks that fail on EVERY rank, never on one rank while the others hang.
 
-Each rank checks its own arguments locally, then all ranks exchange a ``META_INTS``-integer
-signature (error code, shapes, dtype, options) with one all-gather before any ring traffic. If any rank
-found a problem, or the ranks disagree (e.g. different local sequence lengths), every rank
-raises: the rank at fault with its own detailed message, the others naming that rank and
-the problem.
+Each rank checks its own arguments locally (:func:`local_problem`), then the ranks compare a named
+signature (shapes, dtype, options, checksums of the mask and of small tensor arguments:
+:func:`signature`) with :func:`burstattn.comm.agree.agree`, one 8-byte all-gather before any ring
+traffic. If any rank found a problem, or the ranks disagree (e.g. different local sequence lengths),
+every rank raises the same exception: the problem naming the rank that found it, or the differing
+field with its values in rank order.
 """
 from __future__ import annotations
 
 import math
 import numbers
-import zlib
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 
+from ..comm.agree import agree
 from ..comm.host import host_side
 from ..comm.stats import active_stats
-from ..config import BACKENDS, BACKWARDS, DEVICE_TYPES, GRAD_PARTIALS, LAYOUTS, SCHEDULES
-from ..engine.bytes import META_INTS
+from ..config import BACKENDS, BACKWARDS, DEVICE_TYPES, GRAD_PARTIALS, LAYOUTS, SCHEDULES, checksum
 from .call import Call
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_KINDS = {1: TypeError, 2: ValueError}
 
 
 def scale_value(softmax_scale):
@@ -190,140 +188,82 @@ def runs_backward(*tensors) -> bool:
     return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in tensors)
 
 
-def values_key(x: Optional[torch.Tensor]) -> int:
-    """31-bit checksum of a small tensor's values (ALiBi slopes, sink logits: ``[Hq]`` or ``[B, Hq]``);
-    0 for ``None``. Read once per call, in the cross-rank check (outside any traced region)."""
+def values_text(x: Optional[torch.Tensor]) -> str:
+    """What a small tensor argument is, for the cross-rank check (ALiBi slopes, sink logits: ``[Hq]`` or
+    ``[B, Hq]``): its shape and the checksum of its values as float64; ``"None"``. Read once per call, in
+    the cross-rank check (outside any traced region)."""
     if x is None:
-        return 0
-    bits = x.detach().to(device="cpu", dtype=torch.float64).view(torch.int64).flatten().tolist()
-    return zlib.crc32(repr(bits).encode()) & 0x7FFFFFFF or 1
+        return "None"
+    values = x.detach().to(device="cpu", dtype=torch.float64)
+    return f"{list(x.shape)}, values crc32 {checksum(values):08x}"
 
 
-def _modifiers_key(cfg: Call, alibi, sinks) -> int:
-    """31-bit checksum of the score modifiers' settings, shapes and values (ALiBi slopes and sink logits
-    that differ between ranks would give each rank another attention) and the kernel options."""
-    text = (f"{cfg.softcap!r}|{None if alibi is None else tuple(alibi.shape)}|"
-            f"{None if sinks is None else tuple(sinks.shape)}|{cfg.deterministic}|{cfg.grad_partials}|{cfg.device_type}|"
-            f"{values_key(alibi)}|{values_key(sinks)}")
-    return zlib.crc32(text.encode()) & 0x7FFFFFFF
+def _layout_text(layout) -> str:
+    """A layout name, or an explicit partition by its fingerprint (which ranks hold which positions)."""
+    return layout if isinstance(layout, str) else f"partition {layout.fingerprint:08x}"
 
 
-@dataclass(frozen=True)
-class Field:
-    """One named entry of the cross-rank signature: ``what`` names it in messages, ``value`` reads it
-    (``value(q, k, v, cfg, fn, world_size, alibi, sinks) -> int``), ``decode`` turns the ints back into
-    the names shown (``None``: shown as they are; ``HIDDEN``: a checksum, shown as "differing values")."""
-
-    what: str
-    value: Callable[..., int]
-    decode: Optional[Callable[[int], str]] = None
+def _mask_text(cfg: Call, seq_len: int) -> str:
+    """The mask by its fingerprint (its values, probed at ``seq_len``: :meth:`burstattn.AttnMask.fingerprint`)."""
+    return "None" if cfg.mask is None else f"fingerprint {cfg.mask.fingerprint(seq_len):08x}"
 
 
-def _names(names: tuple) -> Callable[[int], str]:
-    return lambda i: str(names[i])
+def signature(q, k, v, cfg: Call, fn: str, world_size: int, alibi=None, sinks=None) -> tuple[tuple[str, str], ...]:
+    """This rank's cross-rank signature of one call: ``(field, value text)`` pairs that must be equal on
+    every rank. The function comes first (reported alone when it differs: different strategies also
+    differ in their options, which would hide the cause)."""
+    topology = cfg.topology.ranks_per_node if cfg.topology is not None else None
+    return (
+        (FUNCTION, fn),
+        ("batch", str(q.shape[0])),
+        ("local_seq (q.shape[1])", str(q.shape[1])),
+        ("q_heads", str(q.shape[2])),
+        ("kv_heads", str(k.shape[2])),
+        ("head_dim", str(q.shape[3])),
+        ("dtype", str(q.dtype)),
+        ("layout", _layout_text(cfg.layout)),
+        ("causal", str(cfg.causal)),
+        ("backend", cfg.backend),
+        ("backward", cfg.backward),
+        ("softmax_scale", repr(cfg.softmax_scale)),
+        ("schedule", cfg.schedule),
+        ("topology (ranks_per_node)", str(topology)),
+        ("mask (window / cu_seqlens / document_ids / mask_mod)", _mask_text(cfg, q.shape[1] * world_size)),
+        ("the key shard length (k.shape[1])", str(k.shape[1])),
+        ("v's head_dim", str(v.shape[3])),
+        ("kv_layout", "same as layout" if cfg.kv_layout is None else _layout_text(cfg.kv_layout)),
+        ("softcap", repr(cfg.softcap)),
+        ("alibi_slopes (shape and values)", values_text(alibi)),
+        ("sinks (shape and values)", values_text(sinks)),
+        ("deterministic", str(cfg.deterministic)),
+        ("grad_partials", cfg.grad_partials),
+        ("device_type", str(cfg.device_type)),
+        ("requires_grad (whether this rank runs the backward: grad mode on and q, k, v or sinks requiring grad)",
+         str(cfg.grad)),
+    )
 
 
-def _hidden(_: int) -> str:
-    return "differing values"
-
-
-def _scale_bits(cfg: Call) -> int:
-    return int(torch.tensor(cfg.softmax_scale or 0.0, dtype=torch.float64).view(torch.int64))
-
-
-# Every rank all-gathers [error code, *fields] (META_INTS int64 in all); the function comes first, since
-# different strategies also differ in their options, which would hide the cause.
-SIGNATURE = (
-    Field("function (burst_attn_func or the attention strategy)", lambda q, k, v, c, fn, *_: zlib.crc32(fn.encode())),
-    Field("batch", lambda q, *_: q.shape[0]),
-    Field("local_seq (q.shape[1])", lambda q, *_: q.shape[1]),
-    Field("q_heads", lambda q, *_: q.shape[2]),
-    Field("kv_heads", lambda q, k, *_: k.shape[2]),
-    Field("head_dim", lambda q, *_: q.shape[3]),
-    Field("dtype", lambda q, *_: DTYPES.index(q.dtype), _names(DTYPES)),
-    Field("layout", lambda q, k, v, c, *_: _layout_index(c.layout), _names(LAYOUTS + ("partition",))),
-    Field("causal", lambda q, k, v, c, *_: int(c.causal), _names((False, True))),
-    Field("backend", lambda q, k, v, c, *_: BACKENDS.index(c.backend), _names(BACKENDS)),
-    Field("backward", lambda q, k, v, c, *_: BACKWARDS.index(c.backward), _names(BACKWARDS)),
-    Field("softmax_scale", lambda q, k, v, c, *_: _scale_bits(c), _hidden),
-    Field("schedule", lambda q, k, v, c, *_: SCHEDULES.index(c.schedule), _names(SCHEDULES)),
-    Field("mask (window / cu_seqlens / document_ids / mask_mod) or partition layout",
-          lambda q, k, v, c, fn, world, *_: c.mask_key(q.shape[1] * world), _hidden),
-    Field("the key shard length (k.shape[1])", lambda q, k, *_: k.shape[1]),
-    Field("v's head_dim", lambda q, k, v, *_: v.shape[3]),
-    Field("kv_layout", lambda q, k, v, c, *_: -1 if c.kv_layout is None else _layout_index(c.kv_layout),
-          _names(LAYOUTS + ("partition", "same as layout"))),
-    Field("score modifiers (softcap, alibi_slopes / sinks shapes and values) or deterministic / grad_partials",
-          lambda q, k, v, c, fn, world, alibi, sinks: _modifiers_key(c, alibi, sinks), _hidden),
-    Field("requires_grad (whether this rank runs the backward: grad mode on and q, k, v or sinks requiring grad)",
-          lambda q, k, v, c, *_: int(c.grad), _names((False, True))),
-)
-FUNCTION = SIGNATURE[0]
-assert len(SIGNATURE) < META_INTS
-
-
-def _signature(q, k, v, cfg: Call, problem, fn: str, world_size: int, alibi=None, sinks=None) -> list[int]:
-    """``[error code (0: none, 1: TypeError, 2: ValueError), *SIGNATURE values]``, padded to ``META_INTS``."""
-    code = 0 if problem is None else (1 if problem[0] is TypeError else 2)
-    if code:
-        return [code] + [0] * (META_INTS - 1)
-    sig = [0] + [f.value(q, k, v, cfg, fn, world_size, alibi, sinks) for f in SIGNATURE]
-    return sig + [0] * (META_INTS - len(sig))
+FUNCTION = "function (burst_attn_func or the attention strategy)"
 
 
 def check_inputs(q, k, v, cfg: Call, group: Optional[dist.ProcessGroup], world_size: int,
                  fn: str = "burst_attn_func", problem: Optional[tuple[type, str]] = None, alibi=None,
                  sinks=None) -> None:
-    """Raise on every rank if any rank's inputs are invalid or the ranks disagree.
+    """Raise the same error on every rank of ``group`` if any rank's inputs are invalid or the ranks
+    disagree (:func:`burstattn.comm.agree.agree` over :func:`signature`; op ``meta`` in the byte meter).
 
     ``problem``: what this rank found wrong, as ``(TypeError or ValueError, message)``: the local check
     (:func:`local_problem`, run once per call by :func:`burstattn.call.prepare.prepare`, not again
     here) or the mask's; it is shared with the other ranks, so it raises on every rank.
     ``alibi`` / ``sinks``: the call's optional tensors (their shapes and values are compared).
     """
-    if world_size == 1:
-        if problem:
-            raise problem[0](f"{fn}: {problem[1]}")
+    if world_size == 1:  # one process: nothing to compare (and no call at all in the clean case)
+        if problem is not None:
+            agree(fn, (), group, problem=problem)
         return
-    device = torch.device("cpu")
-    if dist.get_backend(group) == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
-    with host_side():  # real (host) tensors in a dry run too: the table is read below
-        mine = torch.tensor(_signature(q, k, v, cfg, problem, fn, world_size, alibi, sinks), dtype=torch.int64,
-                            device=device)
-        sigs = [mine.clone() for _ in range(world_size)]  # all_gather overwrites them (a fake group does not)
-    try:
-        with host_side():
-            dist.all_gather(sigs, mine, group=group)
-    except RuntimeError as e:
-        raise RuntimeError(f"{fn}: exchanging the input check with the other ranks failed (a rank "
-                           f"died or did not enter the call within the process group's timeout): {e}") from e
-    stats = active_stats()
-    if stats is not None:
-        stats.record("forward", "meta", (world_size - 1) * mine.numel() * 8, (world_size - 1) * mine.numel() * 8)
-    with host_side():
-        table = torch.stack(sigs).cpu().tolist()  # [rank][field]
-    bad = [r for r in range(world_size) if table[r][0] != 0]
-    if bad:
-        # error path only: every rank knows some rank failed, so all enter this exchange together
-        texts = [None] * world_size
-        dist.all_gather_object(texts, problem[1] if problem else None, group=group)
-        if problem:
-            raise problem[0](f"{fn}: {problem[1]}")
-        detail = "; ".join(f"rank {r}: {texts[r]}" for r in bad)
-        raise _KINDS[int(table[bad[0]][0])](f"{fn}: invalid arguments on another rank, all ranks abort "
-                                            f"the call ({detail})")
-    for i, field in enumerate(SIGNATURE, start=1):
-        col = [row[i] for row in table]
-        if len(set(col)) == 1:
-            continue
-        if field is FUNCTION:  # every rank sees the mismatch, so all enter this exchange together
-            names = [None] * world_size
-            dist.all_gather_object(names, fn, group=group)
-            raise ValueError(f"{fn}: the ranks called different functions or strategies: {names} (rank "
-                             f"order); every rank of the group must make the same call")
-        shown = col if field.decode is None else [field.decode(c) for c in col]
-        if field.decode is _hidden:
-            shown = _hidden(0)
-        raise ValueError(f"{fn}: {field.what} must be the same on every rank of the group, "
-                         f"got {shown} (rank order)")
+    sig = ()
+    if problem is None:
+        with host_side():  # real (host) values in a dry run too
+            sig = signature(q, k, v, cfg, fn, world_size, alibi, sinks)
+    agree(fn, sig, group, problem=problem, alone=(FUNCTION,), stats=active_stats(),
+          hint="every rank of the group must make the same call")

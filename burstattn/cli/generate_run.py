@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 
 from ..comm.stats import comm_stats
 from ..meter.memory import measure_peak
@@ -107,7 +108,8 @@ def _run_hf(cfg: GenerateConfig):
 
     import burstattn.hf as bhf
 
-    from ..infer.generate import GenerationResult, check_every_rank
+    from ..comm.agree import agree
+    from ..infer.generate import GenerationResult
 
     bhf.register(strategy=cfg.strategy, backend=cfg.backend, **dict(cfg.strategy_options))
     # built with its own attention, then switched: a family that cannot take "burst" (Falcon builds its
@@ -127,7 +129,8 @@ def _run_hf(cfg: GenerateConfig):
             problem = "the prompt is empty; give at least one token"
         elif cfg.max_new_tokens < 0:
             problem = f"max_new_tokens must be an int >= 0, got {cfg.max_new_tokens}"
-        check_every_rank("burstattn generate", problem, [int(prompt.shape[1]), cfg.max_new_tokens], None)
+        agree("burstattn generate", [("the prompt length", str(prompt.shape[1])),
+                                     ("max_new_tokens", str(cfg.max_new_tokens))], dist.group.WORLD, problem=problem)
         cache = bhf.ShardedCache()
         kw = bhf.cache_kwargs(model, cache)  # `cache` (transformers >= 5.24) or `past_key_values`
         if cfg.max_new_tokens == 0:

@@ -3,10 +3,11 @@
 Every rank hands :func:`agree` an ordered signature, ``((field name, value text), ...)``: what must be equal
 on every rank of ``group`` (shapes, options, a resolved configuration, a checksum of data), and the
 problem it found with its own arguments, if any. The ranks exchange ONE fixed-size digest each
-(:data:`DIGEST_INTS` int64: a problem flag and a 64-bit hash of the whole signature), so the common
-case costs one small all-gather. Only when some rank has a problem or the digests differ (every rank
-sees the same table, so every rank takes this path together) do they exchange the texts, with one
-``all_gather_object``, and then every rank raises the SAME exception type and message:
+(:data:`DIGEST_INTS` int64: ``-1`` for a problem, else the :func:`~burstattn.config.checksum` of the
+whole signature), so the common case costs one all-gather of 8 bytes per rank. Only when some rank
+has a problem or the digests differ (every rank sees the same table, so every rank takes this path
+together) do they exchange the texts, with one ``all_gather_object``, and then every rank raises the
+SAME exception type and message (its lead the callers' ``what``, joined by `` / `` where they differ):
 
 * a problem on some rank: the problem's own type (that of the lowest rank with one) and text, naming
   the rank(s) unless every rank found the same problem (then it reads as it would on one process);
@@ -16,24 +17,26 @@ sees the same table, so every rank takes this path together) do they exchange th
 
 The pure parts (:func:`digest`, :func:`differences`, :func:`problem_error`, :func:`mismatch_error`) need
 no process group. A single process (``torch.distributed`` not initialised, a group of one) and the dry
-run's fake group (one process standing for every rank) raise their own problem directly.
+run's fake group (one process standing for every rank; its digest's bytes are metered) raise their own
+problem directly. A failed exchange (a rank died) raises :class:`~burstattn.comm.errors.CollectiveError`.
 
-Texts are compared exactly (the hash covers every character); messages show at most
-:data:`SHOWN_CHARS` characters of a value. Values are texts so that anything can be compared: a caller
-writes ``repr(value)`` (:func:`entries` does), a checksum, or what a path resolves to.
+Texts are compared by their CRC-32 (every difference within 32 consecutive bits is caught, others but
+for a chance of 2**-32); messages show at most :data:`SHOWN_CHARS` characters of a value. Values are
+texts so that anything can be compared: a caller writes ``repr(value)`` (:func:`entries` does), a
+:func:`checksum` of data, or what a path resolves to.
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Collection, Iterable, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
 
+from ..config import checksum
+from .errors import CollectiveError
 from .host import host_side
 from .stats import CommStats
-from .errors import CollectiveError
 
 Signature = Sequence[tuple[str, str]]
 """Ordered ``(field name, value text)`` pairs: what every rank must hold equal."""
@@ -41,7 +44,8 @@ Problem = Union[None, str, tuple[type, str], BaseException]
 """This rank's own problem: ``None``; a message (a ``ValueError``); ``(exception class, message)``; or an
 exception (its class and ``str``)."""
 
-DIGEST_INTS = 2  # [problem flag, hash of the signature]
+DIGEST_INTS = 1  # [-1 (a problem) or the signature's CRC-32]
+PROBLEM = -1
 SHOWN_CHARS = 80
 ABSENT = "(absent)"
 
@@ -69,12 +73,6 @@ def entries(values: Union[Mapping[str, object], Iterable[tuple[str, object]]]) -
     return tuple((str(name), repr(value)) for name, value in pairs)
 
 
-def _hash64(text: str) -> int:
-    """A signed 64-bit hash of ``text``, equal in every process (``hash()`` is salted per process)."""
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little",
-                          signed=True)
-
-
 def _normalise(problem: Problem) -> Optional[_Raised]:
     if problem is None or isinstance(problem, _Raised):
         return problem
@@ -87,12 +85,12 @@ def _normalise(problem: Problem) -> Optional[_Raised]:
 
 
 def digest(signature: Signature, problem: Problem = None) -> list[int]:
-    """The fixed-size digest a rank sends: ``[1, 0]`` with a problem, else ``[0, hash of the signature]``
+    """The fixed-size digest a rank sends: ``[PROBLEM]`` with a problem, else ``[CRC-32 of the signature]``
     (names and texts, in order: a renamed, reordered or missing field changes it too)."""
     if _normalise(problem) is not None:
-        return [1, 0]
+        return [PROBLEM]
     text = "\0".join(f"{name}\x01{value}" for name, value in signature)
-    return [0, _hash64(f"{len(signature)}\x02{text}")]
+    return [checksum(f"{len(signature)}\x02{text}")]
 
 
 def differences(signatures: Sequence[Signature], alone: Collection[str] = ()) -> list[tuple[str, tuple[str, ...]]]:
@@ -113,7 +111,7 @@ def differences(signatures: Sequence[Signature], alone: Collection[str] = ()) ->
 def _shown(text: str) -> str:
     if len(text) <= SHOWN_CHARS:
         return text
-    return f"{text[:SHOWN_CHARS - 20]}... (#{_hash64(text) & 0xFFFFFFFF:08x})"
+    return f"{text[:SHOWN_CHARS - 20]}... (#{checksum(text):08x})"
 
 
 def _lead(what: str) -> str:
@@ -153,6 +151,11 @@ def _world(group) -> int:
     return dist.get_world_size(group)
 
 
+def _lead_of(whats: Sequence[str]) -> str:
+    """One lead for every rank: the callers' ``what`` (in rank order, each once) joined by `` / ``."""
+    return " / ".join(dict.fromkeys(whats))
+
+
 def agree(what: str, signature: Signature, group: Optional[dist.ProcessGroup], *, problem: Problem = None,
           alone: Collection[str] = (), hint: str = "", stats: Optional[CommStats] = None,
           phase: str = "forward", op: str = "meta") -> None:
@@ -166,13 +169,17 @@ def agree(what: str, signature: Signature, group: Optional[dist.ProcessGroup], *
             ``torch.distributed`` is not initialised).
         problem: this rank's own problem (:data:`Problem`); it raises on every rank.
         alone: fields reported by themselves when they differ; ``hint``: appended to a mismatch message.
-        stats, phase, op: the byte meter and its labels for the digest's all-gather.
+        stats, phase, op: the byte meter and its labels for the digest's all-gather
+            (``(P - 1) * 8 * DIGEST_INTS`` bytes sent and received per rank).
     Raises:
         the problem's type (naming the rank), :class:`Disagreement`, or
         :class:`~burstattn.comm.errors.CollectiveError` when the exchange itself fails (a rank died).
     """
     mine = _normalise(problem)
     world = _world(group)
+    if world > 1 and stats is not None:
+        nbytes = (world - 1) * DIGEST_INTS * 8
+        stats.record(phase, op, nbytes, nbytes)
     if world == 1 or dist.get_backend(group) == "fake":  # one process, or one standing for every rank
         if mine is not None:
             raise problem_error(what, [mine])
@@ -186,15 +193,16 @@ def agree(what: str, signature: Signature, group: Optional[dist.ProcessGroup], *
         except RuntimeError as e:
             raise CollectiveError(f"{_lead(what)}exchanging the cross-rank check failed (a rank died or did not "
                                   f"reach it within the process group's timeout): {e}") from e
-        rows = table.view(world, DIGEST_INTS).tolist()
-    if stats is not None:
-        nbytes = (world - 1) * local.numel() * local.element_size()
-        stats.record(phase, op, nbytes, nbytes)
-    if all(row == rows[0] for row in rows) and rows[0][0] == 0:
+        rows = table.tolist()
+    if all(row == rows[0] for row in rows) and rows[0] != PROBLEM:
         return
     # error path: every rank holds this same table, so every rank enters this exchange
     every: list = [None] * world
-    dist.all_gather_object(every, mine if mine is not None else tuple(signature), group=group)
-    if any(row[0] for row in rows):
-        raise problem_error(what, [p if isinstance(p, _Raised) else None for p in every])
-    raise mismatch_error(what, differences(every, alone), hint)
+    try:
+        dist.all_gather_object(every, (what, mine if mine is not None else tuple(signature)), group=group)
+    except RuntimeError as e:
+        raise CollectiveError(f"{_lead(what)}exchanging the cross-rank check's details failed: {e}") from e
+    lead = _lead_of([w for w, _ in every])
+    if PROBLEM in rows:
+        raise problem_error(lead, [p if isinstance(p, _Raised) else None for _, p in every])
+    raise mismatch_error(lead, differences([sig for _, sig in every], alone), hint)

@@ -10,8 +10,8 @@ inputs). Per rank, one call:
   hop home).
 * backward ``"burst"`` (query ring): Q, dO, lse, D ``(P-1) * B*n*Hq*(2*d*e + 2*a)`` (op ``q``)
   plus the dQ accumulator ``P * B*n*Hq*d * a`` (op ``dq``).
-* input validation: one all-gather of ``META_INTS`` (20) int64 per rank (op ``meta``, forward),
-  counted as ``(P-1) * 160`` bytes sent.
+* input validation: the cross-rank check's one all-gather of ``META_INTS`` int64 per rank (op ``meta``,
+  forward; :data:`burstattn.comm.agree.DIGEST_INTS`), counted as ``(P-1) * 8 * META_INTS`` bytes sent.
 
 The other strategies' formulas are ``bytes_formula`` in their modules under
 :mod:`burstattn.strategies` (``STRATEGIES[name].bytes_formula()``), built with
@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import torch
 
+from ..comm.agree import DIGEST_INTS
 from ..config import accum_dtype
 
-META_INTS = 20
+META_INTS = DIGEST_INTS  # the cross-rank check's digest: int64 per rank
 
 
 def element_size(dtype: torch.dtype) -> int:

@@ -8,7 +8,7 @@
 * its mask function (``AttentionMaskInterface``). Without one, transformers builds no mask for a
   custom implementation and silently drops a padding ``attention_mask``. Ours returns a
   :class:`BurstMask` (or ``None``). A 2-D padding ``attention_mask`` handed straight to the model's
-  forward is REFUSED on every rank (one all-reduce of a flag per forward): pass it to
+  forward is REFUSED on every rank (one cross-rank check per forward, :func:`burstattn.comm.agree.agree`): pass it to
   :func:`burstattn.hf.shard_batch`, which turns padding into a document mask. Under generation over a
   :class:`burstattn.hf.ShardedCache` padding is honoured as a key mask.
 
@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from ..call.prepare import label, refuse
+from ..comm.agree import agree
 from ..comm.groups import group_context
 from ..infer.sharded import replicated_attention
 from ..layouts.named import layout_or_default, local_positions, split_error
@@ -100,10 +101,6 @@ class ShardedOffset(int):
         return obj
 
 
-def _group_size(group: Optional[dist.ProcessGroup]) -> int:
-    return group_context(group).world_size
-
-
 def _forward_shard(forward_args: Optional[dict]):
     """The ``burst_shard`` the running model's forward was given (``None``: none, or no such forward)."""
     if forward_args is None:
@@ -129,20 +126,11 @@ def make_mask_function(opts: Registration):
         if cache is not None:  # generation: padding is a key mask over the cache
             return BurstMask(cache=cache, keys=attention_mask.bool() if padded else None)
         group = _group_of(opts, _forward_shard(forward_args))  # the ranks that run this forward together
-        if _group_size(group) > 1:
-            flag = torch.tensor([int(padded)], dtype=torch.int64)
-            if dist.get_backend(group) == "nccl":
-                flag = flag.cuda()
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-            any_padded = bool(flag.item())
-        else:
-            any_padded = padded
-        if any_padded:
-            where = "this rank's" if padded else "another rank's"
-            raise ValueError(f"attn_implementation='burst': {where} attention_mask masks tokens (padding) in a "
-                             "forward without burstattn.hf.shard_batch; padding masks are not supported there: pass "
-                             "the FULL batch with its attention_mask to burstattn.hf.shard_batch(..., "
-                             "attention_mask=mask), which turns padding into a document mask")
+        problem = None if not padded else (
+            "the attention_mask masks tokens (padding) in a forward without burstattn.hf.shard_batch; padding "
+            "masks are not supported there: pass the FULL batch with its attention_mask to "
+            "burstattn.hf.shard_batch(..., attention_mask=mask), which turns padding into a document mask")
+        agree("attn_implementation='burst'", (), group_context(group).group, problem=problem)
         return BurstMask()
 
     return burst_mask

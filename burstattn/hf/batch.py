@@ -14,15 +14,14 @@ no loss. Such batches are laid out as one sequence and sharded with a document-b
 """
 from __future__ import annotations
 
-import zlib
 from typing import Mapping, Optional
 
 import torch
 import torch.distributed as dist
 
+from ..comm.agree import agree
 from ..comm.groups import group_context
-from ..config import IGNORE_INDEX
-from ..infer.generate import check_every_rank
+from ..config import IGNORE_INDEX, checksum
 from ..layouts.named import gather_sequence, layout_or_default, local_positions
 from ..layouts.partition import document_partition
 from ..masks import AttnMask
@@ -179,15 +178,17 @@ def _resolve_layout(name: str, layout, given_group):
         given_group if given_group is not None else opts.group
 
 
-def _fingerprint(*tensors) -> list[int]:
-    fp = []
-    for t in tensors:
+def batch_signature(**tensors) -> tuple[tuple[str, str], ...]:
+    """What every rank must hold alike: each named tensor's shape and the checksum of its values (as
+    int64), ``"None"`` for one not given."""
+    out = []
+    for name, t in tensors.items():
         if t is None:
-            fp += [-1, -1]
+            out.append((name, "None"))
             continue
-        data = torch.as_tensor(t).detach().to("cpu", torch.int64).contiguous().numpy().tobytes()
-        fp += [int(torch.as_tensor(t).numel()), zlib.crc32(data)]
-    return fp
+        t = torch.as_tensor(t).detach()
+        out.append((name, f"{list(t.shape)}, crc32 {checksum(t.to(torch.int64)):08x}"))
+    return tuple(out)
 
 
 def checked_plan(fn: str, input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None, *,
@@ -210,9 +211,10 @@ def checked_plan(fn: str, input_ids: torch.Tensor, labels: Optional[torch.Tensor
     if problem is None:
         plan, problem = plan_batch(input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                    cu_seq_lens_q=cu_seq_lens_q, cu_seq_lens_k=cu_seq_lens_k)
-    fp = [] if problem else _fingerprint(input_ids, labels, attention_mask, position_ids, cu_seq_lens_q)
-    check_every_rank(fn, problem, fp, group, what="the full batch (input_ids, labels, attention_mask, "
-                     "position_ids, cu_seq_lens_q)", fields="(numel, checksum) per tensor")
+    sig = () if problem else batch_signature(input_ids=input_ids, labels=labels, attention_mask=attention_mask,
+                                             position_ids=position_ids, cu_seq_lens_q=cu_seq_lens_q)
+    agree(fn, sig, group_context(group).group, problem=problem,
+          hint="every rank must pass the same full batch (shard_batch gives each rank its shard)")
     return plan
 
 

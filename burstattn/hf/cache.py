@@ -14,11 +14,11 @@ Beam search, cropping (assisted decoding) and batch re-indexing would need the s
 between ranks and raise ``NotImplementedError``.
 
 The ranks must feed the same tokens: a sharded cache that holds K/V of tokens another rank never
-chose is silently wrong. So every forward checks it with one small all-gather (op ``"agree"``, 24
-bytes per batch row and rank): a checksum of the first layer's new keys, which depend only on the
-token ids and positions. Sampling (``do_sample=True``) with per-rank RNG states then raises on every
-rank instead of drifting apart; seed the ranks alike before ``generate`` (the logits are
-bit-identical on every rank, so equal RNG states sample equal tokens).
+chose is silently wrong. So every forward checks it with the cross-rank check
+(:func:`burstattn.comm.agree.agree`, op ``"agree"``, 8 bytes per rank): a checksum of the first layer's
+new keys, which depend only on the token ids and positions. Sampling (``do_sample=True``) with per-rank
+RNG states then raises ``ValueError`` on every rank instead of drifting apart; seed the ranks alike
+before ``generate`` (the logits are bit-identical on every rank, so equal RNG states sample equal tokens).
 
 transformers 5.24 renamed the model's ``past_key_values`` argument to ``cache`` (the old name is
 deprecated until 5.40); :func:`cache_kwargs` gives whichever the installed model takes.
@@ -32,8 +32,10 @@ import torch
 import torch.distributed as dist
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from ..comm.agree import agree
 from ..comm.groups import group_context
 from ..comm.stats import active_stats
+from ..config import checksum
 from ..infer.cache import append_rows
 from ..infer.placement import placement_counts
 from .attention import ShardedOffset
@@ -146,27 +148,19 @@ class ShardedCache(Cache):
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     def _check_same_tokens(self, key_states: torch.Tensor) -> None:
-        """Raise ``RuntimeError`` on every rank unless every rank feeds the same tokens: the first
-        layer's new keys ``[B, Hkv, S, D]`` (a function of the token ids and positions only) agree."""
+        """Raise the same ``ValueError`` (:class:`~burstattn.comm.agree.Disagreement`) on every rank unless every
+        rank feeds the same tokens: the first layer's new keys ``[B, Hkv, S, D]`` (a function of the token ids
+        and positions only; bit-identical on every rank for the same tokens) agree. Compared by the checksum
+        of two sums per batch row reduced where the keys live (``[B, 2]`` float64: plain and cosine-weighted)."""
         k = key_states.detach().double()
         weights = torch.cos(torch.arange(k[0].numel(), dtype=torch.float64, device=k.device)).view_as(k[0])
-        sums = torch.stack([k.sum(dim=(1, 2, 3)), (k * weights).sum(dim=(1, 2, 3)), k.abs().sum(dim=(1, 2, 3))],
-                           dim=1)  # [B, 3]
-        every = [torch.empty_like(sums) for _ in range(self.world_size)]
-        dist.all_gather(every, sums.contiguous(), group=self.group)
-        stats = active_stats()
-        if stats is not None:
-            nbytes = (self.world_size - 1) * sums.numel() * sums.element_size()
-            stats.record("forward", "agree", nbytes, nbytes)
-        table = torch.stack(every)  # [P, B, 3]
-        tol = 1e-6 * table[:, :, 2:].amax(dim=0) + 1e-12
-        differ = ((table[:, :, :2] - table[:1, :, :2]).abs() > tol).any(dim=(1, 2))
-        if bool(differ.any()):
-            ranks = [r for r in range(self.world_size) if bool(differ[r])]
-            raise RuntimeError(f"ShardedCache: rank(s) {ranks} fed other tokens than rank 0 at cached length "
-                               f"{self.get_seq_length()} (sampling with per-rank RNG states, or different prompts?); "
-                               "every rank must generate the same tokens: seed every rank alike before generate "
-                               "(e.g. torch.manual_seed(s) on every rank) or sample greedily")
+        sums = torch.stack([k.sum(dim=(1, 2, 3)), (k * weights).sum(dim=(1, 2, 3))], dim=1)  # [B, 2]
+        signature = (("the cached length", str(self.get_seq_length())),
+                     ("the tokens fed (checksum of the first layer's new keys)", f"crc32 {checksum(sums):08x}"))
+        agree("ShardedCache", signature, self.group, stats=active_stats(), op="agree",
+              hint="every rank must generate the same tokens (sampling with per-rank RNG states, or different "
+                   "prompts?): seed every rank alike before generate (e.g. torch.manual_seed(s) on every rank) "
+                   "or sample greedily")
 
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
         """``(kv_length, kv_offset)`` for transformers' mask creation; the offset (0) also carries

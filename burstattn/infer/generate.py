@@ -11,14 +11,15 @@ that would not fit ``kv_budget_bytes``.
 from __future__ import annotations
 
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
+from ..comm.agree import agree
 from ..comm.groups import group_context
+from ..config import checksum
 from ..layouts.named import layout_or_default
 from ..strategies import STRATEGIES
 from .cache import ShardedKVCache, kv_bytes
@@ -55,32 +56,12 @@ def _problem(prompt, max_new_tokens) -> Optional[str]:
     return None
 
 
-def check_every_rank(fn: str, problem: Optional[str], fingerprint: list[int], group,
-                     what: str = "the prompt and max_new_tokens",
-                     fields: str = "(length, checksum, max_new_tokens)") -> None:
-    """Raise ``ValueError`` on every rank if any rank has a ``problem`` or the ranks' ``fingerprint``
-    (ints that must agree: e.g. prompt length and checksum; ``what`` names them in the message,
-    ``fields`` describes the ints) differ. One all-gather of objects."""
-    group, rank, world = group_context(group)
-    if world == 1:
-        if problem:
-            raise ValueError(f"{fn}: {problem}")
-        return
-    every = [None] * world
-    dist.all_gather_object(every, (problem, fingerprint), group=group)
-    bad = [(r, p) for r, (p, _) in enumerate(every) if p]
-    if bad:
-        mine = f"{problem}" if problem else "invalid arguments on another rank"
-        detail = "; ".join(f"rank {r}: {p}" for r, p in bad)
-        raise ValueError(f"{fn}: {mine} (all ranks abort: {detail})")
-    if any(fp != every[0][1] for _, fp in every):
-        raise ValueError(f"{fn}: {what} must be the same on every rank; got {fields} "
-                         f"{[fp for _, fp in every]} in rank order")
-
-
-def _fingerprint(prompt: torch.Tensor, max_new_tokens: int) -> list[int]:
-    data = prompt.detach().to(torch.int64).cpu().contiguous().numpy().tobytes()
-    return [int(prompt.shape[0]), int(prompt.shape[1]), zlib.crc32(data), int(max_new_tokens)]
+def prompt_signature(prompt: torch.Tensor, max_new_tokens: int) -> tuple[tuple[str, str], ...]:
+    """What every rank must hold alike before generating: the prompt (its shape and a checksum of its
+    token ids) and ``max_new_tokens``; compared by :func:`burstattn.comm.agree.agree`."""
+    ids = checksum(prompt.detach().to(torch.int64))
+    return (("the prompt (shape, token ids)", f"{list(prompt.shape)}, crc32 {ids:08x}"),
+            ("max_new_tokens", str(max_new_tokens)))
 
 
 def generate(model, prompt: torch.Tensor, max_new_tokens: int, *, strategy: str = "burst",
@@ -107,8 +88,7 @@ def generate(model, prompt: torch.Tensor, max_new_tokens: int, *, strategy: str 
     if problem is None and kv_budget_bytes is not None:
         problem = _budget_problem(model, prompt, max_new_tokens, world, layout_or_default(layout),
                                   kv_budget_bytes)
-    fp = _fingerprint(prompt, max_new_tokens) if problem is None else []
-    check_every_rank(fn, problem, fp, group)
+    agree(fn, prompt_signature(prompt, max_new_tokens) if problem is None else (), group, problem=problem)
     cache = ShardedKVCache(rank, world, len(model.layers))
     if max_new_tokens == 0:
         return GenerationResult(prompt.new_zeros(prompt.shape[0], 0), 0.0, 0.0, cache)
@@ -142,7 +122,8 @@ def continue_generation(model, result: GenerationResult, prompt: torch.Tensor, m
         problem = f"max_new_tokens must be >= 1 after a continuation prompt, got {max_new_tokens}"
     if problem is None and result.tokens.shape[1] == 0:
         problem = "the result has no generated token to continue from"
-    check_every_rank(fn, problem, _fingerprint(prompt, max_new_tokens) if problem is None else [], group)
+    group = group_context(group).group
+    agree(fn, prompt_signature(prompt, max_new_tokens) if problem is None else (), group, problem=problem)
     cache = result.cache
     turn = torch.cat([result.tokens[:, -1:], prompt], dim=1)  # the last generated token was never fed
     t0 = time.perf_counter()

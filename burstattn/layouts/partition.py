@@ -14,14 +14,13 @@ few documents. Everything here is a pure function of its arguments (no process g
 from __future__ import annotations
 
 import struct
-import zlib
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
 import torch
 
-from ..config import Window, normalize_window
-from .cut import _cut
+from ..config import Window, checksum, normalize_window
+from .cut import _cut  # noqa: F401  (partition._cut: the solver's name for it)
 from .named import local_positions
 CuSeqlens = Union[torch.Tensor, Sequence[int]]
 
@@ -46,7 +45,7 @@ class Partition:
     def __post_init__(self) -> None:
         parts = _checked_positions(self.positions)
         object.__setattr__(self, "positions", parts)
-        object.__setattr__(self, "_fingerprint", _crc32(parts))
+        object.__setattr__(self, "_fingerprint", _fingerprint_of(parts))
 
     @property
     def world_size(self) -> int:
@@ -111,10 +110,9 @@ def _checked_positions(positions: Sequence[torch.Tensor]) -> tuple[torch.Tensor,
     return tuple(parts)
 
 
-def _crc32(parts: tuple[torch.Tensor, ...]) -> int:
-    # one CRC over the ranks' bytes in order: the same value as chaining it rank by rank
-    crc = zlib.crc32(struct.pack("<qq", len(parts), parts[0].numel()))
-    return zlib.crc32(torch.cat(parts).numpy().astype("<i8", copy=False).tobytes(), crc)
+def _fingerprint_of(parts: tuple[torch.Tensor, ...]) -> int:
+    # one CRC over (P, n) and the ranks' positions in order (int64; the bytes as on a little-endian host)
+    return checksum(torch.cat(parts).to(torch.int64), checksum(struct.pack("<qq", len(parts), parts[0].numel())))
 
 
 def _check_cu_seqlens(cu_seqlens: CuSeqlens, seq_len: Optional[int] = None) -> torch.Tensor:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
+from ..comm.agree import agree
 from ..comm.host import LruCache
 from .plan import MaskPlan, mask_plan
 from .spec import AttnMask, make_mask
@@ -104,25 +105,12 @@ class GuardedMaskMod:
 
 
 def raise_mask_failures(guard: Optional[GuardedMaskMod], ring) -> None:
-    """After a masked pass with a ``mask_mod``: one all-reduce of a failure flag over ``ring``'s
-    group; if the predicate failed on any rank, raise ``ValueError`` on every rank naming the ranks
-    and the problem. Nothing is exchanged without a ``mask_mod``."""
+    """After a masked pass with a ``mask_mod``: if the predicate failed on any rank of ``ring``'s group,
+    raise the same ``ValueError`` on every rank naming the problem and the ranks
+    (:func:`burstattn.comm.agree.agree`: one 8-byte all-gather). Nothing is exchanged without a ``mask_mod``."""
     if guard is None:
         return
-    if ring.world_size == 1:
-        if guard.failure:
-            raise ValueError(f"during the attention pass: {guard.failure}")
-        return
-    import torch.distributed as dist
-
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(ring.group) == "nccl" else "cpu"
-    flag = torch.tensor([int(guard.failure is not None)], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=ring.group)
-    if int(flag.item()):
-        texts = [None] * ring.world_size
-        dist.all_gather_object(texts, guard.failure, group=ring.group)
-        detail = "; ".join(f"rank {r}: {t}" for r, t in enumerate(texts) if t)
-        raise ValueError(f"during the attention pass the mask_mod failed, all ranks abort the call ({detail})")
+    agree("during the attention pass", (), ring.group, problem=guard.failure)
 
 
 def _definition(window, bounds: Optional[torch.Tensor], block_size: int, kv_bounds: Optional[torch.Tensor]):

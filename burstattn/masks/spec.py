@@ -30,13 +30,12 @@ them across calls).
 """
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
 
 import torch
 
-from ..config import normalize_window
+from ..config import checksum, normalize_window
 
 IntSeq = Union[Sequence[int], torch.Tensor]
 
@@ -191,7 +190,7 @@ class AttnMask:
         elif self.mask_mod is not None:
             fn = self.mask_mod
             parts.append(f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__name__)}")
-        return zlib.crc32("|".join(parts).encode()) & 0x7FFFFFFF
+        return checksum("|".join(parts)) & 0x7FFFFFFF
 
     def probe(self, seq_len: int) -> str:
         """CRC-32 of ``mask_mod`` on the probe rows x every key (see :meth:`fingerprint`); cached."""
@@ -201,7 +200,7 @@ class AttnMask:
             keys, crc = torch.arange(seq_len), 0
             try:
                 for chunk in rows.unique().split(8):  # 8 rows at a time: memory 8 x seq_len bools
-                    crc = zlib.crc32(self.call_mod(chunk, keys).contiguous().numpy().tobytes(), crc)
+                    crc = checksum(self.call_mod(chunk, keys), crc)
                 self.cache[key] = f"{crc:08x}"
             except ValueError as e:  # no other rank can match this (the call's own check reports it)
                 return f"raised {e} {id(self)}"

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from ..comm.groups import group_context
 from ..comm.host import host_side
 from ..layouts.named import layout_or_default
-from .comm import all_gather, check_agree, crc
-from .passing import _common_problem, _cu_key, _layout_key
+from .comm import all_gather
+from .passing import _common_problem, _cu_key, _layout_key, check_every_rank
 from .segments import halo_plan
 
 ACTIVATIONS = (None, "silu", "swish")
@@ -51,12 +51,12 @@ def sp_causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
         problem = f"bias must be [{x.shape[-1]}], got {tuple(bias.shape)}"
     if problem is None and activation not in ACTIVATIONS:
         problem = f"activation must be one of {ACTIVATIONS}, got {activation!r}"
-    fields = dict(kind=crc("conv"), batch=x.shape[0], local_seq=x.shape[1] if x.dim() > 1 else 0,
-                  channels=x.shape[-1], width=w.shape[-1], dtype=crc(str(x.dtype)),
-                  layout=_layout_key(layout) if problem is None else 0,
-                  cu_seqlens=_cu_key(cu_seqlens) if problem is None else 0)
+    fields = dict(kind="conv", batch=x.shape[0], local_seq=x.shape[1] if x.dim() > 1 else 0,
+                  channels=x.shape[-1], width=w.shape[-1], dtype=str(x.dtype),
+                  layout=_layout_key(layout) if problem is None else None,
+                  cu_seqlens=_cu_key(cu_seqlens) if problem is None else None)
     if check:
-        check_agree("sp_causal_conv1d", fields, problem, ctx.group, ctx.world_size)
+        check_every_rank("sp_causal_conv1d", fields, problem, ctx.group)
     elif problem:
         raise ValueError(f"sp_causal_conv1d: {problem}")
     B, n, C = x.shape

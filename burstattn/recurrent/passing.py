@@ -30,23 +30,32 @@ from typing import Callable, Optional
 
 import torch
 
+from ..comm.agree import agree, entries
 from ..comm.groups import group_context
 from ..comm.host import host_side
-from ..config import accum_dtype
+from ..comm.stats import active_stats
+from ..config import accum_dtype, checksum
 from ..layouts.named import check_layout, layout_or_default
 from ..layouts.partition import _check_cu_seqlens
 from .chunked import chunk_delta_rule, chunk_linear_attention
-from .comm import check_agree, crc, sum_grad
+from .comm import sum_grad
 from .schemes import SCHEMES, Packer, fold_allgather, fold_scan, resolve_scheme, route
 from .segments import segment_plan
 
 
-def _layout_key(layout) -> int:
-    return crc(layout) if isinstance(layout, str) else int(layout.fingerprint)
+def _layout_key(layout) -> str:
+    return layout if isinstance(layout, str) else f"partition {layout.fingerprint:08x}"
 
 
-def _cu_key(cu_seqlens) -> int:
-    return 0 if cu_seqlens is None else crc(str(_check_cu_seqlens(cu_seqlens).tolist()))
+def _cu_key(cu_seqlens) -> str:
+    return "None" if cu_seqlens is None else f"crc32 {checksum(_check_cu_seqlens(cu_seqlens)):08x}"
+
+
+def check_every_rank(fn: str, fields: dict, problem: Optional[str], group) -> None:
+    """Raise the same ``ValueError`` on every rank of ``group`` if any rank found a ``problem`` or the ranks'
+    ``fields`` (name -> value: shapes, options, layout and packing keys) differ
+    (:func:`burstattn.comm.agree.agree`, op ``meta`` in the byte meter)."""
+    agree(fn, entries(fields), group, problem=problem, stats=active_stats())
 
 
 def _common_problem(x: torch.Tensor, chunk_size, layout, cu_seqlens, world: int) -> Optional[str]:
@@ -90,7 +99,7 @@ def state_passing(fn: str, tensors: dict, local: Callable, *, dv: int, a_shape: 
     ctx = group_context(group)
     layout = layout_or_default(layout)
     if check:
-        check_agree(fn, fields, problem, ctx.group, ctx.world_size)
+        check_every_rank(fn, fields, problem, ctx.group)
     elif problem:
         raise ValueError(f"{fn}: {problem}")
     first = next(iter(tensors.values()))
@@ -141,12 +150,12 @@ def state_passing(fn: str, tensors: dict, local: Callable, *, dv: int, a_shape: 
 def _fields(kind: str, q, v, chunk_size, scale, layout, cu_seqlens, problem, **extra) -> dict:
     """What must agree across ranks (shapes, options, layout and packing checksums)."""
     ok = problem is None
-    return dict(kind=crc(kind), batch=q.shape[0], local_seq=q.shape[1] if q.dim() > 1 else 0,
+    return dict(kind=kind, batch=q.shape[0], local_seq=q.shape[1] if q.dim() > 1 else 0,
                 q_heads=q.shape[-2] if q.dim() > 2 else 0, v_heads=v.shape[-2] if v.dim() > 2 else 0,
                 head_dim=q.shape[-1], v_head_dim=v.shape[-1],
-                chunk_size=chunk_size if isinstance(chunk_size, int) else -1, dtype=crc(str(q.dtype)),
-                scale=crc(repr(scale)), layout=_layout_key(layout_or_default(layout)) if ok else 0,
-                cu_seqlens=_cu_key(cu_seqlens) if ok else 0, **extra)
+                chunk_size=chunk_size if isinstance(chunk_size, int) else -1, dtype=str(q.dtype),
+                scale=scale, layout=_layout_key(layout_or_default(layout)) if ok else None,
+                cu_seqlens=_cu_key(cu_seqlens) if ok else None, **extra)
 
 
 def _grouped(q, k, v, **rest) -> dict:
@@ -235,7 +244,7 @@ def _passing_fields(scheme, final: bool, initial_state, *inputs) -> dict:
                                             for t in (*inputs, initial_state))
     init = 0 if initial_state is None else 1 + int(isinstance(initial_state, torch.Tensor) and
                                                     initial_state.requires_grad and torch.is_grad_enabled())
-    return dict(scheme=crc(str(scheme)), output_final_state=int(bool(final)), initial_state=init, grad=int(grad))
+    return dict(scheme=scheme, output_final_state=int(bool(final)), initial_state=init, grad=int(grad))
 
 
 def _delta_problem(q, k, v, g, beta) -> Optional[str]:

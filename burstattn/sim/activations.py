@@ -117,7 +117,7 @@ def layer_forward(m: LlamaConfig, s: ActivationShape) -> float:
     LSE and buffers are the attention call's term. The residual side (input, attention output, its
     projection and the new residual: ``4 x rows x dim``) is smaller for LLaMA's shapes. Counted against
     the dry run's allocations (llama3-8b, one GPU, 65,536 tokens, remat, offload ``all``: 28.7 KB per token
-    here, 28.7 measured before the call's output and LSE, docs/simulation.md)."""
+    here, 28.7 measured before the call's output and LSE, bench/results/simulation.md)."""
     h, hd, hq, hkv, _, _ = _dims(m, s.tp)
     e, r, a = s.e, s.rows, s.attn_rows
     return r * h * e + a * (h + (hq + 2 * hkv) * hd) * e

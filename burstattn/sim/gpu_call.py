@@ -9,7 +9,7 @@ collectives' buffers of the strategies that gather), in units of one local query
 call). The units were read off the dry run's attention call (``burstattn train --dry-run``'s tracker around
 one ``burstattn.attention`` forward and backward on fake bf16 tensors: worlds 2, 4 and 8, heads 4/4, 4/1, 8/8,
 8/4, 8/2, 32/8, head_dim 32, 64, 128, 2,048 to 32,768 tokens per rank, so 1 to 8 head groups), fitted within
-10% of those peaks (the kernel term taken as it is), docs/simulation.md. On a CPU, and for float32, the units
+10% of those peaks (the kernel term taken as it is), bench/results/simulation.md. On a CPU, and for float32, the units
 of :data:`burstattn.sim.memory.CALL_UNITS` (measured on this machine) apply.
 """
 from __future__ import annotations

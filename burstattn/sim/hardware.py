@@ -71,7 +71,7 @@ class ClusterHW:
     chunk_overhead_s: Optional[float] = None
     """Fixed cost of one blockwise chunk (MLP or loss), forward and backward, beyond its FLOPs and
     weight reads: its kernel launches and dispatch (``None``: :data:`CHUNK_KERNELS` x
-    ``kernel_overhead_s``); measured by ``sim calibrate`` (docs/simulation.md)."""
+    ``kernel_overhead_s``); measured by ``sim calibrate`` (bench/results/simulation.md)."""
     host_adam_bw: float = 25e9
     """Host-memory bytes/s one device's share of the CPUs sustains in AdamW (``--offload-optimizer``:
     28 bytes per parameter, :mod:`burstattn.sim.offload`)."""

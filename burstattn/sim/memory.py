@@ -26,7 +26,7 @@ from .plans import head_groups
 HEADROOM = 0.10
 """Of the device memory every answer leaves free (``fits``, ``plan``, ``plan --max-seq-len`` and its ``--verify``):
 the CUDA caching allocator's rounding and fragmentation (blocks rounded and split; measured 0.5% over the
-allocated bytes for llama3-8b on an H200 and 13-29% for small models, docs/simulation.md) and the communication
+allocated bytes for llama3-8b on an H200 and 13-29% for small models, bench/results/simulation.md) and the communication
 library's own buffers (NCCL's channels, the ring's staging), which neither the dry run nor the model counts.
 A stated assumption, the same for every answer."""
 HOST_RESERVE = 16 * 2**30
@@ -327,7 +327,7 @@ def eager_shared_units(strategy: str, *, q_heads: int, kv_heads: int) -> float:
     rotated q, k, v, ``(Hq + 2 Hkv) / Hq``, for allgather and ulysses; 0 for the others. Read off the
     same steps with and without these strategies (small-l3 at 2,048 tokens over 2 ranks, float32, and the
     dry run of llama3-8b at 128K over 8, bf16: allgather's ``none`` step holds what burst's holds,
-    ulysses' one query shard more at llama3-8b and 1.5 at small-l3's repeated kv heads, docs/simulation.md).
+    ulysses' one query shard more at llama3-8b and 1.5 at small-l3's repeated kv heads, bench/results/simulation.md).
     ``usp`` keeps, as ulysses, its head-sharded copies in their place (the dry run of ``small`` over 4 ranks:
     with 0 here the model held 2.1x the kept activations of the step)."""
     return (q_heads + 2 * kv_heads) / q_heads if strategy in ("allgather", "ulysses", "usp") else 0.0

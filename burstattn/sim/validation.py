@@ -8,7 +8,7 @@
   Meta's context-parallel inference beside the simulator's predictions for the same setups.
 
 ``python -m burstattn.sim.validation --calibration FILE`` prints the Markdown tables of
-docs/simulation.md.
+bench/results/simulation.md.
 """
 from __future__ import annotations
 
@@ -247,7 +247,7 @@ def target_rows(labels: tuple[str, ...] = ("burst",)) -> list[dict]:
 
 
 def targets_markdown(rows: list[dict]) -> str:
-    """The table of docs/simulation.md: longest trainable context, options, what binds."""
+    """The table of bench/results/simulation.md: longest trainable context, options, what binds."""
     out = ["| model | GPUs | cluster | offload | longest context | published | strategy, degrees | checkpointing, chunks "
            "(MLP/loss), offload | peak / host per GPU | binds one step further |", "|---|---|---|---|---:|---|---|---|---|---|"]
     for r in rows:
@@ -268,7 +268,7 @@ def _fmt(v: float, kind: str) -> str:
 
 
 def markdown(cal_path: str, data: str = "bench/results") -> str:
-    """The validation tables of docs/simulation.md."""
+    """The validation tables of bench/results/simulation.md."""
     cal = load(cal_path)
     out = ["### Against `burstattn bench grid` (P=2 on this machine; `bench/results/targets.json`)", "",
            "| contender | N | mask | measured fwd+bwd | predicted | error |", "|---|---|---|---|---|---|"]

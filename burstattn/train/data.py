@@ -15,6 +15,8 @@ from typing import Optional
 
 import torch
 
+from ..config import checksum
+
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 KEY_DIGITS = 4
 
@@ -163,12 +165,10 @@ def scan_tokens(path: str, fmt: str = "auto") -> tuple[int, int]:
 def content_id(path: str) -> str:
     """``"<size> bytes, crc32 <hex>"`` of the file at ``path``: what it holds, wherever it lies (read in
     16 MiB chunks: one pass over the file, as :class:`FileData` makes anyway)."""
-    import zlib
-
     crc, size = 0, 0
     with open(path, "rb") as f:
         while chunk := f.read(1 << 24):
-            crc, size = zlib.crc32(chunk, crc), size + len(chunk)
+            crc, size = checksum(chunk, crc), size + len(chunk)
     return f"{size} bytes, crc32 {crc:08x}"
 
 

@@ -11,7 +11,6 @@ share a rank are packed into micro-batches of at most ``budget`` tokens with a d
 """
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -20,7 +19,7 @@ import torch.distributed as dist
 
 from ..comm.agree import agree
 from ..comm.groups import degree_groups
-from ..config import IGNORE_INDEX
+from ..config import IGNORE_INDEX, checksum
 from ..layouts.named import local_positions, split_error
 from ..masks import AttnMask
 from ..models import AttnCall
@@ -65,11 +64,13 @@ def make_documents(cfg: TrainConfig):
 
 @dataclass
 class Dispatcher:
-    """What a dispatched step needs: the mode, the groups by degree (made once), the cost model, the
-    per-rank token budget, the documents source, the attention call's strategy, layout and options."""
+    """What a dispatched step needs: the mode, the group it dispatches over (the whole world: the batch
+    check, the gradient sum), the groups by degree (made once), the cost model, the per-rank token
+    budget, the documents source, the attention call's strategy, layout and options."""
 
     mode: str
     cp: int
+    group: dist.ProcessGroup
     groups: dict
     cost: DispatchCost
     budget: Optional[int]
@@ -80,16 +81,18 @@ class Dispatcher:
     head_chunks: int
 
 
-def build_dispatcher(cfg: TrainConfig, mcfg, cp: int, strategy: str, layout: str, options: Optional[dict]) -> Dispatcher:
-    """Every rank calls it once (the groups are collective)."""
+def build_dispatcher(cfg: TrainConfig, mcfg, cp: int, strategy: str, layout: str, options: Optional[dict],
+                     group: dist.ProcessGroup) -> Dispatcher:
+    """Every rank of ``group`` (the whole world: its degree groups split it) calls it once (the groups are
+    collective)."""
     if cfg.dispatch not in MODES:
         raise ValueError(f"--dispatch must be one of {MODES}, got {cfg.dispatch!r}")
-    world = dist.get_world_size()
+    world = dist.get_world_size(group)
     degrees = divisors(world) if cfg.dispatch == "dynamic" else [1, cp]
     cost = DispatchCost.for_model(mcfg.dim, mcfg.n_layers, mcfg.n_heads, mcfg.n_kv_heads, mcfg.head_dim, mcfg.ffn_dim,
                                   mcfg.vocab_size)
-    return Dispatcher(cfg.dispatch, cp, degree_groups(degrees), cost, cfg.dispatch_budget, make_documents(cfg),
-                      strategy, layout, dict(options or {}), cfg.head_chunks)
+    return Dispatcher(cfg.dispatch, cp, group, degree_groups(degrees), cost, cfg.dispatch_budget,
+                      make_documents(cfg), strategy, layout, dict(options or {}), cfg.head_chunks)
 
 
 def global_sequences(job, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -103,7 +106,7 @@ def global_sequences(job, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def check_same_batch(lengths: list[int], group: Optional[dist.ProcessGroup]) -> None:
     """Refuse, on every rank of ``group``, a global batch whose sequence lengths differ across ranks."""
-    crc = zlib.crc32(torch.tensor(lengths, dtype=torch.int64).numpy().tobytes())
+    crc = checksum(torch.tensor(lengths, dtype=torch.int64))
     agree("dispatch", [("the global batch (sequences and lengths)", f"{len(lengths)} sequences, crc32 {crc:08x}")],
           group, hint="the ranks hold different global batches (sequences and lengths must be equal on every rank)")
 
@@ -137,7 +140,7 @@ def _call(job, mb: list[Placement], seqs, labels):
         err = split_error(p.length + pad, p.degree, disp.layout)
         if err:
             raise ValueError(f"dispatch: {err}")
-        positions = local_positions(p.length + pad, dist.get_rank() - p.ranks.start, p.degree, disp.layout)
+        positions = local_positions(p.length + pad, dist.get_rank(disp.group) - p.ranks.start, p.degree, disp.layout)
         tokens, lab, ans = tok[positions], lab[positions], ans[positions]
         attn = AttnCall(disp.strategy, disp.groups[p.degree], disp.layout, dict(disp.options), disp.head_chunks)
     dev = job.device
@@ -151,13 +154,14 @@ def dispatch_forward_backward(job, step: int) -> tuple[torch.Tensor, dict]:
     disp, cfg, model = job.dispatcher, job.cfg, job.model
     seqs = global_sequences(job, step)
     lengths = [int(t.numel()) for t, _ in seqs]
-    check_same_batch(lengths, dist.group.WORLD)
-    plan = plan_dispatch(lengths, dist.get_world_size(), disp.cost, mode=disp.mode, cp=disp.cp, budget=disp.budget)
+    check_same_batch(lengths, disp.group)
+    plan = plan_dispatch(lengths, dist.get_world_size(disp.group), disp.cost, mode=disp.mode, cp=disp.cp,
+                         budget=disp.budget)
     labels = [_labels(t, a, cfg.targets) for t, a in seqs]
     total = sum(int((lab != IGNORE_INDEX).sum()) for lab in labels)
     stats = torch.zeros(4, dtype=torch.float64)
     cap = disp.budget or cfg.seq_len
-    for mb in micro_batches(plan.of_rank(dist.get_rank()), cap):
+    for mb in micro_batches(plan.of_rank(dist.get_rank(disp.group)), cap):
         tokens, positions, lab, ans, attn = _call(job, mb, seqs, labels)
         out = model(tokens, positions, attn=attn, labels=lab, total_targets=max(total, 1),
                     answer=ans & (lab != IGNORE_INDEX))
@@ -167,7 +171,7 @@ def dispatch_forward_backward(job, step: int) -> tuple[torch.Tensor, dict]:
     for p in model.parameters():  # a rank without work (or a parameter unused) still joins the sum
         if p.grad is None and p.requires_grad:
             p.grad = torch.zeros_like(p)
-    sum_grads(model, dist.group.WORLD)
+    sum_grads(model, disp.group)
     stats = stats.to(job.device)
-    dist.all_reduce(stats)
+    dist.all_reduce(stats, group=disp.group)
     return stats, dict(balance=plan.balance, degrees=plan.degrees, loads=plan.loads, sequences=len(lengths))

@@ -107,8 +107,7 @@ def check_host_memory(cfg: TrainConfig, dims: ParallelDims, variant: str, mcfg, 
     if problem is None and cfg.offload_optimizer:  # float32 shard, gradients, exp_avg, exp_avg_sq
         state = 16 * mcfg.num_params() / dims.tp / (dims.dp * dims.cp)
         problem = optimizer_offload_problem(state, need, float(share))
-    if problem:
-        raise ValueError(problem)
+    agree("", (), dist.group.WORLD, problem=problem or None)
 
 
 def available_host_bytes() -> float:
@@ -215,7 +214,8 @@ def build_job(cfg: TrainConfig, *, optimizer_device: Optional[str] = None) -> Jo
     b = cfg.batch // dims.dp
     docs = cfg.doc_lengths or cfg.eod_id is not None or cfg.doc_offsets
     data = None if docs else make_data(cfg.data, cfg.data_format, cfg.seed, cfg.batch, cfg.seq_len)
-    dispatcher = build_dispatcher(cfg, mcfg, dims.cp, attn_strategy, layout, options) if uses_dispatch(cfg) else None
+    dispatcher = (build_dispatcher(cfg, mcfg, dims.cp, attn_strategy, layout, options, dist.group.WORLD)
+                  if uses_dispatch(cfg) else None)
     return Job(cfg, dims, mesh, model, optimizer, scheduler, attn, positions.to(device), slice(d * b, (d + 1) * b),
                replica_mesh.get_group(), data, device, attn_strategy, variant, layout, dispatcher)
 

@@ -3,7 +3,7 @@
 Ranks started by hand or by a launcher with per-node commands can be given different flags; a
 different ``--seed`` or ``--lr`` then trains silently wrong, a different ``--vocab-size`` ends in a
 collective of mismatched sizes. :func:`~burstattn.train.job.build_job` therefore compares, through
-:func:`burstattn.comm.agree.agree` (one all-gather of 16 bytes per rank), every field of the
+:func:`burstattn.comm.agree.agree` (one all-gather of 8 bytes per rank), every field of the
 :class:`~burstattn.train.config.TrainConfig` as it resolves on this rank:
 
 * values resolved where a default stands for one: the degrees, the layout, usp's Ulysses degree, the

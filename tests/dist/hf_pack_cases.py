@@ -188,6 +188,6 @@ def sampling(rank: int, world: int, same_seed: bool) -> str:
         with torch.no_grad():
             out = model.generate(prompt, max_new_tokens=8, do_sample=True, top_k=0, temperature=5.0,
                                  **bhf.cache_kwargs(model, bhf.ShardedCache()))
-    except RuntimeError as e:
-        return f"RuntimeError: {e}"
+    except ValueError as e:
+        return f"{type(e).__name__}: {e}"
     return "tokens " + " ".join(map(str, out[0].tolist()))

@@ -49,7 +49,7 @@ REFUSED = {
     "ulysses_softcap": ("ValueError", "does not take option(s) ['softcap']"),
     "allgather_cross": ("ValueError", "run on strategy 'burst' or 'ring'"),
     "tp_v_head_dim": ("ValueError", "one head size for q, k and v"),
-    "ranks_differ": ("ValueError", "must be the same on every rank"),
+    "ranks_differ": ("Disagreement", "must be the same on every rank"),  # a ValueError naming the field
 }
 
 

@@ -40,3 +40,11 @@ def test_vanished_peer_in_a_collective_is_a_collective_error(where):
         err = info.value.errors[rank]
         assert "CollectiveError" in err.type_names and "RingCommError" not in err.type_names, \
             f"rank {rank} raised {err.type_names[0]}:\n{err.traceback}"
+def test_vanished_peer_before_the_call_is_reported_as_collective_error():
+    """A peer gone before the call: the survivors' cross-rank check (burstattn.comm.agree) fails to exchange
+    and raises burstattn's CollectiveError, naming the call, not a raw gloo error."""
+    with pytest.raises(LocalGroupError) as info:
+        run_local(cases.vanish, 2, "before", pg_timeout_s=5.0, timeout_s=120.0)
+    err = info.value.errors[0]
+    assert "CollectiveError" in err.type_names, f"rank 0 raised {err.type_names[0]}:\n{err.traceback}"
+    assert "burst_attn_func: exchanging the cross-rank check failed" in err.message, err.message

@@ -49,8 +49,8 @@ def test_predicted_time_matches_the_committed_measurement():
     The band follows from what the model assumes: it prices the plan's kernels, merges and transfers at
     the calibration's rates, each the fastest of its repeats, and nothing else, so it can only be
     optimistic (a prediction above the measurement means a priced cost is wrong); what it leaves out (the
-    engine's Python, its copies and packing, docs/simulation.md "Reading") is at most the 25% that
-    docs/simulation.md states for these strategies."""
+    engine's Python, its copies and packing, bench/results/simulation.md "Reading") is at most the 25% that
+    bench/results/simulation.md states for these strategies."""
     import json
     from pathlib import Path
 

@@ -8,15 +8,20 @@ from tests.dist import trap_cases
 
 
 def test_mask_mods_must_agree(pools):
-    for same_plan, other_plan in pools.get(2).run(trap_cases.mask_disagreement):
-        assert same_plan.startswith("ValueError") and "mask" in same_plan and "same on every rank" in same_plan
-        assert other_plan.startswith("ValueError") and "mask" in other_plan
+    results = pools.get(2).run(trap_cases.mask_disagreement)
+    assert len({tuple(r) for r in results}) == 1, results  # the same messages on every rank
+    for same_plan, other_plan in results:  # a Disagreement is a ValueError naming the differing field
+        assert same_plan.startswith("Disagreement") and "mask" in same_plan and "same on every rank" in same_plan
+        assert other_plan.startswith(("ValueError", "Disagreement")) and "mask" in other_plan
 
 
 def test_cached_mask_mod_raising_mid_ring_raises_everywhere(pools):
-    for rank, (first, second, third) in enumerate(pools.get(2).run(trap_cases.mask_raises_mid_ring)):
+    results = pools.get(2).run(trap_cases.mask_raises_mid_ring)
+    assert len({second for _, second, _ in results}) == 1, results  # the same message on every rank
+    for first, second, third in results:
         assert first == "no error" and third == "no error", (first, third)
-        assert second.startswith("ValueError") and "rank 1: mask_mod raised RuntimeError: flaky" in second, second
+        assert second.startswith("ValueError") and "mask_mod raised RuntimeError: flaky" in second, second
+        assert "(rank 1 of 2; every rank aborts)" in second, second
 
 
 def test_usp_degrees_build_groups_once(pools):
@@ -34,7 +39,8 @@ def test_rank_outside_group_is_told(pools):
 
 def test_different_strategies_named(pools):
     for text in pools.get(2).run(trap_cases.different_strategies):
-        assert "different functions or strategies" in text and "'burst'" in text and "'ring'" in text, text
+        assert "function (burst_attn_func or the attention strategy) must be the same" in text, text
+        assert "'burst'" in text and "'ring'" in text, text
 
 
 def test_module_topology_and_return_lse(pools):

@@ -48,7 +48,8 @@ def test_bad_options_name_the_flag():
 def test_head_chunks_cut_the_call_and_send_smaller_messages():
     u = dataclasses.replace(BASE, strategy="ulysses", seq_len=1 << 21)
     whole, chunked = simulate(u), simulate(dataclasses.replace(u, head_chunks=4))
-    # what stays whole: docs/simulation.md (on a GPU in bf16 the dry run's call: 7.77 against 10.05 query shards)
+    # what stays whole: bench/results/simulation.md (on a GPU in bf16 the dry run's call: 7.77 against
+    # 10.05 query shards)
     assert chunked.memory.attention < 0.8 * whole.memory.attention
     # ulysses with GQA: 2 kv heads per group over 8 ranks are repeated 4 times (kv_repeats): more bytes
     assert chunked.passes[0].bytes_sent > whole.passes[0].bytes_sent

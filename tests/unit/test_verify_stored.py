@@ -1,4 +1,4 @@
-"""The real-scale table of docs/simulation.md as a regression test: every stored dry run of llama3-8b
+"""The real-scale table of bench/results/simulation.md as a regression test: every stored dry run of llama3-8b
 (``bench/results/verify/NAME.json``, made by ``python -m bench.scripts.verify_table --run NAME`` from the command
 in ``NAME.cmd``; the one-GPU row at 522,240 tokens by ``burstattn train ... --dry-run --json`` of its command;
 all re-run on the GPU's path: one kernel call per step and head group, the SDPA kernel's buffers counted)
