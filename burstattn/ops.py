@@ -42,7 +42,7 @@ from typing import Callable, Optional
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .call.boundary import call_from, decode_spec, op_arguments, shapes_call
+from .call.boundary import STRATEGY_AT, call_from, decode_spec, op_arguments, shapes_call
 from .call.call import Call
 from .call.engine_adapter import DOUBLE_BACKWARD, refuse_double_backward, without_autocast
 from .call.prepare import prepare
@@ -141,7 +141,7 @@ def _setup_fwd(ctx, inputs, output) -> None:
     out, *saved = output
     ctx.mark_non_differentiable(*saved)
     ctx.set_materialize_grads(False)  # no zero gradients for the saved outputs (the LSE, or as large as q, k, v)
-    if not getattr(strategy_module(decode_spec(spec)["strategy"]), "BACKWARD_READS_INPUTS", True):
+    if not getattr(strategy_module(decode_spec(spec)[STRATEGY_AT]), "BACKWARD_READS_INPUTS", True):
         # its backward reads only the shapes and dtypes of q, k, v and out: keep no copy of them alive
         q, k, v, out = (_shape_only(x) for x in (q, k, v, out))
     optional = [t for t in (alibi, sinks) if t is not None]
