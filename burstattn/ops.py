@@ -220,9 +220,10 @@ def run_call(call: Call, q, k, v) -> list[torch.Tensor]:
     return call_op(call, q, k, v)
 
 
-def strategy_call(name: str, q, k, v, **kwargs) -> torch.Tensor:
-    """``out`` of one call of strategy ``name`` (:func:`prepare`'s keywords)."""
-    return run_call(prepare(name, q, k, v, **kwargs), q, k, v)[0]
+def strategy_call(name: str, q, k, v, keywords, **kwargs) -> torch.Tensor:
+    """``out`` of one call of strategy ``name`` with ``keywords`` (a :class:`~burstattn.call.options.Keywords`;
+    ``kwargs``: :func:`prepare`'s own, ``options``, ``problem``)."""
+    return run_call(prepare(name, q, k, v, keywords, **kwargs), q, k, v)[0]
 
 
 # ------------------------------------------------------------------------------ checkpointing

@@ -67,7 +67,7 @@ class Call:
     backend: str = "auto"
     backward: str = "auto"
     schedule: str = "ring"
-    mask: Optional[object] = field(default=None, metadata={"codec": "mask"})
+    mask: Optional[object] = field(default=None, metadata={"codec": "mask", "keyword": None})  # built by prepare
     topology: Optional[object] = field(default=None, metadata={"codec": "topology"})
     kv_layout: Optional[object] = field(default=None, metadata={"codec": "layout"})  # None: like ``layout``
     softcap: Optional[float] = None  # scores -> softcap * tanh(scores / softcap) (None: off)
@@ -79,7 +79,7 @@ class Call:
     fn: str = "burst_attn_func"
     where: object = field(default=None, metadata={"codec": "group"})  # a GroupContext (None: a world of one)
     options: tuple = ()
-    alibi: Optional["torch.Tensor"] = field(default=None, metadata=RUNTIME)
+    alibi: Optional["torch.Tensor"] = field(default=None, metadata={**RUNTIME, "keyword": "alibi_slopes"})
     sinks: Optional["torch.Tensor"] = field(default=None, metadata=RUNTIME)
     plan: Optional[object] = field(default=None, metadata=RUNTIME)
 
