@@ -14,7 +14,7 @@ from ..call.prepare import label, refuse
 from ..call.options import GROUPS, KEYWORDS, SPELLINGS, BurstOptions, is_default, keywords_of, names_in
 from ..config import LAYOUTS
 from ..layouts.named import DEFAULT_LAYOUT  # layout=None means this for every strategy, as for shard_sequence
-from .base import MASK_OPTIONS, StrategySpec  # noqa: F401  (MASK_OPTIONS: read by hf)
+from .base import StrategySpec
 
 _ALL = LAYOUTS
 KERNEL = names_in("kernel")
