@@ -78,7 +78,7 @@ def owned(outputs: list[torch.Tensor], inputs) -> list[torch.Tensor]:
 def strategy_module(name: str):
     """The module of strategy ``name`` (``burstattn.strategies.NAME``): the op's implementations are
     looked up by the name in the op's spec, as ``torch.ops`` looks ops up by theirs."""
-    return import_module(f"burstattn.strategies.{name}")
+    return sys.modules.get(f"burstattn.strategies.{name}") or import_module(f"burstattn.strategies.{name}")
 
 
 @torch.library.custom_op("burstattn::attention_fwd", mutates_args=())

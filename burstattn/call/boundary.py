@@ -43,8 +43,12 @@ SPEC_FIELDS = tuple((f.name, f.metadata.get("codec")) for f in fields(Call) if n
 ones), in order: plain tuples, which the compiler iterates as constants."""
 
 
-STRATEGY_AT, WHERE_AT = ([name for name, _ in SPEC_FIELDS].index(f) for f in ("strategy", "where"))
+SPEC_NAMES = tuple(name for name, _ in SPEC_FIELDS)
+STRATEGY_AT, WHERE_AT = (SPEC_NAMES.index(f) for f in ("strategy", "where"))
 """The places of the strategy and the group in a decoded spec (``decode_spec(spec)[STRATEGY_AT]``)."""
+TYPED = tuple((i, codec) for i, (_, codec) in enumerate(SPEC_FIELDS) if codec)
+"""``(place, codec)`` of the typed fields: the only values a codec touches (a plain value crosses as it is)."""
+
 
 
 def encode_spec(values: tuple) -> str:
@@ -66,12 +70,17 @@ def _tupled(x):
     return tuple(_tupled(e) for e in x) if isinstance(x, (list, tuple)) else x
 
 
+ALONE = GroupContext(None, 0, 1)  # a world of one without torch.distributed (group name "")
+
+
 def _group_out(where: Optional[GroupContext], tensors: list):
+    if where is not None and where.group is None:
+        return ""  # a world of one without torch.distributed
     return group_name(None if where is None else where.group)
 
 
 def _group_in(name: str, tensors: Iterator) -> GroupContext:
-    return named_context(name)
+    return named_context(name) if name else ALONE
 
 
 def _layout_out(layout, tensors: list):
@@ -131,27 +140,31 @@ CODECS = {"group": (_group_out, _group_in), "layout": (_layout_out, _layout_in),
 
 def op_arguments(call: Call) -> tuple[str, list[torch.Tensor]]:
     """``(spec, tensors)`` of a call: every spec field in the constant ``spec`` string, the typed values'
-    tensors (partition positions, document bounds) in ``tensors``, in field order. A ``None`` typed value
-    (but the group's) is ``None`` without its codec."""
+    tensors (partition positions, document bounds) in ``tensors``, in field order. A typed value that is
+    plain already (``None``, a layout name) skips its codec."""
     tensors: list[torch.Tensor] = []
-    values = []
-    for name, codec in SPEC_FIELDS:
-        value = getattr(call, name)
-        values.append(CODECS[codec][0](value, tensors) if codec and (value is not None or codec == "group") else value)
+    values = [getattr(call, name) for name in SPEC_NAMES]  # (not operator.attrgetter: dynamo cannot trace it)
+    for i, codec in TYPED:
+        value = values[i]  # plain already (None, but a group's; a layout's name): crosses as it is
+        if (value is not None or codec == "group") and not (codec == "layout" and isinstance(value, str)):
+            values[i] = CODECS[codec][0](value, tensors)
     return encode_spec(tuple(values)), tensors
 
 
 def call_from(spec: str, tensors: list[torch.Tensor], alibi: Optional[torch.Tensor] = None,
               sinks: Optional[torch.Tensor] = None) -> Call:
     """The inverse of :func:`op_arguments` (with the op's own tensors, ``alibi`` and ``sinks``)."""
-    rest = iter(tensors)
-    kwargs = {name: CODECS[codec][1](value, rest) if codec and (value is not None or codec == "group") else value
-              for (name, codec), value in zip(SPEC_FIELDS, decode_spec(spec))}
-    return Call(**kwargs, alibi=alibi, sinks=sinks)
+    rest, values = iter(tensors), list(decode_spec(spec))
+    for i, codec in TYPED:
+        value = values[i]
+        if (value is not None or codec == "group") and not (codec == "layout" and isinstance(value, str)):
+            values[i] = CODECS[codec][1](value, rest)
+    return Call(**dict(zip(SPEC_NAMES, values)), alibi=alibi, sinks=sinks)
 
 
 def shapes_call(spec: str, alibi=None, sinks=None) -> Call:
     """The call's plain fields and group only (for the op's fake implementation: shapes, no mask or
     partition is built from fake tensors)."""
-    plain = {name: value for (name, codec), value in zip(SPEC_FIELDS, decode_spec(spec)) if codec is None}
-    return Call(**plain, where=named_context(decode_spec(spec)[WHERE_AT]), alibi=alibi, sinks=sinks)
+    values = decode_spec(spec)
+    plain = {name: value for (name, codec), value in zip(SPEC_FIELDS, values) if codec is None}
+    return Call(**plain, where=_group_in(values[WHERE_AT], iter(())), alibi=alibi, sinks=sinks)
