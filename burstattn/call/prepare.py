@@ -13,7 +13,7 @@ saved)``, ``backward(call, dout, q, k, v, out, saved) -> (dq, dk, dv[, dsinks])`
 """
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import fields
 from typing import Optional
 
 import torch
@@ -94,22 +94,23 @@ def prepare(strategy: str, q, k, v, keywords: Keywords, *, fn: Optional[str] = N
     values = {name: getattr(keywords, keyword) for name, keyword in FROM_KEYWORDS}
     for name, convert in CONVERT.items():
         values[name] = convert(values[name])
-    call = Call(**values, mask=amask, grad=runs_backward(q, k, v, keywords.sinks), strategy=strategy,
-                fn=fn or label(strategy), where=where, options=tuple(sorted((options or {}).items())))
+    values.update(mask=amask, grad=runs_backward(q, k, v, keywords.sinks), strategy=strategy, fn=fn or label(strategy),
+                  where=where, options=tuple(sorted((options or {}).items())))
+    call = Call(**values)
     problem = problem or mask_problem or dropout_problem(keywords.dropout_p)
     if strategy not in ENGINE_STRATEGIES:
         problem = problem or one_sequence_problem(strategy, q, k, v)
     problem = problem or local_problem(q, k, v, call, call.alibi, call.sinks)
     if problem is None:
         try:
-            call = replace(call, backend=resolve_backend(call.backend, q.device, q.dtype,
-                                                         kernel_needs(call, q.shape[-1], v.shape[-1])))
+            values["backend"] = resolve_backend(call.backend, q.device, q.dtype,
+                                                kernel_needs(call, q.shape[-1], v.shape[-1]))
         except ValueError as e:
             problem = ValueError, str(e)
     problem = problem or topology_problem(call, where.world_size)
     if problem is not None:  # raises on every rank
         check_inputs(q, k, v, call, where.group, where.world_size, fn=call.fn, problem=problem, alibi=call.alibi,
                      sinks=call.sinks)
-    if strategy in ENGINE_STRATEGIES:
-        call = replace(call, backward=resolve_backward(call, q, k, v, where.world_size))
-    return call
+    if strategy in ENGINE_STRATEGIES:  # (reads neither the backend nor anything resolved above)
+        values["backward"] = resolve_backward(call, q, k, v, where.world_size)
+    return Call(**values)  # once more, with the resolved backend and backward (cheaper than two replace())
