@@ -10,8 +10,8 @@ from types import MappingProxyType
 
 import torch
 
-from ..call.prepare import label, refuse
 from ..call.options import GROUPS, KEYWORDS, SPELLINGS, BurstOptions, is_default, keywords_of, names_in
+from ..call.prepare import label, refuse
 from ..config import LAYOUTS
 from ..layouts.named import DEFAULT_LAYOUT  # layout=None means this for every strategy, as for shard_sequence
 from .base import StrategySpec
@@ -94,7 +94,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, strategy: st
 
     Raises:
         ValueError: unknown strategy, a layout the strategy does not support, or a keyword it does not support
-            given a value other than its default ("strategy 'ulysses' does not support window_size="; names what
+            given a value other than its default ("strategy 'tp' does not support window_size="; names what
             it takes), on every rank of the group. TypeError / ValueError as ``burst_attn_func`` for the keywords.
     """
     spec = STRATEGIES.get(strategy)
