@@ -1,16 +1,18 @@
 """Public entry points: :func:`burst_attn_func` and the :class:`BurstAttention` module."""
 from __future__ import annotations
 
+import inspect
+from dataclasses import replace
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from .call.options import BurstOptions, burst_options, mask_args, with_sinks
-from .call.prepare import prepare
+from .call.options import KEYWORDS, BurstOptions, given_keywords, keywords_of
 from .masks.setup import build_mask
-from .ops import run_call
+from .masks.spec import MASK_KEYWORDS
+from .strategies import burst
 
 
 def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dropout_p: float = 0.0,
@@ -25,9 +27,7 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dropou
     ``causal``, ``window_size``, ``softcap``, ``alibi_slopes``, ``deterministic``; ``return_lse`` for its
     ``return_attn_probs``), plus the ``group`` and the ``layout`` of the shards. The rare options are one
     typed object, ``options=burstattn.BurstOptions(...)``; each is also accepted as a keyword of its own,
-    as before (``backend=``, ``backward=``, ``schedule=``, ``topology=``, ``kv_layout=``, ``cu_seqlens=``
-    (``_q``, ``_k``), ``max_seqlen`` (``_q``, ``_k``), ``document_ids=``, ``mask_mod=``, ``mask=``, ``sinks=``,
-    ``grad_partials=``); not both ways at once.
+    as before (see ``options`` below); not both ways at once.
 
     Every rank passes its own shard (see :func:`burstattn.shard_sequence`); K/V circulate
     around the ring and partial results merge by log-sum-exp, so no rank ever holds a
@@ -53,71 +53,32 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dropou
             how the global sequence was split; must match how the inputs were sharded. Or an
             explicit :class:`burstattn.Partition` (e.g. :func:`burstattn.document_partition`);
             ``None`` means ``"zigzag"`` (as everywhere).
-        kv_layout: the key/value sequence's own layout (``None``: ``layout``, applied to its own
-            length).
         return_lse: also return the log-sum-exp ``[batch, q_heads, local_seq]``, float32
             (float64 for float64 inputs, which are accumulated in float64 throughout)
             (not differentiable). A row that sees no key has output 0 and LSE ``-inf`` (with
             ``sinks``: the sink's logit), never NaN.
-        backend: local kernel: ``"auto"`` (the fastest that supports the call: softcap and ALiBi run
-            on ``"reference"`` on CPU), ``"cpu_flash"``, ``"sdpa"`` (CUDA), ``"flash_attn"`` (CUDA,
-            optional package; takes softcap), ``"reference"`` (plain PyTorch, every modifier).
-        backward: ``"burst"`` (query ring), ``"kv"`` (K/V ring) or ``"auto"`` (fewer bytes).
-        schedule: ``"ring"`` (default); ``"distflash"``: DistFlashAttn's load-balanced
-            schedule for causal attention over the contiguous layout (idle early ranks compute
-            blocks of the overloaded late ranks; K/V and queries go straight to the rank that
-            needs them; needs ``causal=True``, ``layout="contiguous"``, ``backward="auto"`` and one
-            sequence); ``"double"``: the two-level ring over ``topology`` (inner rings inside nodes,
-            an outer ring across them; dense attention only).
         window: ``(left, right)`` sliding window: query i sees keys ``i - left <= j <= i + right``
             (``None`` or ``-1`` for an unbounded side, ``(-1, -1)``: no window, as flash-attn's
             ``window_size``); with ``causal=True`` right is cut at i. Aligned like ``causal``.
         window_size: flash-attn's spelling of ``window`` (``(left, right)``, ``-1`` unbounded); give
             one of the two.
-        cu_seqlens: packed documents as cumulative lengths (flash-attn varlen style, global
-            positions, starting at 0 and ending at ``Nq``): a token sees its own document only.
-            Excludes ``document_ids``.
-        cu_seqlens_q: flash-attn's name for ``cu_seqlens`` (give one of the two).
-        cu_seqlens_k: the keys' documents when the key sequence differs (ending at ``Nk``, as many
-            documents): query document d sees key document d, aligned bottom-right per document.
-        max_seqlen: accepted for flash-attn compatibility (nothing is sized by it): ``None`` or an
-            int; one shorter than the longest document raises ``ValueError``.
-        max_seqlen_q: the same for the query documents.
-        max_seqlen_k: the same for the key documents.
-        document_ids: packed documents as one id per global position (``[seq]``, non-decreasing).
-        mask_mod: ``mask_mod(q_pos, k_pos) -> bool tensor`` over global positions (broadcast
-            ``[R, 1] x [1, C]``, True = visible; each in its own sequence's positions), combined with
-            the above; the ranks must pass the same predicate (checked by its values). Runs eagerly
-            (not as the custom op).
-        mask: a prebuilt :class:`burstattn.AttnMask` (caches its block summaries: build it once and
-            reuse it); excludes window, cu_seqlens (_q, _k), document_ids and mask_mod.
-        topology: ``burstattn.two_level_groups(ranks_per_node)`` (built once, on every rank) for
-            ``schedule="double"``; refused with any other schedule.
         softcap: Gemma 2 / Grok logit capping ``softcap * tanh(s / softcap)`` of the scaled scores
             (``None`` or ``0.0``: off). Applied inside every block: empty blocks stay skipped.
         alibi_slopes: ``[q_heads]`` or ``[batch, q_heads]`` floats (used in float32): the score of
             query i and key j gets ``-slope * |i + Nk - Nq - j|`` from GLOBAL positions (flash-attn's
             bias; per document with ``cu_seqlens_k``).
-        sinks: ``[q_heads]`` attention-sink logits (gpt-oss): each joins its head's softmax
-            denominator once, at the final merge, with no value. Differentiable: each rank's
-            ``sinks.grad`` is its own rows' share (sum it over the group, as for any replicated
-            parameter; :func:`burstattn.hf.sync_gradients` does).
         dropout_p: must be 0 (accepted for flash-attn compatibility; attention dropout is refused).
         deterministic: accepted for flash-attn compatibility: results are always bitwise
             repeatable for the same inputs and world size (fixed merge and accumulation order; on
             CUDA it also selects a deterministic kernel: flash-attn's deterministic backward or the
             plain one, never SDPA's atomics).
-        options: a :class:`burstattn.BurstOptions` holding the rare options below (backend, backward,
-            schedule, topology, kv_layout, cu_seqlens (_q, _k), max_seqlen (_q, _k), document_ids, mask_mod,
-            mask, sinks, grad_partials, device_type); or give them as keywords one by one (not both).
-        grad_partials: ``"auto"`` (default): ``"kernel"`` on CUDA, ``"float32"`` elsewhere;
-            ``"float32"``: every kernel's gradient partial of 16-bit inputs is float32 from the start
-            (kernels run on float32 copies of one tile at a time), within flash-attn's accuracy rule;
-            ``"kernel"``: one kernel call per block pair in the inputs' dtype, each partial rounded to 16
-            bits before the float32 accumulation (flash-attn's own ring does the same). On CUDA a masked
-            pair is one kernel call (docs/strategies.md, "What runs on a GPU").
-        device_type: the device type the kernel policy is chosen for: ``None`` (the tensors' own) or
-            ``"cuda"`` / ``"cpu"`` (a dry run models a GPU on fake CPU tensors).
+        options: a :class:`burstattn.BurstOptions` holding the rare options, or its fields given as keywords
+            one by one (not both): ``backend``, ``backward``, ``schedule``, ``topology``, ``kv_layout``,
+            ``sinks``, ``grad_partials``, ``device_type`` (documented on :class:`burstattn.BurstOptions`) and
+            the mask's ``cu_seqlens`` (``_q``, ``_k``), ``max_seqlen`` (``_q``, ``_k``), ``document_ids``,
+            ``mask_mod``, ``mask`` (documented on :class:`burstattn.masks.spec.MaskKeywords`, which also holds
+            ``window``). Their one definition is :class:`burstattn.call.options.Keywords`: ``attention(strategy=
+            "burst")`` and :class:`BurstAttention` take the same keywords and run the same path.
 
     Returns:
         ``out [batch, local_seq, q_heads, v_head_dim]`` in q's dtype (and ``lse``). Under
@@ -129,69 +90,61 @@ def burst_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dropou
         invalid or the ranks disagree on shapes or options (or on the mask).
         RuntimeError: a second-order gradient (double backward) is asked for.
     """
-    window = window_spelling("burst_attn_func", window, window_size)
-    o = burst_options("burst_attn_func", options, rare)
-    call = prepare("burst", q, k, v, fn="burst_attn_func", group=group, causal=causal, softmax_scale=softmax_scale,
-                   layout=layout, backend=o["backend"], backward=o["backward"], schedule=o["schedule"],
-                   topology=o["topology"], mask_args=mask_args(o, window), kv_layout=o["kv_layout"], softcap=softcap,
-                   alibi_slopes=alibi_slopes, sinks=o["sinks"], dropout_p=dropout_p, deterministic=deterministic,
-                   grad_partials=o["grad_partials"], device_type=o["device_type"])
-    out, lse = run_call(call, q, k, v)
-    return (out, lse) if return_lse else out
+    keywords = keywords_of("burst_attn_func", given_keywords(locals()))  # first: locals() are the keywords
+    return burst.run(q, k, v, keywords, fn="burst_attn_func")
 
 
-def window_spelling(fn: str, window, window_size):
-    """``window`` from either spelling: burstattn's ``window`` or flash-attn's ``window_size`` (the same
-    ``(left, right)`` convention); both at once is refused."""
-    if window_size is None:
-        return window
-    if window is not None:
-        raise ValueError(f"{fn}: give window or window_size (flash-attn's spelling of the same "
-                         f"(left, right)), not both: got window={window!r}, window_size={window_size!r}")
-    return window_size
+def signature_of(fn, skip: tuple, first: str) -> inspect.Signature:
+    """``fn``'s signature without the parameters ``skip``, starting with ``first`` (a method's ``self``)."""
+    sig = inspect.signature(fn)
+    params = [p for p in sig.parameters.values() if p.name not in skip]
+    return sig.replace(parameters=[inspect.Parameter(first, inspect.Parameter.POSITIONAL_OR_KEYWORD), *params])
 
 
 class BurstAttention(nn.Module):
     """:func:`burst_attn_func` as a module: ``forward(q, k, v) -> out`` (or ``(out, lse)`` with
-    ``return_lse=True``). Takes every keyword of :func:`burst_attn_func` (the rare ones in ``options`` or one
-    by one); the mask keywords are built into one :class:`~burstattn.AttnMask` for the module's lifetime
-    (the op finds that object again, so a mask's block summary is built once per shape, and held in it).
-    ``sinks`` given as an ``nn.Parameter`` becomes the module's parameter (learned sinks);
-    ``alibi_slopes`` is kept as a buffer."""
+    ``return_lse=True``). Takes every keyword of :func:`burst_attn_func` (its signature; the rare ones in
+    ``options`` or one by one), read into one :class:`~burstattn.call.options.Keywords`, ``self.options``
+    (``module.causal``, ``module.backend``, ... read it); the mask keywords are built into one
+    :class:`~burstattn.AttnMask` for the module's lifetime (the op finds that object again, so a mask's block
+    summary is built once per shape, and held in it). ``sinks`` given as an ``nn.Parameter`` becomes the
+    module's parameter (learned sinks); ``alibi_slopes`` is kept as a buffer. ``forward`` runs the very path
+    of :func:`burst_attn_func` (:func:`burstattn.strategies.burst.run`)."""
 
-    def __init__(self, *, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
-                 window_size=None, softcap: Optional[float] = None, alibi_slopes: Optional[torch.Tensor] = None,
-                 deterministic: bool = False, return_lse: bool = False, group: Optional[dist.ProcessGroup] = None,
-                 layout: str = "zigzag", window=None, options: Optional[BurstOptions] = None, **rare) -> None:
+    def __init__(self, **keywords) -> None:
         super().__init__()
-        window = window_spelling("BurstAttention", window, window_size)
-        o = burst_options("BurstAttention", options, rare)
-        self.group, self.causal, self.softmax_scale, self.layout = group, causal, softmax_scale, layout
-        self.return_lse, self.dropout_p, self.deterministic, self.softcap = return_lse, dropout_p, deterministic, softcap
-        self.backend, self.backward, self.schedule = o["backend"], o["backward"], o["schedule"]
-        sinks = o["sinks"]
-        if isinstance(sinks, nn.Parameter):
-            self.sinks = sinks
-        else:
-            self.register_buffer("sinks", sinks, persistent=False)
-        self.register_buffer("alibi_slopes", alibi_slopes, persistent=False)
-        # one AttnMask for the module's lifetime: its block summaries are built once per shape
-        amask, problem = build_mask(**mask_args(o, window))
+        kw = keywords_of("BurstAttention", keywords)
+        amask, problem = build_mask(kw)  # one AttnMask for the module's lifetime: summaries built once per shape
         if problem:
             raise problem[0](f"BurstAttention: {problem[1]}")
         self.mask = amask
-        self.options = BurstOptions(backend=o["backend"], backward=o["backward"], schedule=o["schedule"],
-                                    topology=o["topology"], kv_layout=o["kv_layout"], mask=amask,
-                                    grad_partials=o["grad_partials"], device_type=o["device_type"])
+        if isinstance(kw.sinks, nn.Parameter):
+            self.sinks = kw.sinks
+        else:
+            self.register_buffer("sinks", kw.sinks, persistent=False)
+        self.register_buffer("alibi_slopes", kw.alibi_slopes, persistent=False)
+        # the keywords with the mask built (its own keywords cleared), the module's tensors held apart
+        self.options = replace(kw, **{**dict.fromkeys(MASK_KEYWORDS), "mask": amask}, sinks=None, alibi_slopes=None)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """``q [B, n, Hq, D]``, ``k [B, n_k, Hkv, D]``, ``v [B, n_k, Hkv, Dv]`` -> ``[B, n, Hq, Dv]`` (and
         ``lse [B, Hq, n]``)."""
-        return burst_attn_func(q, k, v, dropout_p=self.dropout_p, softmax_scale=self.softmax_scale, causal=self.causal,
-                               softcap=self.softcap, alibi_slopes=self.alibi_slopes, deterministic=self.deterministic,
-                               return_lse=self.return_lse, group=self.group, layout=self.layout,
-                               options=with_sinks(self.options, self.sinks))
+        keywords = self.options
+        if self.sinks is not None or self.alibi_slopes is not None:
+            keywords = replace(keywords, sinks=self.sinks, alibi_slopes=self.alibi_slopes)
+        return burst.run(q, k, v, keywords, fn="burst_attn_func")
+
+    def __getattr__(self, name: str):
+        # a keyword by name (module.causal, module.backend, ...): the module's options
+        options = self.__dict__.get("options")
+        if options is not None and name in KEYWORDS and name not in ("sinks", "alibi_slopes"):
+            return getattr(options, name)
+        return super().__getattr__(name)
 
     def extra_repr(self) -> str:
-        return (f"causal={self.causal}, layout={self.layout!r}, backend={self.backend!r}, "
-                f"backward={self.backward!r}, schedule={self.schedule!r}")
+        o = self.options
+        return (f"causal={o.causal}, layout={o.layout!r}, backend={o.backend!r}, "
+                f"backward={o.backward!r}, schedule={o.schedule!r}")
+
+
+BurstAttention.__init__.__signature__ = signature_of(burst_attn_func, skip=("q", "k", "v"), first="self")

@@ -42,7 +42,7 @@ from typing import Callable, Optional
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .call.boundary import call_from, decode_spec, op_arguments, shapes_call
+from .call.boundary import STRATEGY_AT, call_from, decode_spec, op_arguments, shapes_call
 from .call.call import Call
 from .call.engine_adapter import DOUBLE_BACKWARD, refuse_double_backward, without_autocast
 from .call.prepare import prepare
@@ -78,7 +78,7 @@ def owned(outputs: list[torch.Tensor], inputs) -> list[torch.Tensor]:
 def strategy_module(name: str):
     """The module of strategy ``name`` (``burstattn.strategies.NAME``): the op's implementations are
     looked up by the name in the op's spec, as ``torch.ops`` looks ops up by theirs."""
-    return import_module(f"burstattn.strategies.{name}")
+    return sys.modules.get(f"burstattn.strategies.{name}") or import_module(f"burstattn.strategies.{name}")
 
 
 @torch.library.custom_op("burstattn::attention_fwd", mutates_args=())
@@ -141,7 +141,7 @@ def _setup_fwd(ctx, inputs, output) -> None:
     out, *saved = output
     ctx.mark_non_differentiable(*saved)
     ctx.set_materialize_grads(False)  # no zero gradients for the saved outputs (the LSE, or as large as q, k, v)
-    if not getattr(strategy_module(decode_spec(spec)["strategy"]), "BACKWARD_READS_INPUTS", True):
+    if not getattr(strategy_module(decode_spec(spec)[STRATEGY_AT]), "BACKWARD_READS_INPUTS", True):
         # its backward reads only the shapes and dtypes of q, k, v and out: keep no copy of them alive
         q, k, v, out = (_shape_only(x) for x in (q, k, v, out))
     optional = [t for t in (alibi, sinks) if t is not None]
@@ -220,9 +220,10 @@ def run_call(call: Call, q, k, v) -> list[torch.Tensor]:
     return call_op(call, q, k, v)
 
 
-def strategy_call(name: str, q, k, v, **kwargs) -> torch.Tensor:
-    """``out`` of one call of strategy ``name`` (:func:`prepare`'s keywords)."""
-    return run_call(prepare(name, q, k, v, **kwargs), q, k, v)[0]
+def strategy_call(name: str, q, k, v, keywords, **kwargs) -> torch.Tensor:
+    """``out`` of one call of strategy ``name`` with ``keywords`` (a :class:`~burstattn.call.options.Keywords`;
+    ``kwargs``: :func:`prepare`'s own, ``options``, ``problem``)."""
+    return run_call(prepare(name, q, k, v, keywords, **kwargs), q, k, v)[0]
 
 
 # ------------------------------------------------------------------------------ checkpointing

@@ -1,9 +1,13 @@
 """The :class:`~burstattn.call.Call` across the custom op's boundary, generically.
 
 A custom op takes tensors, numbers and strings, not a dataclass. :func:`op_arguments` writes every spec
-field of the call (:data:`~burstattn.call.boundary.SPEC_FIELDS`) as ``name=literal`` into one ``spec`` string
-(a constant for the compiler) and :func:`call_from` reads it back: no field is named here. The few typed
-values go through one codec per value *type* (a field says which in its ``metadata["codec"]``):
+field of the call (:data:`~burstattn.call.boundary.SPEC_FIELDS`), in field order, as one tuple of plain values
+(None, bool, int, float, str and tuples of those) and passes its ``repr`` as the op's constant ``spec``
+string; :func:`call_from` reads it back with :func:`ast.literal_eval`, once per distinct spec
+(:func:`decode_spec` is memoized: a model's layers repeat one spec). ``repr`` writes a lossless literal of
+any string (quotes, separators, line ends, any code point), so there is no escape table and no field is
+named here. The few typed values go through one codec per value *type* (a field says which in its
+``metadata["codec"]``):
 
 * ``"group"``: a :class:`~burstattn.comm.groups.GroupContext` by its process group's name (``""``: a world of one);
 * ``"layout"``: a layout name as it is; a :class:`~burstattn.layouts.partition.Partition` as ``("partition", name)``
@@ -22,14 +26,13 @@ the eager fallback (:class:`burstattn.ops.EagerCall`).
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import fields
-from types import MappingProxyType
 from typing import Iterator, Optional
 
 import torch
 
 from ..comm.groups import GroupContext, TwoLevelGroups, group_name, named_context, resolve_group
-from ..comm.host import LruCache
 from ..masks.setup import data_mask, register_mask
 from .call import Call
 
@@ -40,58 +43,44 @@ SPEC_FIELDS = tuple((f.name, f.metadata.get("codec")) for f in fields(Call) if n
 ones), in order: plain tuples, which the compiler iterates as constants."""
 
 
-def encode_spec(values: dict) -> str:
-    """``name=literal`` pairs of ``values`` (field name -> plain value: None, bool, int, float, str or
-    nested lists / tuples of those) joined by ``;``, values as lossless Python literals (:func:`literal`).
-    Plain string formatting, which the compiler folds to a constant (it cannot trace ``json``)."""
-    return ";".join(f"{name}={literal(value)}" for name, value in values.items())
+SPEC_NAMES = tuple(name for name, _ in SPEC_FIELDS)
+STRATEGY_AT, WHERE_AT = (SPEC_NAMES.index(f) for f in ("strategy", "where"))
+"""The places of the strategy and the group in a decoded spec (``decode_spec(spec)[STRATEGY_AT]``)."""
+TYPED = tuple((i, codec) for i, (_, codec) in enumerate(SPEC_FIELDS) if codec)
+"""``(place, codec)`` of the typed fields: the only values a codec touches (a plain value crosses as it is)."""
 
 
-def decode_spec(text: str) -> dict:
-    """The inverse of :func:`encode_spec` (lists come back as tuples). Every forward and backward of the op
-    decodes its spec, and a model's layers repeat one spec: parsed once (:data:`SPECS`; ~160 us a parse),
-    the same mapping after (read, never changed)."""
-    def parse() -> dict:
-        pairs = (item.split("=", 1) for item in text.split(";") if item)
-        return MappingProxyType({name: _tupled(ast.literal_eval(value)) for name, value in pairs})
-    return SPECS.get(text, parse)
+
+def encode_spec(values: tuple) -> str:
+    """The op's ``spec`` of the plain ``values`` of :data:`SPEC_FIELDS` (in that order): their tuple's ``repr``,
+    a Python literal that :func:`decode_spec` turns back into the same values. Plain string formatting of
+    constants, which the compiler folds to a constant (it cannot trace ``json``)."""
+    return repr(values)
+
+
+@functools.lru_cache(maxsize=64)
+def decode_spec(text: str) -> tuple:
+    """The values of :func:`encode_spec` (a tuple in :data:`SPEC_FIELDS` order; lists, had any been encoded,
+    come back as tuples). Every forward and backward of the op decodes its spec and a model's layers
+    repeat one spec: parsed once per distinct text (``ast.literal_eval``, ~50 us), the same tuple after."""
+    return _tupled(ast.literal_eval(text))
 
 
 def _tupled(x):
     return tuple(_tupled(e) for e in x) if isinstance(x, (list, tuple)) else x
 
 
-# characters a string literal of the spec may not hold raw: the field separator, the literal's own
-# quote and escape, and what ends a line or a source text; each becomes its escape, so decoding gives
-# the string back exactly
-ESCAPES = (("\\", "\\\\"), ("'", "\\'"), (";", "\\x3b"), ("\n", "\\n"), ("\r", "\\r"),
-           ("\x00", "\\x00"), ("\x0b", "\\x0b"), ("\x0c", "\\x0c"), ("\x1c", "\\x1c"), ("\x1d", "\\x1d"),
-           ("\x1e", "\\x1e"), ("\x85", "\\x85"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
-
-
-def literal(x) -> str:
-    """``x`` (None, bool, int, float, str, or a list / tuple of those) as a Python literal that holds no
-    ``;`` (the field separator) and that ``ast.literal_eval`` turns back into ``x`` exactly."""
-    if isinstance(x, (list, tuple)):
-        return "[" + ",".join(literal(e) for e in x) + "]"
-    if isinstance(x, str):
-        for raw, escaped in ESCAPES:
-            x = x.replace(raw, escaped)
-        return "'" + x + "'"
-    return repr(x) if isinstance(x, float) else str(x)
-
-
-
-SPECS = LruCache(64)
-"""The op specs decoded so far (:func:`decode_spec`): a pure function of the text."""
+ALONE = GroupContext(None, 0, 1)  # a world of one without torch.distributed (group name "")
 
 
 def _group_out(where: Optional[GroupContext], tensors: list):
+    if where is not None and where.group is None:
+        return ""  # a world of one without torch.distributed
     return group_name(None if where is None else where.group)
 
 
 def _group_in(name: str, tensors: Iterator) -> GroupContext:
-    return named_context(name)
+    return named_context(name) if name else ALONE
 
 
 def _layout_out(layout, tensors: list):
@@ -151,28 +140,31 @@ CODECS = {"group": (_group_out, _group_in), "layout": (_layout_out, _layout_in),
 
 def op_arguments(call: Call) -> tuple[str, list[torch.Tensor]]:
     """``(spec, tensors)`` of a call: every spec field in the constant ``spec`` string, the typed values'
-    tensors (partition positions, document bounds) in ``tensors``, in field order."""
+    tensors (partition positions, document bounds) in ``tensors``, in field order. A typed value that is
+    plain already (``None``, a layout name) skips its codec."""
     tensors: list[torch.Tensor] = []
-    values = {}
-    for name, codec in SPEC_FIELDS:
-        value = getattr(call, name)
-        values[name] = CODECS[codec][0](value, tensors) if codec else value
-    return encode_spec(values), tensors
+    values = [getattr(call, name) for name in SPEC_NAMES]  # (not operator.attrgetter: dynamo cannot trace it)
+    for i, codec in TYPED:
+        value = values[i]  # plain already (None, but a group's; a layout's name): crosses as it is
+        if (value is not None or codec == "group") and not (codec == "layout" and isinstance(value, str)):
+            values[i] = CODECS[codec][0](value, tensors)
+    return encode_spec(tuple(values)), tensors
 
 
 def call_from(spec: str, tensors: list[torch.Tensor], alibi: Optional[torch.Tensor] = None,
               sinks: Optional[torch.Tensor] = None) -> Call:
     """The inverse of :func:`op_arguments` (with the op's own tensors, ``alibi`` and ``sinks``)."""
-    values, rest = decode_spec(spec), iter(tensors)
-    kwargs = {}
-    for name, codec in SPEC_FIELDS:
-        kwargs[name] = CODECS[codec][1](values[name], rest) if codec else values[name]
-    return Call(**kwargs, alibi=alibi, sinks=sinks)
+    rest, values = iter(tensors), list(decode_spec(spec))
+    for i, codec in TYPED:
+        value = values[i]
+        if (value is not None or codec == "group") and not (codec == "layout" and isinstance(value, str)):
+            values[i] = CODECS[codec][1](value, rest)
+    return Call(**dict(zip(SPEC_NAMES, values)), alibi=alibi, sinks=sinks)
 
 
 def shapes_call(spec: str, alibi=None, sinks=None) -> Call:
     """The call's plain fields and group only (for the op's fake implementation: shapes, no mask or
     partition is built from fake tensors)."""
     values = decode_spec(spec)
-    plain = {name: values[name] for name, codec in SPEC_FIELDS if codec is None}
-    return Call(**plain, where=named_context(values["where"]), alibi=alibi, sinks=sinks)
+    plain = {name: value for (name, codec), value in zip(SPEC_FIELDS, values) if codec is None}
+    return Call(**plain, where=_group_in(values[WHERE_AT], iter(())), alibi=alibi, sinks=sinks)

@@ -18,10 +18,12 @@ class Call:
     (:func:`burstattn.call.prepare.prepare`), read by every strategy, the engine adapter and the checks.
 
     Its fields are plain values (and a few typed values: a layout, a mask, a topology, the group), so it
-    crosses the custom-op boundary generically (:func:`burstattn.call.boundary.op_arguments`): every field is
-    written ``name=literal`` into the op's constant ``spec`` string; the typed values go through one
-    codec per value type (a partition's positions and a mask's document bounds travel as tensors).
-    Adding an option is adding a field here, its consumer and its check (``docs/architecture.md``).
+    crosses the custom-op boundary generically (:func:`burstattn.call.boundary.op_arguments`): the op's constant
+    ``spec`` string is the ``repr`` of the tuple of every spec field's value; the typed values go through one
+    codec per value type (a partition's positions and a mask's document bounds travel as tensors). A field
+    that a keyword of the same name fills (:class:`burstattn.call.options.Keywords`) is copied from it by
+    :func:`~burstattn.call.prepare.prepare` (``metadata["keyword"]`` names another keyword; ``None``: built).
+    Adding an option is its keyword, a field here, its check and its consumer (``docs/architecture.md``).
 
     Attributes:
         strategy: the strategy that runs (``burstattn.strategies.NAME``: its ``check`` / ``forward`` / ...).
@@ -67,7 +69,7 @@ class Call:
     backend: str = "auto"
     backward: str = "auto"
     schedule: str = "ring"
-    mask: Optional[object] = field(default=None, metadata={"codec": "mask"})
+    mask: Optional[object] = field(default=None, metadata={"codec": "mask", "keyword": None})  # built by prepare
     topology: Optional[object] = field(default=None, metadata={"codec": "topology"})
     kv_layout: Optional[object] = field(default=None, metadata={"codec": "layout"})  # None: like ``layout``
     softcap: Optional[float] = None  # scores -> softcap * tanh(scores / softcap) (None: off)
@@ -79,7 +81,7 @@ class Call:
     fn: str = "burst_attn_func"
     where: object = field(default=None, metadata={"codec": "group"})  # a GroupContext (None: a world of one)
     options: tuple = ()
-    alibi: Optional["torch.Tensor"] = field(default=None, metadata=RUNTIME)
+    alibi: Optional["torch.Tensor"] = field(default=None, metadata={**RUNTIME, "keyword": "alibi_slopes"})
     sinks: Optional["torch.Tensor"] = field(default=None, metadata=RUNTIME)
     plan: Optional[object] = field(default=None, metadata=RUNTIME)
 

@@ -13,7 +13,7 @@ saved)``, ``backward(call, dout, q, k, v, out, saved) -> (dq, dk, dv[, dsinks])`
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields
 from typing import Optional
 
 import torch
@@ -26,6 +26,7 @@ from ..masks.plan import choose_mask_backward
 from ..masks.setup import build_mask, topology_problem
 from .call import Call
 from .engine_adapter import kernel_needs
+from .options import KEYWORDS, Keywords
 from .validate import check_inputs, dropout_problem, local_problem, runs_backward, scale_value, softcap_value
 
 __all__ = ["prepare", "refuse", "resolve_backward"]
@@ -70,38 +71,46 @@ def refuse(fn: str, problem: tuple[type, str], group=None) -> None:
     raise problem[0](f"{fn}: {problem[1]}")  # a world of one raised above; kept for the type checker
 
 
-def prepare(strategy: str, q, k, v, *, group, causal, softmax_scale, layout, fn: Optional[str] = None,
-            backend: str = "auto", backward: str = "auto", schedule: str = "ring", topology=None,
-            mask_args: Optional[dict] = None, kv_layout=None, softcap=None, alibi_slopes=None, sinks=None,
-            dropout_p=0.0, deterministic: bool = False, grad_partials: str = "auto", device_type=None,
-            options: Optional[dict] = None, problem: Optional[tuple[type, str]] = None) -> Call:
-    """The :class:`~burstattn.call.Call` of one call of ``strategy``, built and checked once: the local
-    check runs here once and the backend is resolved here once (the op does not repeat either).
-    ``problem``: what the strategy found wrong on this rank (raised on every rank); ``options``: the
-    strategy's own (ints and strings); ``fn``: the caller's name in messages. Traceable: only shapes and
-    option values are read (a bad input raises on every rank here, through the cross-rank check)."""
-    where = group_context(group)
-    amask, mask_problem = build_mask(**(mask_args or {}))
-    call = Call(causal=causal, softmax_scale=scale_value(softmax_scale), layout=layout_or_default(layout),
-                backend=backend, backward=backward, schedule=schedule, mask=amask, topology=topology,
-                kv_layout=kv_layout, softcap=softcap_value(softcap), deterministic=deterministic,
-                grad_partials=grad_partials, device_type=device_type, grad=runs_backward(q, k, v, sinks), strategy=strategy,
-                fn=fn or label(strategy), where=where, options=tuple(sorted((options or {}).items())),
-                alibi=alibi_slopes, sinks=sinks)
-    problem = problem or mask_problem or dropout_problem(dropout_p)
+CONVERT = {"softmax_scale": scale_value, "softcap": softcap_value, "layout": layout_or_default}
+"""The keywords a :class:`Call` holds converted: a real number as a float (for the op's spec), flash-attn's
+``softcap=0.0`` as ``None`` (off), ``layout=None`` as the default layout."""
+FROM_KEYWORDS = tuple((f.name, f.metadata.get("keyword", f.name)) for f in fields(Call)
+                      if f.metadata.get("keyword", f.name) in KEYWORDS)
+"""``(Call field, keyword)`` of every field of :class:`Call` that a keyword fills (the same name unless the
+field's ``metadata["keyword"]`` says otherwise; ``None`` there: built here, as the mask)."""
+
+
+def prepare(strategy: str, q, k, v, keywords: Keywords, *, fn: Optional[str] = None, options: Optional[dict] = None,
+            problem: Optional[tuple[type, str]] = None) -> Call:
+    """The :class:`~burstattn.call.Call` of one call of ``strategy`` with ``keywords``
+    (:class:`~burstattn.call.options.Keywords`), built and checked once: every field a keyword fills copied
+    from it (:data:`FROM_KEYWORDS`, :data:`CONVERT`), the mask built from its mask keywords; the local check
+    runs here once and the backend is resolved here once (the op does not repeat either). ``problem``: what the
+    strategy found wrong on this rank (raised on every rank); ``options``: the strategy's own (ints and
+    strings); ``fn``: the caller's name in messages. Traceable: only shapes and option values are read (a bad
+    input raises on every rank here, through the cross-rank check)."""
+    where = group_context(keywords.group)
+    amask, mask_problem = build_mask(keywords)
+    values = {name: getattr(keywords, keyword) for name, keyword in FROM_KEYWORDS}
+    for name, convert in CONVERT.items():
+        values[name] = convert(values[name])
+    values.update(mask=amask, grad=runs_backward(q, k, v, keywords.sinks), strategy=strategy, fn=fn or label(strategy),
+                  where=where, options=tuple(sorted((options or {}).items())))
+    call = Call(**values)
+    problem = problem or mask_problem or dropout_problem(keywords.dropout_p)
     if strategy not in ENGINE_STRATEGIES:
         problem = problem or one_sequence_problem(strategy, q, k, v)
-    problem = problem or local_problem(q, k, v, call, alibi_slopes, sinks)
+    problem = problem or local_problem(q, k, v, call, call.alibi, call.sinks)
     if problem is None:
         try:
-            call = replace(call, backend=resolve_backend(call.backend, q.device, q.dtype,
-                                                         kernel_needs(call, q.shape[-1], v.shape[-1])))
+            values["backend"] = resolve_backend(call.backend, q.device, q.dtype,
+                                                kernel_needs(call, q.shape[-1], v.shape[-1]))
         except ValueError as e:
             problem = ValueError, str(e)
     problem = problem or topology_problem(call, where.world_size)
     if problem is not None:  # raises on every rank
-        check_inputs(q, k, v, call, where.group, where.world_size, fn=call.fn, problem=problem, alibi=alibi_slopes,
-                     sinks=sinks)
-    if strategy in ENGINE_STRATEGIES:
-        call = replace(call, backward=resolve_backward(call, q, k, v, where.world_size))
-    return call
+        check_inputs(q, k, v, call, where.group, where.world_size, fn=call.fn, problem=problem, alibi=call.alibi,
+                     sinks=call.sinks)
+    if strategy in ENGINE_STRATEGIES:  # (reads neither the backend nor anything resolved above)
+        values["backward"] = resolve_backward(call, q, k, v, where.world_size)
+    return Call(**values)  # once more, with the resolved backend and backward (cheaper than two replace())

@@ -11,7 +11,7 @@ import torch
 from ..comm.agree import agree
 from ..comm.host import LruCache
 from .plan import MaskPlan, mask_plan
-from .spec import AttnMask, make_mask
+from .spec import AttnMask, MaskKeywords
 
 if TYPE_CHECKING:  # a type only: the call layer sits above the masks
     from ..call.call import Call
@@ -19,31 +19,15 @@ if TYPE_CHECKING:  # a type only: the call layer sits above the masks
 Problem = Optional[tuple[type, str]]
 
 
-def build_mask(window=None, cu_seqlens=None, document_ids=None, mask_mod=None, mask=None, cu_seqlens_q=None,
-               cu_seqlens_k=None, max_seqlen=None, max_seqlen_q=None,
-               max_seqlen_k=None) -> tuple[Optional[AttnMask], Problem]:
-    """:func:`~.spec.make_mask`, its ``ValueError`` returned as a problem instead of raised.
-
-    ``max_seqlen`` / ``max_seqlen_q`` / ``max_seqlen_k`` (flash-attn's varlen arguments, accepted for
-    compatibility; the engine sizes nothing by them): ``None`` or an int at least the longest query
-    (key) document; a smaller one is refused, since flash-attn would silently compute a wrong result."""
+def build_mask(keywords: MaskKeywords) -> tuple[Optional[AttnMask], Problem]:
+    """The mask of ``keywords`` (a :class:`~.spec.MaskKeywords`, or anything holding its fields: a call's
+    keywords), its ``ValueError`` returned as a problem instead of raised; the ``max_seqlen`` keywords
+    checked against its documents (:meth:`~.spec.MaskKeywords.seqlen_problem`)."""
     try:
-        built = make_mask(window, cu_seqlens, document_ids, mask_mod, mask, cu_seqlens_q, cu_seqlens_k)
+        built = MaskKeywords.build(keywords)
     except ValueError as e:
         return None, (ValueError, str(e))
-    if max_seqlen is not None and (max_seqlen_q is not None or max_seqlen_k is not None):
-        return built, (ValueError, "pass max_seqlen or max_seqlen_q / max_seqlen_k, not both")
-    for name, value, keys in (("max_seqlen", max_seqlen, None), ("max_seqlen_q", max_seqlen_q, False),
-                              ("max_seqlen_k", max_seqlen_k, True)):
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            return built, (TypeError, f"{name} must be None or a positive int, got {value!r}")
-        longest = [built.longest(k) for k in ((False, True) if keys is None else (keys,))] if built else []
-        longest = max((x for x in longest if x is not None), default=None)
-        if longest is not None and value < longest:
-            return built, (ValueError, f"{name}={value} is shorter than the longest document ({longest} tokens)")
-    return built, None
+    return built, MaskKeywords.seqlen_problem(keywords, built)
 
 
 def plan_for(q, cfg: Call, rank: int, world_size: int,

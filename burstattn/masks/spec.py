@@ -30,7 +30,7 @@ them across calls).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable, Optional, Sequence, Union
 
 import torch
@@ -271,25 +271,98 @@ class AttnMask:
                              f"[{q_pos.numel()}, {k_pos.numel()}] for q_pos [R, 1], k_pos [1, C]") from e
 
 
-def make_mask(window=None, cu_seqlens=None, document_ids=None, mask_mod=None,
-              mask: Optional[AttnMask] = None, cu_seqlens_q=None, cu_seqlens_k=None) -> Optional[AttnMask]:
-    """The call's mask from the keyword arguments (``None``: no mask). ``mask`` (a prebuilt,
-    caching :class:`AttnMask`) excludes the others; ``cu_seqlens_q`` is ``cu_seqlens`` under
-    flash-attn's varlen name (give one of them), ``cu_seqlens_k`` the keys' documents."""
-    if cu_seqlens_q is not None:
-        if cu_seqlens is not None:
-            raise ValueError("pass cu_seqlens or cu_seqlens_q (the same thing), not both")
-        cu_seqlens = cu_seqlens_q
-    given = [n for n, v in (("window", window), ("cu_seqlens", cu_seqlens), ("document_ids", document_ids),
-                            ("mask_mod", mask_mod), ("cu_seqlens_k", cu_seqlens_k)) if v is not None]
-    if mask is not None:
-        if not isinstance(mask, AttnMask):
-            raise ValueError(f"mask must be a burstattn.AttnMask, got {type(mask).__name__}")
-        if given:
-            raise ValueError(f"pass either mask=AttnMask(...) or {given}, not both")
-        return None if mask.empty else mask
-    if not given:
+KEYS_OWN = {"keys": True}  # a keyword about the key sequence's own documents (cross-attention, unequal lengths)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MaskKeywords:
+    """The keywords of an attention call that describe its mask: the one place their names are written.
+    :class:`burstattn.BurstOptions` (and so ``burst_attn_func``, ``BurstAttention`` and
+    ``attention(strategy=...)``) inherits these fields; :meth:`build` turns them into one :class:`AttnMask`.
+
+    Attributes:
+        window: ``(left, right)`` sliding window: query i sees keys ``i - left <= j <= i + right``
+            (``None`` or ``-1`` for an unbounded side, ``(-1, -1)``: no window, as flash-attn's
+            ``window_size``); with ``causal=True`` right is cut at i. Aligned like ``causal``.
+        cu_seqlens: packed documents as cumulative lengths (flash-attn varlen style, global
+            positions, starting at 0 and ending at ``Nq``): a token sees its own document only.
+            Excludes ``document_ids``.
+        cu_seqlens_q: flash-attn's name for ``cu_seqlens`` (give one of the two).
+        cu_seqlens_k: the keys' documents when the key sequence differs (ending at ``Nk``, as many
+            documents): query document d sees key document d, aligned bottom-right per document.
+        max_seqlen: accepted for flash-attn compatibility (nothing is sized by it): ``None`` or an
+            int; one shorter than the longest document raises ``ValueError``.
+        max_seqlen_q: the same for the query documents.
+        max_seqlen_k: the same for the key documents.
+        document_ids: packed documents as one id per global position (``[seq]``, non-decreasing).
+        mask_mod: ``mask_mod(q_pos, k_pos) -> bool tensor`` over global positions (broadcast
+            ``[R, 1] x [1, C]``, True = visible; each in its own sequence's positions), combined with
+            the above; the ranks must pass the same predicate (checked by its values). Runs eagerly
+            (not as the custom op).
+        mask: a prebuilt :class:`burstattn.AttnMask` (caches its block summaries: build it once and
+            reuse it); excludes window, cu_seqlens (_q, _k), document_ids and mask_mod.
+    """
+
+    window: Optional[tuple] = None
+    cu_seqlens: Optional[IntSeq] = None
+    cu_seqlens_q: Optional[IntSeq] = None
+    cu_seqlens_k: Optional[IntSeq] = field(default=None, metadata=KEYS_OWN)
+    max_seqlen: Optional[int] = None
+    max_seqlen_q: Optional[int] = None
+    max_seqlen_k: Optional[int] = field(default=None, metadata=KEYS_OWN)
+    document_ids: Optional[IntSeq] = None
+    mask_mod: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None
+    mask: Optional[AttnMask] = None
+
+    def build(self) -> Optional[AttnMask]:
+        """The call's mask (``None``: no mask). ``mask`` (a prebuilt, caching :class:`AttnMask`) excludes the
+        others; ``cu_seqlens_q`` is ``cu_seqlens`` under flash-attn's varlen name (give one of them),
+        ``cu_seqlens_k`` the keys' documents. Raises ``ValueError`` naming the problem."""
+        cu_seqlens = self.cu_seqlens
+        if self.cu_seqlens_q is not None:
+            if cu_seqlens is not None:
+                raise ValueError("pass cu_seqlens or cu_seqlens_q (the same thing), not both")
+            cu_seqlens = self.cu_seqlens_q
+        given = [n for n, v in (("window", self.window), ("cu_seqlens", cu_seqlens), ("document_ids", self.document_ids),
+                                ("mask_mod", self.mask_mod), ("cu_seqlens_k", self.cu_seqlens_k)) if v is not None]
+        if self.mask is not None:
+            if not isinstance(self.mask, AttnMask):
+                raise ValueError(f"mask must be a burstattn.AttnMask, got {type(self.mask).__name__}")
+            if given:
+                raise ValueError(f"pass either mask=AttnMask(...) or {given}, not both")
+            return None if self.mask.empty else self.mask
+        if not given:
+            return None
+        built = AttnMask(window=self.window, cu_seqlens=cu_seqlens, document_ids=self.document_ids,
+                         mask_mod=self.mask_mod, cu_seqlens_k=self.cu_seqlens_k)
+        return None if built.empty else built
+
+    def seqlen_problem(self, built: Optional[AttnMask]) -> Optional[tuple[type, str]]:
+        """Why ``max_seqlen`` / ``max_seqlen_q`` / ``max_seqlen_k`` do not fit the documents of ``built``
+        (flash-attn would silently compute a wrong result with one too short), or ``None``."""
+        if self.max_seqlen is not None and (self.max_seqlen_q is not None or self.max_seqlen_k is not None):
+            return ValueError, "pass max_seqlen or max_seqlen_q / max_seqlen_k, not both"
+        for name, value, keys in (("max_seqlen", self.max_seqlen, None), ("max_seqlen_q", self.max_seqlen_q, False),
+                                  ("max_seqlen_k", self.max_seqlen_k, True)):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                return TypeError, f"{name} must be None or a positive int, got {value!r}"
+            longest = [built.longest(k) for k in ((False, True) if keys is None else (keys,))] if built else []
+            longest = max((x for x in longest if x is not None), default=None)
+            if longest is not None and value < longest:
+                return ValueError, f"{name}={value} is shorter than the longest document ({longest} tokens)"
         return None
-    built = AttnMask(window=window, cu_seqlens=cu_seqlens, document_ids=document_ids, mask_mod=mask_mod,
-                     cu_seqlens_k=cu_seqlens_k)
-    return None if built.empty else built
+
+
+MASK_KEYWORDS = tuple(f.name for f in fields(MaskKeywords))
+"""The mask keywords' names, from :class:`MaskKeywords` (in field order)."""
+ONE_SEQUENCE_MASK_KEYWORDS = tuple(f.name for f in fields(MaskKeywords) if not f.metadata.get("keys"))
+"""The mask keywords of one sequence (all but the keys' own documents): what strategies that gather one
+sequence (ulysses, allgather) take."""
+
+
+def make_mask(**keywords) -> Optional[AttnMask]:
+    """The call's mask from the mask keywords (:class:`MaskKeywords`' fields; ``None``: no mask): see
+    :meth:`MaskKeywords.build`. Raises ``TypeError`` for another keyword, ``ValueError`` for a bad mask."""
+    return MaskKeywords(**keywords).build()

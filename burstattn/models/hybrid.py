@@ -25,7 +25,7 @@ from ..comm.groups import group_context
 from ..comm.host import host_side
 from ..layouts.named import layout_or_default
 from ..layouts.partition import Partition
-from ..masks.spec import make_mask
+from ..masks.spec import MASK_KEYWORDS, make_mask
 from ..recurrent import sp_causal_conv1d, sp_gated_delta_rule
 from ..strategies.usp import usp_positions
 from .blockwise import blockwise_rows
@@ -58,8 +58,8 @@ def mixer_context(attn: Optional[AttnFn], seq_len: int) -> tuple:
     return attn.group, layout
 
 
-MASK_OPTIONS = ("window", "cu_seqlens", "document_ids", "mask_mod", "mask", "cu_seqlens_q", "cu_seqlens_k")
-"""The attention options that describe its mask (:func:`burstattn.masks.spec.make_mask`'s arguments)."""
+MASK_OPTIONS = MASK_KEYWORDS
+"""The attention options that describe its mask (:class:`burstattn.masks.spec.MaskKeywords`' fields)."""
 
 
 def mixer_documents(attn: Optional[AttnFn]) -> Optional[torch.Tensor]:

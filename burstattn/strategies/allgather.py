@@ -33,15 +33,13 @@ from ..ops import strategy_call
 from .base import check_call
 
 
-def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", grad_partials="float32",
-        **mask_args) -> torch.Tensor:
+def run(q, k, v, keywords) -> torch.Tensor:
     """``q [B, n, Hq, D]``, ``k, v [B, n, Hkv, D]`` (this rank's shard in ``layout``) ->
     ``[B, n, Hq, D]`` in q's dtype. Raises on every rank for invalid inputs (``check_inputs``).
-    With a mask (``mask_args``) only the non-empty block ops are computed; the gathers move the
+    ``keywords``: a :class:`~burstattn.call.options.Keywords`. With a mask only the non-empty block ops are computed; the gathers move the
     same bytes (an all-gather cannot skip ranks). ``grad_partials``: as for :func:`burstattn.burst_attn_func`
     (its block calls are the engine's)."""
-    return strategy_call("allgather", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
-                         layout=layout, backend=backend, mask_args=mask_args, grad_partials=grad_partials)
+    return strategy_call("allgather", q, k, v, keywords)
 
 
 def check(call, q, k, v):

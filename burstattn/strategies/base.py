@@ -8,23 +8,9 @@ from typing import Callable, Optional
 
 from ..call.validate import check_inputs
 from ..masks.setup import plan_for
+from ..masks.spec import MASK_KEYWORDS
 
-MASK_OPTIONS = ("window", "cu_seqlens", "document_ids", "mask_mod", "mask")
-# the options of today's models (cross-attention, varlen documents of their own, score modifiers,
-# sinks, flash-attn's flags): the engine strategies (burst, ring) take them all
-MODEL_OPTIONS = ("kv_layout", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen", "max_seqlen_q", "max_seqlen_k",
-                 "softcap", "alibi_slopes", "sinks", "dropout_p", "deterministic", "grad_partials",
-                 "device_type")
-
-
-MASK_ARGS = MASK_OPTIONS + ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen", "max_seqlen_q", "max_seqlen_k")
-
-
-def split_options(options: dict) -> tuple[dict, dict]:
-    """``(mask_args, model_args)`` of an engine strategy's options: what builds the mask, and the
-    rest (``kv_layout``, the score modifiers, flash-attn's flags)."""
-    mask_args = {k: v for k, v in options.items() if k in MASK_ARGS}
-    return mask_args, {k: v for k, v in options.items() if k not in MASK_ARGS}
+MASK_OPTIONS = MASK_KEYWORDS  # the mask keywords (:class:`~burstattn.masks.spec.MaskKeywords`), by their old name
 
 
 @dataclass(frozen=True)
@@ -34,7 +20,10 @@ class StrategySpec:
     Attributes:
         name: the ``strategy=`` value (and the module under ``burstattn.strategies`` holding its ``run``).
         layouts: sequence layouts it accepts; ``default_layout`` is used when ``layout=None``.
-        options: the extra keyword options it takes (anything else is an error).
+        options: the keywords it takes beyond those of every strategy (``causal``, ``softmax_scale``,
+            ``layout``, ``group``): :class:`~burstattn.call.options.Keywords`' that it supports and its own
+            (usp's degrees); another keyword with a value other than its default is refused naming the strategy.
+        defaults: ``(keyword, value)`` pairs where its default differs from ``burst_attn_func``'s.
         partitions: whether an explicit :class:`~burstattn.layouts.partition.Partition` is accepted as
             ``layout`` (every strategy but rsa).
     """
@@ -44,6 +33,7 @@ class StrategySpec:
     default_layout: str
     options: tuple[str, ...]
     partitions: bool = False
+    defaults: tuple = ()
 
     def bytes_formula(self) -> Callable:
         """``bytes_formula(*, batch, local_seq, world_size, q_heads, kv_heads, head_dim, dtype,

@@ -14,23 +14,20 @@ from ..call.prepare import prepare
 from ..engine.bytes import accum_dtype, choose_backward, ring_bytes
 from ..masks.setup import plan_for
 from ..ops import run_call
-from .base import check_call, split_options
+from .base import check_call
 from .local import local_backward, local_forward
 
 EXACT_ALONE = (torch.float32, torch.float64)  # 16-bit: the engine's float32 tiles unless grad_partials="kernel"
 GPU_KERNELS = ("sdpa", "flash_attn")  # 16-bit alone on CUDA: the kernel's own backward (see alone)
 
 
-def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backward="auto", schedule="ring",
-        topology=None, **options):
-    """``out [B, n, Hq, Dv]``; ``options``: the masks (``window`` / ``cu_seqlens`` / ``document_ids`` /
-    ``mask_mod`` / ``mask``) and every keyword of today's models (``kv_layout``, ``cu_seqlens_k``,
-    ``softcap``, ``alibi_slopes``, ``sinks``, ...), as :func:`burstattn.burst_attn_func` takes them."""
-    mask_args, model_args = split_options(options)
-    call = prepare("burst", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
-                   backend=backend, backward=backward, schedule=schedule, topology=topology, mask_args=mask_args,
-                   **model_args)
-    return run_call(call, q, k, v)[0]
+def run(q, k, v, keywords, fn=None):
+    """``out [B, n, Hq, Dv]`` (and ``lse [B, Hq, n]`` with ``keywords.return_lse``) of one call with ``keywords``
+    (a :class:`~burstattn.call.options.Keywords`: every keyword of :func:`burstattn.burst_attn_func`, which runs
+    here too, as ``BurstAttention`` and ``attention(strategy="burst")`` do). ``fn``: the caller's name in
+    messages (default ``attention(strategy='burst')``)."""
+    out, lse = run_call(prepare("burst", q, k, v, keywords, fn=fn), q, k, v)
+    return (out, lse) if keywords.return_lse else out
 
 
 def check(call, q, k, v):

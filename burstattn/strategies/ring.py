@@ -8,21 +8,20 @@ and ``fake`` serve it (the op finds them here by the strategy's name).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..call.prepare import prepare
 from ..engine.bytes import ring_bytes
 from ..ops import run_call
-from .base import split_options
 from .burst import backward, check, fake, forward, plan_of  # noqa: F401  (the op's functions of "ring")
 
 
-def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", **options):
-    """Every layout runs exactly (the paper's is contiguous). With a mask (``options``) the K/V go
-    only where the mask needs them (the same sparse direct schedule as ``burst``), and the backward
-    still moves K/V and dK/dV; the other options are burst's (cross-attention, score modifiers, sinks)."""
-    mask_args, model_args = split_options(options)
-    call = prepare("ring", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
-                   backend=backend, backward="kv", mask_args=mask_args, **model_args)
-    return run_call(call, q, k, v)[0]
+def run(q, k, v, keywords):
+    """Every layout runs exactly (the paper's is contiguous). With a mask the K/V go only where the mask
+    needs them (the same sparse direct schedule as ``burst``), and the backward still moves K/V and dK/dV;
+    the other keywords are burst's (cross-attention, score modifiers, sinks, ``return_lse``)."""
+    out, lse = run_call(prepare("ring", q, k, v, replace(keywords, backward="kv")), q, k, v)
+    return (out, lse) if keywords.return_lse else out
 
 
 def bytes_formula(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,

@@ -28,6 +28,8 @@ kernel (materialising them is the point), so ``backend`` can only be ``"auto"`` 
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 
 import torch
 
@@ -197,7 +199,7 @@ def fake(call, q, k, v):
             q.new_empty(b, hkv, hq // hkv, n, d, dtype=acc)]
 
 
-def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto") -> torch.Tensor:
+def run(q, k, v, keywords) -> torch.Tensor:
     """``q [B, n, Hq, D]``, ``k, v [B, n, Hkv, D]`` (this rank's shard in ``layout``) ->
     ``[B, n, Hq, D]`` in q's dtype.
 
@@ -205,12 +207,11 @@ def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto") -> tor
         ValueError / TypeError on every rank: invalid inputs (see ``check_inputs``), or a
         ``backend`` other than ``"auto"`` / ``"reference"``.
     """
-    problem = None
+    problem, backend = None, keywords.backend
     if backend not in ("auto", "reference"):
         problem = (ValueError, f"backend must be 'auto' or 'reference' (the score matrix is built with plain "
                                f"PyTorch matmuls, the 'reference' backend, which is the baseline), got {backend!r}")
-    return strategy_call("rsa", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
-                         backend="reference", problem=problem)
+    return strategy_call("rsa", q, k, v, replace(keywords, backend="reference"), problem=problem)
 
 
 def bytes_formula(*, batch: int, local_seq: int, world_size: int, q_heads: int, kv_heads: int,

@@ -50,7 +50,7 @@ def kv_index(first_head: int, heads: int, group_size: int) -> list[int]:
     return per_q
 
 
-def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto") -> torch.Tensor:
+def run(q, k, v, keywords) -> torch.Tensor:
     """``q [B, n, Hq, D]``, ``k, v [B, n, Hkv, D]`` (this rank's shard in ``layout``) ->
     ``[B, n, Hq, D]`` in q's dtype.
 
@@ -58,8 +58,7 @@ def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto") -> tor
         ValueError / TypeError on every rank: invalid inputs (see ``check_inputs``), or
         ``q_heads`` not divisible by the group size.
     """
-    return strategy_call("tp", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
-                         backend=backend)
+    return strategy_call("tp", q, k, v, keywords)
 
 
 def check(call, q, k, v):

@@ -33,17 +33,16 @@ from .heads import (a2a_bytes, from_global, heads_problem, heads_to_seq, kv_repe
 from .local import local_backward, local_forward, local_plan
 
 
-def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", **mask_args) -> torch.Tensor:
+def run(q, k, v, keywords) -> torch.Tensor:
     """``q [B, n, Hq, D]``, ``k, v [B, n, Hkv, D]`` (this rank's shard in ``layout``) ->
-    ``[B, n, Hq, D]`` in q's dtype. With a mask (``mask_args``) the local attention over the whole
+    ``[B, n, Hq, D]`` in q's dtype. ``keywords``: a :class:`~burstattn.call.options.Keywords`. With a mask the local attention over the whole
     sequence computes only the block ops the mask leaves non-empty (the all-to-alls are unchanged).
 
     Raises:
         ValueError / TypeError on every rank: invalid inputs or mask (see ``check_inputs``), or
         ``q_heads`` not divisible by the group size.
     """
-    return strategy_call("ulysses", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
-                         backend=backend, mask_args=mask_args)
+    return strategy_call("ulysses", q, k, v, keywords)
 
 
 def check(call, q, k, v):

@@ -133,11 +133,12 @@ def _given_groups(p: int, rank: int, ulysses_degree, ring_degree, mesh, ulysses_
     return UspGroups(ulysses_group, ring_group, u, r, ui, ri), (u, r), None
 
 
-def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backward="auto", ulysses_degree=None,
-        ring_degree=None, mesh=None, ulysses_group=None, ring_group=None, grad_partials="float32") -> torch.Tensor:
+def run(q, k, v, keywords, *, ulysses_degree=None, ring_degree=None, mesh=None, ulysses_group=None,
+        ring_group=None) -> torch.Tensor:
     """``q [B, n, Hq, D]``, ``k, v [B, n, Hkv, D]`` (this rank's shard in ``layout`` over the whole
     group, as :func:`burstattn.shard_sequence` gives it) -> ``[B, n, Hq, D]`` in q's dtype.
-    ``backend``/``backward``/``grad_partials``: as in :func:`burst_attn_func` (the inner ring's). Given only
+    ``keywords`` (:class:`~burstattn.call.options.Keywords`): ``backend``/``backward``/``grad_partials`` as in
+    :func:`burst_attn_func` (the inner ring's), the rest at their defaults. Given only
     degrees, the sub-groups are built on the first call and reused (:func:`burstattn.comm.groups.usp_subgroups`).
     Runs as the custom op ``torch.ops.burstattn.attention_fwd`` (:mod:`burstattn.ops`; the sub-groups travel
     by name).
@@ -147,16 +148,14 @@ def run(q, k, v, *, group, causal, softmax_scale, layout, backend="auto", backwa
         not multiply to the group size, inconsistent groups/mesh, ``q_heads`` not divisible by
         ``ulysses_degree``.
     """
-    where = group_context(group)
+    where = group_context(keywords.group)
     groups, (u, r), problem = _given_groups(where.world_size, where.rank, ulysses_degree, ring_degree, mesh,
                                             ulysses_group, ring_group)
     if problem is None:
         problem = heads_problem(q.shape[2], u, "usp", "ulysses_degree") if isinstance(q, torch.Tensor) else None
     options = ({"ulysses_degree": u, "ring_degree": r} if groups is None else
                {"ulysses_group": group_name(groups.ulysses_group), "ring_group": group_name(groups.ring_group)})
-    return strategy_call("usp", q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
-                         backend=backend, backward=backward, options=options, grad_partials=grad_partials,
-                         problem=problem and (ValueError, problem))
+    return strategy_call("usp", q, k, v, keywords, options=options, problem=problem and (ValueError, problem))
 
 
 def _groups(call) -> UspGroups:
