@@ -24,6 +24,13 @@ KERNELS = ("auto", "torch", "fla")
 FLA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # Triton's dots: no float64
 
 
+def is_fake(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a FakeTensor (the dry run's)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
 def fla_available() -> bool:
     """Whether flash-linear-attention is importable (looked up, not imported)."""
     return importlib.util.find_spec("fla") is not None
@@ -52,8 +59,11 @@ def kernel_problem(kernel, device: torch.device, dtype: torch.dtype, available: 
     return None
 
 
-def resolve_kernel(kernel: str, device: torch.device, dtype: torch.dtype) -> str:
-    """``"torch"`` or ``"fla"`` for a valid ``kernel`` (:func:`kernel_problem` returned ``None``)."""
+def resolve_kernel(kernel: str, device: torch.device, dtype: torch.dtype, fake: bool = False) -> str:
+    """``"torch"`` or ``"fla"`` for a valid ``kernel`` (:func:`kernel_problem` returned ``None``). ``fake``:
+    the tensors are the dry run's fake tensors (no Triton kernel runs on them): the torch form."""
+    if fake:
+        return "torch"
     if kernel == "auto":
         return segment_backend(device, fla_available(), dtype)
     return kernel

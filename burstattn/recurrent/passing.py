@@ -37,7 +37,7 @@ from ..layouts.partition import _check_cu_seqlens
 from .checks import dim, tensors_problem
 from .chunked import chunk_delta_rule, chunk_linear_attention, compute_dtype
 from .comm import check_agree, crc, sum_grad
-from .kernels import fla_delta_local, fla_linear_local, kernel_problem, resolve_kernel
+from .kernels import fla_delta_local, fla_linear_local, is_fake, kernel_problem, resolve_kernel
 from .schemes import SCHEMES, Packer, fold_allgather, fold_scan, resolve_scheme, route
 from .segments import segment_plan
 
@@ -232,8 +232,8 @@ def delta_rule_op(fn: str, problem: Optional[str], q, k, v, g, beta, *, group, l
     tensors, local = {}, None
     if not problem:
         tensors = _grouped(q, k, v, g=g, beta=beta)
-        local = (fla_delta_local(scale, use_qk_l2norm) if resolve_kernel(kernel, q.device, compute_dtype(q.dtype))
-                 == "fla" else _delta_local(chunk_size, scale, use_qk_l2norm))
+        fla = resolve_kernel(kernel, q.device, compute_dtype(q.dtype), is_fake(q)) == "fla"
+        local = fla_delta_local(scale, use_qk_l2norm) if fla else _delta_local(chunk_size, scale, use_qk_l2norm)
     out, final = state_passing(fn, tensors, local, dv=dim(v, -1), a_shape=(dim(k, -1), dim(k, -1)), group=group,
                                layout=layout, cu_seqlens=cu_seqlens, output_final_state=output_final_state,
                                fields=fields, problem=problem, check=check, scheme=scheme,
@@ -332,8 +332,8 @@ def linear_attention_op(fn: str, problem: Optional[str], q, k, v, g, *, group, l
     tensors, local = {}, None
     if not problem:
         tensors = _grouped(q, k, v, g=g)
-        local = (fla_linear_local(scale) if resolve_kernel(kernel, q.device, compute_dtype(q.dtype)) == "fla"
-                 else _linear_local(chunk_size, scale))
+        fla = resolve_kernel(kernel, q.device, compute_dtype(q.dtype), is_fake(q)) == "fla"
+        local = fla_linear_local(scale) if fla else _linear_local(chunk_size, scale)
     out, final = state_passing(fn, tensors, local, dv=dim(v, -1), a_shape=(), group=group, layout=layout,
                                cu_seqlens=cu_seqlens, output_final_state=output_final_state, fields=fields,
                                problem=problem, check=check, scheme=scheme, initial_state=initial_state)

@@ -100,3 +100,13 @@ def test_fla_hook_wiring_equals_the_torch_form(monkeypatch, op):
     assert seen and len(got) == len(want)
     for a, b in zip(got, want):
         assert (a - b).abs().max() <= 1e-12 * b.abs().max().clamp_min(1), op
+
+
+def test_fake_tensors_take_the_torch_form():
+    """The dry run's fake tensors never reach a Triton kernel, whatever the device and package."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        t = torch.empty(2, 3)
+        assert kernels.is_fake(t) and kernels.resolve_kernel("auto", CUDA, torch.float32, fake=True) == "torch"
+    assert not kernels.is_fake(torch.empty(1))
