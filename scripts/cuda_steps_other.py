@@ -50,19 +50,26 @@ def _gdn(ctx, n, world):
     emu = _shards(world, lambda q_, k_, v_, g_, b_, s: chunk_delta_rule(q_, k_, v_, g_, b_, initial_state=s),
                   qr, kr, v, g, beta)
     arms = {"sp_world1": lambda: sp_gated_delta_rule(q, k, v, g, beta),
+            "sp_world1_torch_form": lambda: sp_gated_delta_rule(q, k, v, g, beta, kernel="torch"),
             "emulated_ranks": lambda: _shards(world, lambda q_, k_, v_, g_, b_, s: chunk_delta_rule(
                 q_, k_, v_, g_, b_, initial_state=s), qr, kr, v, g, beta)}
     baseline = "torch chunked (chunk_delta_rule, whole sequence)"
+    extra = {}
     if importlib.util.find_spec("fla") is not None and not ctx.dry:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
+        # the sharded op's per-segment kernel: fla's (kernel="fla", what "auto" picks here) against the torch form
+        arms["sp_world1_fla_kernel"] = lambda: sp_gated_delta_rule(q, k, v, g, beta, kernel="fla")
         arms["fla"] = lambda: chunk_gated_delta_rule(qr, kr, v, g, beta)
         baseline = "flash-linear-attention chunk_gated_delta_rule"
+        extra["fla_kernel_vs_torch_form_rel"] = rel(sp_gated_delta_rule(q, k, v, g, beta, kernel="fla")[0],
+                                                    sp_gated_delta_rule(q, k, v, g, beta, kernel="torch")[0])
     else:
         arms["torch_chunked"] = lambda: chunk_delta_rule(qr, kr, v, g, beta)
+        extra["fla_kernel"] = "skipped: flash-linear-attention not importable" if not ctx.dry else "skipped: dry"
     t = timed(ctx, arms, repeats=3, warmup=1)
     return dict(forward_ms={a: s * 1e3 for a, s in t.items()}, baseline=baseline,
-                emulated_vs_world1_rel=rel(emu, one), heads=f"{hk}/{hv}", d=d)
+                emulated_vs_world1_rel=rel(emu, one), heads=f"{hk}/{hv}", d=d, **extra)
 
 
 def _gdn_exact(ctx):

@@ -15,7 +15,8 @@ transformers' reference implementations:
 Every column of ``S`` evolves independently of the others given ``(q, k, g, beta)``: the state
 passing in :mod:`burstattn.recurrent.passing` relies on it (it runs identity columns next to
 ``v`` to obtain the chunk's transition). Inputs of 16-bit types are computed in float32, float64
-stays float64; the output has the input's dtype, the state the compute dtype.
+stays float64; the output has the input's dtype, the state the compute dtype. The decays inside a
+chunk are segment sums (:mod:`.decay`), not differences of prefix sums.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import accum_dtype
+from .decay import chunk_decays
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -70,16 +72,15 @@ def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
         g = g.unsqueeze(-1)  # [B, H, T, 1]: one decay for every channel
     q, k, v, g = (_chunks(x, pad, C) for x in (q, k, v, g))  # [B, H, nc, C, d]
     beta = _chunks(beta.unsqueeze(-1), pad, C)  # [B, H, nc, C, 1]; padded tokens write nothing
-    G = g.cumsum(dim=3)  # log decay from the chunk's start through token i: [B, H, nc, C, 1 or dk]
+    # G: log decay from the chunk's start through token i [B, H, nc, C, 1 or dk]; pair: the decay from j to
+    # i (j <= i) as segment sums, [B, H, nc, C, C] or per channel [B, H, nc, C, C, dk] (KDA's decay_mask)
+    G, pair, to_end = chunk_decays(g)
     upper = torch.ones(C, C, dtype=torch.bool, device=q.device).triu(1)
     k_beta, v_beta = k * beta, v * beta
     if channel:
-        # [B, H, nc, C, C, dk]: exp(G_i - G_j) per channel, j <= i (KDA's decay_mask)
-        pair = (G.unsqueeze(-2) - G.unsqueeze(-3)).masked_fill(upper[..., None], float("-inf")).exp()
         ut = torch.einsum("...ic,...jc,...ijc->...ij", k_beta, k, pair)
         intra = torch.einsum("...ic,...jc,...ijc->...ij", q, k, pair)
     else:
-        pair = (G - G.transpose(-1, -2)).masked_fill(upper, float("-inf")).exp()  # [B, H, nc, C, C]
         ut = (k_beta @ k.transpose(-1, -2)) * pair
         intra = (q @ k.transpose(-1, -2)) * pair
     intra = intra.masked_fill(upper, 0.0)
@@ -87,7 +88,7 @@ def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     new_values = torch.linalg.solve_triangular(ut, v_beta, upper=False, unitriangular=True)
     k_cumdecay = torch.linalg.solve_triangular(ut, k_beta * G.exp(), upper=False, unitriangular=True)
     q_dec = q * G.exp()
-    k_dec = k * (G[..., -1:, :] - G).exp()
+    k_dec = k * to_end.exp()
     chunk_decay = G[..., -1, :].exp().unsqueeze(-1)  # [B, H, nc, 1 or dk, 1]: scales the state's rows
     S = (torch.zeros(B, H, dk, v.shape[-1], dtype=dtype, device=q.device) if initial_state is None
          else initial_state.to(dtype))
@@ -120,12 +121,10 @@ def chunk_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     C = chunk_size
     pad = (C - T % C) % C
     q, k, v, g = (_chunks(x, pad, C) for x in (q, k, v, g.unsqueeze(-1)))
-    G = g.cumsum(dim=3)  # [B, H, nc, C, 1]
-    upper = torch.ones(C, C, dtype=torch.bool, device=q.device).triu(1)
-    pair = (G - G.transpose(-1, -2)).masked_fill(upper, float("-inf")).exp()
+    G, pair, to_end = chunk_decays(g)  # [B, H, nc, C, 1], [B, H, nc, C, C] (segment sums), [B, H, nc, C, 1]
     intra = (q @ k.transpose(-1, -2)) * pair  # [B, H, nc, C, C], zero above the diagonal
     q_dec = q * G.exp()
-    k_dec = k * (G[..., -1:, :] - G).exp()
+    k_dec = k * to_end.exp()
     chunk_decay = G[..., -1, :].exp().unsqueeze(-1)  # [B, H, nc, 1, 1]
     S = (torch.zeros(B, H, dk, v.shape[-1], dtype=dtype, device=q.device) if initial_state is None
          else initial_state.to(dtype))

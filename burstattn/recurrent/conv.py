@@ -16,7 +16,9 @@ import torch.nn.functional as F
 
 from ..comm.groups import group_context
 from ..comm.host import host_side
+from ..config import accum_dtype
 from ..layouts.named import layout_or_default
+from .checks import dim, tensors_problem
 from .comm import all_gather
 from .passing import _common_problem, _cu_key, _layout_key, check_every_rank
 from .segments import halo_plan
@@ -36,14 +38,17 @@ def sp_causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
         activation: ``None``, ``"silu"`` or ``"swish"``.
         group, layout, cu_seqlens, check: as :func:`~burstattn.recurrent.sp_gated_delta_rule`.
     Returns:
-        ``[B, n, C]`` in x's dtype.
+        ``[B, n, C]`` in x's dtype (computed in float32 for 16-bit inputs).
     Raises:
-        ValueError on every rank for bad or disagreeing shapes, layout, ``cu_seqlens`` or activation.
+        ValueError on every rank for inputs that are not floating-point tensors, bad or disagreeing shapes,
+        layout, ``cu_seqlens`` or activation.
     """
     ctx = group_context(group)
     layout = layout_or_default(layout)
-    w = weight.reshape(weight.shape[0], weight.shape[-1]) if weight.dim() == 3 else weight
-    problem = _common_problem(x.unsqueeze(-1) if x.dim() == 3 else x, 1, layout, cu_seqlens, ctx.world_size)
+    problem = tensors_problem(dict(x=x, weight=weight, bias=bias), optional=("bias",))
+    w = weight.reshape(weight.shape[0], weight.shape[-1]) if problem is None and weight.dim() == 3 else weight
+    if problem is None:
+        problem = _common_problem(x.unsqueeze(-1) if x.dim() == 3 else x, 1, layout, cu_seqlens, ctx.world_size)
     if problem is None and (x.dim() != 3 or w.dim() != 2 or w.shape[0] != x.shape[-1]):
         problem = f"x must be [batch, local_seq, channels] and weight [channels, width], got {tuple(x.shape)} " \
                   f"and {tuple(weight.shape)}"
@@ -51,8 +56,8 @@ def sp_causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
         problem = f"bias must be [{x.shape[-1]}], got {tuple(bias.shape)}"
     if problem is None and activation not in ACTIVATIONS:
         problem = f"activation must be one of {ACTIVATIONS}, got {activation!r}"
-    fields = dict(kind="conv", batch=x.shape[0], local_seq=x.shape[1] if x.dim() > 1 else 0,
-                  channels=x.shape[-1], width=w.shape[-1], dtype=str(x.dtype),
+    fields = dict(kind="conv", batch=dim(x, 0), local_seq=dim(x, 1), channels=dim(x, -1), width=dim(w, -1),
+                  dtype=str(getattr(x, "dtype", "")),
                   layout=_layout_key(layout) if problem is None else None,
                   cu_seqlens=_cu_key(cu_seqlens) if problem is None else None)
     if check:
@@ -71,7 +76,8 @@ def sp_causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     rows.append(x.new_zeros(B, 1, C))  # the zero row: taps before the sequence or a document start
     table = torch.cat(rows, dim=1)
     win = table[:, plan.index.to(x.device)]  # [B, n, K, C]
-    y = torch.einsum("bnkc,ck->bnc", win, w.to(x.dtype))
+    up = accum_dtype(x.dtype)  # the taps' sum, the bias and the activation in float32 for 16-bit inputs
+    y = torch.einsum("bnkc,ck->bnc", win.to(up), w.to(up))
     if bias is not None:
-        y = y + bias.to(x.dtype)
-    return F.silu(y) if activation in ("silu", "swish") else y
+        y = y + bias.to(up)
+    return (F.silu(y) if activation in ("silu", "swish") else y).to(x.dtype)

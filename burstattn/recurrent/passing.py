@@ -37,8 +37,10 @@ from ..comm.stats import active_stats
 from ..config import accum_dtype, checksum
 from ..layouts.named import check_layout, layout_or_default
 from ..layouts.partition import _check_cu_seqlens
+from .checks import dim, tensors_problem
 from .chunked import chunk_delta_rule, chunk_linear_attention
 from .comm import sum_grad
+from .kernels import fla_delta_local, fla_linear_local, is_fake, kernel_problem, resolve_kernel
 from .schemes import SCHEMES, Packer, fold_allgather, fold_scan, resolve_scheme, route
 from .segments import segment_plan
 
@@ -150,10 +152,9 @@ def state_passing(fn: str, tensors: dict, local: Callable, *, dv: int, a_shape: 
 def _fields(kind: str, q, v, chunk_size, scale, layout, cu_seqlens, problem, **extra) -> dict:
     """What must agree across ranks (shapes, options, layout and packing checksums)."""
     ok = problem is None
-    return dict(kind=kind, batch=q.shape[0], local_seq=q.shape[1] if q.dim() > 1 else 0,
-                q_heads=q.shape[-2] if q.dim() > 2 else 0, v_heads=v.shape[-2] if v.dim() > 2 else 0,
-                head_dim=q.shape[-1], v_head_dim=v.shape[-1],
-                chunk_size=chunk_size if isinstance(chunk_size, int) else -1, dtype=str(q.dtype),
+    return dict(kind=kind, batch=dim(q, 0), local_seq=dim(q, 1), q_heads=dim(q, -2), v_heads=dim(v, -2),
+                head_dim=dim(q, -1), v_head_dim=dim(v, -1),
+                chunk_size=chunk_size if isinstance(chunk_size, int) else -1, dtype=str(getattr(q, "dtype", "")),
                 scale=scale, layout=_layout_key(layout_or_default(layout)) if ok else None,
                 cu_seqlens=_cu_key(cu_seqlens) if ok else None, **extra)
 
@@ -183,7 +184,7 @@ def sp_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
                         *, group=None, layout="zigzag", cu_seqlens=None, chunk_size: int = 64,
                         scale: Optional[float] = None, use_qk_l2norm: bool = False,
                         output_final_state: bool = False, initial_state: Optional[torch.Tensor] = None,
-                        scheme: str = "auto", check: bool = True):
+                        scheme: str = "auto", kernel: str = "auto", check: bool = True):
     """Sequence-parallel gated delta rule (Gated DeltaNet; KDA when ``g`` has a channel dim).
 
     Args:
@@ -201,27 +202,52 @@ def sp_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
             ``P`` ranks' summaries), ``"scan"`` (a log-depth prefix scan over point-to-point rounds;
             memory does not grow with ``P``) or ``"auto"`` (the scan from
             :data:`~burstattn.recurrent.schemes.SCAN_MIN_WORLD` ranks on). The results are equal.
+        kernel: what computes each segment: ``"torch"`` (the chunked form of :mod:`.chunked`, the
+            reference), ``"fla"`` (flash-linear-attention's Triton kernel: CUDA tensors, the package
+            importable) or ``"auto"`` (``"fla"`` where it can run, else ``"torch"``;
+            :func:`~burstattn.recurrent.kernels.segment_backend`).
         check: exchange a small signature first so that bad or disagreeing inputs raise on every rank.
     Returns:
         ``(o [B, n, Hv, dv] in q's dtype, final state in the compute dtype or None)``.
     Raises:
-        ValueError on every rank: shapes, ``chunk_size``, layout, ``cu_seqlens``, ``scheme`` or
-        ``initial_state`` invalid on any rank, or differing across ranks.
+        ValueError on every rank: an input that is not a floating-point tensor (or on another device),
+        shapes, ``chunk_size``, layout, ``cu_seqlens``, ``scheme``, ``kernel`` or ``initial_state``
+        invalid on any rank, or differing across ranks.
     """
+    return delta_rule_op("sp_gated_delta_rule", None, q, k, v, g, beta, group=group, layout=layout,
+                         cu_seqlens=cu_seqlens, chunk_size=chunk_size, scale=scale, use_qk_l2norm=use_qk_l2norm,
+                         output_final_state=output_final_state, initial_state=initial_state, scheme=scheme,
+                         kernel=kernel, check=check)
+
+
+def delta_rule_op(fn: str, problem: Optional[str], q, k, v, g, beta, *, group, layout, cu_seqlens, chunk_size,
+                  scale, use_qk_l2norm, output_final_state, initial_state, scheme, kernel, check):
+    """:func:`sp_gated_delta_rule` under the name ``fn``, with a ``problem`` its caller found already
+    (then no tensor is read but for the agreement's fields: every rank raises)."""
     ctx = group_context(group)
-    problem = _common_problem(q, chunk_size, layout_or_default(layout), cu_seqlens, ctx.world_size)
+    if problem is None:
+        problem = tensors_problem(dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state),
+                                   optional=("initial_state",))
+    if problem is None:
+        problem = _common_problem(q, chunk_size, layout_or_default(layout), cu_seqlens, ctx.world_size)
     if problem is None:
         problem = _delta_problem(q, k, v, g, beta)
     if problem is None:
         problem = _passing_problem(q, v, q.shape[-1], scheme, initial_state)
-    fields = _fields("delta", q, v, chunk_size, scale, layout, cu_seqlens, problem, channel_decay=g.dim() == 4,
-                     l2norm=int(use_qk_l2norm), **_passing_fields(scheme, output_final_state, initial_state,
-                                                                   q, k, v, g, beta))
-    tensors = {} if problem else _grouped(q, k, v, g=g, beta=beta)
-    out, final = state_passing("sp_gated_delta_rule", tensors, _delta_local(chunk_size, scale, use_qk_l2norm),
-                               dv=v.shape[-1], a_shape=(k.shape[-1], k.shape[-1]), group=group, layout=layout,
-                               cu_seqlens=cu_seqlens, output_final_state=output_final_state, fields=fields,
-                               problem=problem, check=check, scheme=scheme, initial_state=initial_state)
+    if problem is None:
+        problem = kernel_problem(kernel, q.device, accum_dtype(q.dtype))
+    fields = _fields("delta", q, v, chunk_size, scale, layout, cu_seqlens, problem, channel_decay=len(
+        getattr(g, "shape", ())) == 4, l2norm=int(use_qk_l2norm), kernel=str(kernel), **_passing_fields(
+        scheme, output_final_state, initial_state, q, k, v, g, beta))
+    tensors, local = {}, None
+    if not problem:
+        tensors = _grouped(q, k, v, g=g, beta=beta)
+        fla = resolve_kernel(kernel, q.device, accum_dtype(q.dtype), is_fake(q)) == "fla"
+        local = fla_delta_local(scale, use_qk_l2norm) if fla else _delta_local(chunk_size, scale, use_qk_l2norm)
+    out, final = state_passing(fn, tensors, local, dv=dim(v, -1), a_shape=(dim(k, -1), dim(k, -1)), group=group,
+                               layout=layout, cu_seqlens=cu_seqlens, output_final_state=output_final_state,
+                               fields=fields, problem=problem, check=check, scheme=scheme,
+                               initial_state=initial_state)
     return out.to(q.dtype), final
 
 
@@ -274,30 +300,51 @@ def _linear_local(chunk_size: int, scale: float):
 def sp_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, *, group=None,
                         layout="zigzag", cu_seqlens=None, chunk_size: int = 64, scale: float = 1.0,
                         output_final_state: bool = False, initial_state: Optional[torch.Tensor] = None,
-                        scheme: str = "auto", check: bool = True):
+                        scheme: str = "auto", kernel: str = "auto", check: bool = True):
     """Sequence-parallel linear attention with a scalar decay (SSD, lightning attention).
 
     ``S_t = exp(g_t) S_{t-1} + k_t v_t^T``, ``o_t = scale * q_t @ S_t``.
 
     Args:
         q, k: ``[B, n, Hk, dk]``; v: ``[B, n, H, dv]`` (``H % Hk == 0``); g: ``[B, n, H]`` log decay.
-        initial_state: ``[B, H, dk, dv]`` or ``None``. Others as :func:`sp_gated_delta_rule`.
+        initial_state: ``[B, H, dk, dv]`` or ``None``. Others as :func:`sp_gated_delta_rule`
+            (``kernel="fla"``: flash-linear-attention's ``chunk_simple_gla``).
     Returns:
         ``(o [B, n, H, dv], final state [B, H, dk, dv] or None)``.
+    Raises:
+        ValueError on every rank, as :func:`sp_gated_delta_rule`.
     """
+    return linear_attention_op("sp_linear_attention", None, q, k, v, g, group=group, layout=layout,
+                               cu_seqlens=cu_seqlens, chunk_size=chunk_size, scale=scale,
+                               output_final_state=output_final_state, initial_state=initial_state, scheme=scheme,
+                               kernel=kernel, check=check)
+
+
+def linear_attention_op(fn: str, problem: Optional[str], q, k, v, g, *, group, layout, cu_seqlens, chunk_size,
+                        scale, output_final_state, initial_state, scheme, kernel, check, extra: Optional[dict] = None):
+    """:func:`sp_linear_attention` under the name ``fn``, with a ``problem`` its caller found already and
+    ``extra`` fields that must agree across ranks (the caller's own options)."""
     ctx = group_context(group)
-    problem = _common_problem(q, chunk_size, layout_or_default(layout), cu_seqlens, ctx.world_size)
+    if problem is None:
+        problem = tensors_problem(dict(q=q, k=k, v=v, g=g, initial_state=initial_state), optional=("initial_state",))
+    if problem is None:
+        problem = _common_problem(q, chunk_size, layout_or_default(layout), cu_seqlens, ctx.world_size)
     if problem is None:
         problem = _delta_problem(q, k, v, g, g if g.dim() == 3 else g[..., 0])
         if problem is None and g.dim() != 3:
             problem = f"g must be [batch, local_seq, heads] (a scalar decay), got {tuple(g.shape)}"
     if problem is None:
         problem = _passing_problem(q, v, q.shape[-1], scheme, initial_state)
-    fields = _fields("linear", q, v, chunk_size, scale, layout, cu_seqlens, problem,
-                     **_passing_fields(scheme, output_final_state, initial_state, q, k, v, g))
-    tensors = {} if problem else _grouped(q, k, v, g=g)
-    out, final = state_passing("sp_linear_attention", tensors, _linear_local(chunk_size, scale), dv=v.shape[-1],
-                               a_shape=(), group=group, layout=layout, cu_seqlens=cu_seqlens,
-                               output_final_state=output_final_state, fields=fields, problem=problem,
-                               check=check, scheme=scheme, initial_state=initial_state)
+    if problem is None:
+        problem = kernel_problem(kernel, q.device, accum_dtype(q.dtype))
+    fields = _fields("linear", q, v, chunk_size, scale, layout, cu_seqlens, problem, kernel=str(kernel),
+                     **(extra or {}), **_passing_fields(scheme, output_final_state, initial_state, q, k, v, g))
+    tensors, local = {}, None
+    if not problem:
+        tensors = _grouped(q, k, v, g=g)
+        fla = resolve_kernel(kernel, q.device, accum_dtype(q.dtype), is_fake(q)) == "fla"
+        local = fla_linear_local(scale) if fla else _linear_local(chunk_size, scale)
+    out, final = state_passing(fn, tensors, local, dv=dim(v, -1), a_shape=(), group=group, layout=layout,
+                               cu_seqlens=cu_seqlens, output_final_state=output_final_state, fields=fields,
+                               problem=problem, check=check, scheme=scheme, initial_state=initial_state)
     return out.to(q.dtype), final

@@ -180,3 +180,73 @@ def generate(rank: int, world: int, kinds, prompt: int = 9, new: int = 5) -> dic
                                     **bhf.cache_kwargs(model, bhf.ShardedCache()))
         out[kind] = (tokens.tolist(), ref.tolist())
     return out
+
+
+class float64_everywhere:
+    """Inside it a float64 model computes in float64 throughout: transformers' forwards cast to float32 on
+    purpose (the Mamba2 scan's ``.float()``, the norms' ``.to(torch.float32)``, eager attention's softmax
+    ``dtype=torch.float32``); here a float64 tensor keeps float64 through those casts (other tensors are
+    cast as asked). Restored on exit. The float64 reference of :func:`a_log_precision`."""
+
+    def __enter__(self):
+        import torch.nn.functional as F
+
+        self.saved = (torch.Tensor.float, torch.Tensor.to, F.softmax)
+        real_float, real_to, real_softmax = self.saved
+
+        def keep(x, dtype):
+            return torch.float64 if dtype in (torch.float32, torch.float) and x.dtype == torch.float64 else dtype
+
+        def to(x, *args, **kw):
+            if "dtype" in kw:
+                kw["dtype"] = keep(x, kw["dtype"])
+            args = tuple(keep(x, a) if isinstance(a, torch.dtype) else a for a in args)
+            return real_to(x, *args, **kw)
+
+        def softmax(x, *args, dtype=None, **kw):
+            return real_softmax(x, *args, dtype=keep(x, dtype), **kw)
+        torch.Tensor.float = lambda x, *a, **k: x if x.dtype == torch.float64 else real_float(x, *a, **k)
+        torch.Tensor.to = to
+        F.softmax = softmax
+        return self
+
+    def __exit__(self, *exc):
+        import torch.nn.functional as F
+
+        torch.Tensor.float, torch.Tensor.to, F.softmax = self.saved
+        return False
+
+
+def _a_log_grads(model, ids, **batch) -> torch.Tensor:
+    """The ``A_log`` gradients of one step (every Mamba2 layer's, concatenated, float64)."""
+    res = model(**(batch or dict(input_ids=ids, labels=ids)))
+    res.loss.backward()
+    if batch:
+        bhf.sync_gradients(model)
+    grads = torch.cat([p.grad.double().flatten() for n, p in model.named_parameters() if n.endswith("A_log")])
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def a_log_precision(rank: int, world: int, kinds, batch: int = 2, seq: int = 256) -> dict:
+    """Per kind: the float32 ``A_log`` gradient's error (max abs difference over the reference's max
+    magnitude) against the same model computed in float64 throughout (:class:`float64_everywhere`), for
+    transformers' own float32 forward on one process (``"transformers"``) and for the sequence-parallel
+    step (``"burstattn"``: patch_mixers + shard_batch, zigzag: 64-token segments at world 2)."""
+    ids = _tokens(batch, seq, 3)
+    out = {}
+    for kind in kinds:
+        model = build(kind, torch.float64)
+        with float64_everywhere():
+            ref = _a_log_grads(model, ids)
+        model = build(kind, torch.float32)
+        theirs = _a_log_grads(model, ids)
+        bhf.patch_mixers(model)
+        bhf.register(strategy="burst", backend="reference", layout="zigzag")
+        model.set_attn_implementation("burst")
+        ours = _a_log_grads(model, ids, **bhf.shard_batch(ids, ids))
+        model.set_attn_implementation("eager")
+        scale = float(ref.abs().max())
+        out[kind] = dict(transformers=float((theirs - ref).abs().max()) / scale,
+                         burstattn=float((ours - ref).abs().max()) / scale, count=ref.numel())
+    return out

@@ -281,3 +281,55 @@ def run_grid(rank: int, world: int, rows: list) -> list:
         except Exception as e:  # reported per row by the parent
             results.append(f"{type(e).__name__}: {e}")
     return results
+
+
+BAD_FAMILY = {  # case -> what the bad rank's message names
+    "ssd_groups": "multiple of the groups", "ssd_dt": "dt must be", "ssd_A": "A must be", "ssd_D": "D must be",
+    "ssd_B_none": "B must be a tensor", "lightning_slope": "slope [heads]", "kda_g": "per channel",
+    "gdn_beta": "beta must be a tensor", "linear_int": "v must be floating point", "kernel": "kernel='fla'",
+    "conv_weight": "weight must be a tensor", "conv_int": "x must be floating point",
+}
+
+
+def bad_family(case: RecCase, what: str) -> str:
+    """``"ValueError: message"`` of a call whose input is bad on the last rank only (``"no error"``)."""
+    last = dist.get_rank() == dist.get_world_size() - 1
+    lay = case.layout
+
+    def shards(kind):
+        return {n: burstattn.shard_sequence(x, layout=lay) if n in SHARDED[kind] else x
+                for n, x in inputs(RecCase(kind, lay, "float64", case.world)).items()}
+    try:
+        if what.startswith("ssd"):
+            t = shards("ssd")
+            B, C, dt, A, D = t["B"], t["C"], t["d"], t["A"], t["D"]
+            if last:
+                B, C = (x.expand(-1, -1, 3, -1) for x in (B, C)) if what == "ssd_groups" else (B, C)
+                dt = dt[..., :1] if what == "ssd_dt" else dt
+                A, D = (A[:1] if what == "ssd_A" else A), (D.view(1, -1) if what == "ssd_D" else D)
+                B = None if what == "ssd_B_none" else B
+            rec.sp_ssd(t["x"], dt, A, B, C, D, layout=lay)
+        elif what == "lightning_slope":
+            t = shards("lightning")
+            rec.sp_lightning_attention(t["q"], t["k"], t["v"], t["s"][:1] if last else t["s"], layout=lay)
+        elif what in ("kda_g", "gdn_beta", "kernel"):
+            t = shards("kda" if what == "kda_g" else "gdn")
+            g = t["g"][..., 0] if last and what == "kda_g" else t["g"]
+            beta = t["b"].tolist() if last and what == "gdn_beta" else t["b"]
+            fn = rec.sp_kda if what == "kda_g" else rec.sp_gated_delta_rule
+            fn(t["q"], t["k"], t["v"], g, beta, layout=lay, kernel="fla" if last and what == "kernel" else "auto")
+        elif what == "linear_int":
+            t = shards("linear")
+            rec.sp_linear_attention(t["q"], t["k"], t["v"].long() if last else t["v"], t["g"], layout=lay)
+        else:
+            t = shards("conv")
+            x = t["x"].long() if last and what == "conv_int" else t["x"]
+            rec.sp_causal_conv1d(x, None if last and what == "conv_weight" else t["w"], t["c"], layout=lay)
+    except ValueError as e:
+        return f"ValueError: {e}"
+    return "no error"
+
+
+def run_bad_family(rank: int, world: int, whats) -> dict:
+    """:func:`bad_family` for each case (zigzag), ``{case: message}``."""
+    return {what: bad_family(RecCase("ssd", "zigzag", "float64", world), what) for what in whats}

@@ -67,3 +67,54 @@ def test_cuda_world_one_16bit_runs_the_kernels_own_backward(monkeypatch):
     k, v = (torch.randn(1, 512, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in "kv")
     burstattn.burst_attn_func(q, k, v, causal=True, backend="sdpa").sum().backward()
     assert seen == [torch.bfloat16]
+
+
+FLA = pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="flash-linear-attention not installed")
+
+
+def _recurrence_inputs(op: str, T: int = 192, seed: int = 0) -> tuple:
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    q, k = (torch.nn.functional.normalize(r(2, T, 2, 32), dim=-1) for _ in range(2))
+    v = r(2, T, 4, 32)
+    g = -torch.rand(2, T, 4, generator=gen, dtype=torch.float64) * 0.5
+    beta = torch.rand(2, T, 4, generator=gen, dtype=torch.float64)
+    if op == "kda":
+        g = -torch.rand(2, T, 4, 32, generator=gen, dtype=torch.float64) * 0.5
+    return {"gdn": (q, k, v, g, beta), "kda": (q, k, v, g, beta), "linear": (q, k, v, g),
+            "ssd": (v, -g, -torch.rand(4, generator=gen, dtype=torch.float64), q[:, :, :1], k[:, :, :1])}[op]
+
+
+def _recurrence(op: str):
+    from burstattn import recurrent as rec
+
+    return {"gdn": rec.sp_gated_delta_rule, "kda": rec.sp_kda, "linear": rec.sp_linear_attention,
+            "ssd": rec.sp_ssd}[op]
+
+
+def _recurrence_run(op, args, dtype, device, **kw):
+    xs = [a.to(device, dtype).detach().requires_grad_() for a in args]
+    out, S = _recurrence(op)(*xs, output_final_state=True, **kw)
+    gen = torch.Generator().manual_seed(7)
+    dout = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(device)
+    (out.double() * dout).sum().add(S.double().sum()).backward()
+    return [out.detach().double().cpu(), S.detach().double().cpu()] + [x.grad.double().cpu() for x in xs]
+
+
+@FLA
+@pytest.mark.parametrize("op", ["gdn", "kda", "linear", "ssd"])
+def test_cuda_recurrence_fla_kernel_against_the_torch_form(op):
+    """On CUDA with flash-linear-attention importable, ``kernel="auto"`` runs fla's chunk kernel per segment;
+    in bf16 its output, final state and every gradient are within flash-attn's factor (3x) of the larger of
+    the torch chunked form's error on the same bf16 inputs and one bf16 rounding of the truth (fla forms its
+    products in the inputs' dtype), all against float64 (CPU)."""
+    from burstattn.recurrent.kernels import resolve_kernel
+
+    assert resolve_kernel("auto", torch.device("cuda"), torch.float32) == "fla"
+    args = tuple(a.bfloat16().double() for a in _recurrence_inputs(op))
+    ref = _recurrence_run(op, args, torch.float64, "cpu", kernel="torch")
+    torch_form = _recurrence_run(op, args, torch.bfloat16, "cuda", kernel="torch")
+    fla = _recurrence_run(op, args, torch.bfloat16, "cuda", kernel="fla")
+    for i, (a, b, r) in enumerate(zip(fla, torch_form, ref)):
+        err, band = rel_err(a, r), max(rel_err(b, r), rel_err(r.bfloat16(), r))
+        assert err <= 3 * band, (op, i, err, band)

@@ -147,3 +147,15 @@ def test_scan_at_world_8(pools):
     assert measured["scan"] <= passing_memory(shape, world, "scan") <= measured["scan"] + shape.full
     assert measured["scan"] < measured["allgather"] / 2
     assert state_passing_steps(32, world, "zigzag", scheme="scan")["forward"] == 5  # ceil(log2 15) + the shift
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_bad_input_of_the_ops_raises_on_every_rank(pools, world):
+    """A bad input on the last rank only (sp_ssd's heads not a multiple of the groups, a wrong dt / A / D /
+    slope shape, a missing or non-tensor input, an integer tensor, kernel='fla' on CPU): every rank raises
+    ValueError, its message naming the bad rank's problem (nothing raised outside the agreement, nothing hangs)."""
+    whats = list(recurrent_cases.BAD_FAMILY)
+    results = pools.get(world).run(recurrent_cases.run_bad_family, whats)
+    for what, needle in recurrent_cases.BAD_FAMILY.items():
+        for rank, res in enumerate(results):
+            assert res[what].startswith("ValueError") and needle in res[what], (what, rank, res[what])
