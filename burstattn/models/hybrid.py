@@ -28,7 +28,7 @@ from ..layouts.partition import Partition
 from ..masks.spec import make_mask
 from ..recurrent import sp_causal_conv1d, sp_gated_delta_rule
 from ..strategies.usp import usp_positions
-from .blockwise import blockwise_rows
+from .blockwise import blockwise_rows, recomputed
 from .checkpointing import LayerRun, checkpointed
 from .config import HybridConfig, LlamaConfig, recurrent_tp_problem
 from .llama import AttnFn, Llama, TransformerBlock
@@ -129,9 +129,17 @@ class GatedDeltaNet(nn.Module):
         g = -self.A_log.to(wide).exp() * F.softplus(self.wa(x).to(wide) + self.dt_bias.to(wide))
         o, _ = sp_gated_delta_rule(q, k, v, g, beta, group=group, layout=layout, cu_seqlens=docs,
                                    chunk_size=c.linear_chunk, use_qk_l2norm=True)
+        if torch.is_grad_enabled():  # the norm and gate rebuilt in the backward: only o (and x) kept
+            return recomputed(self.gate, o, x)
+        return self.gate(o, x)
+
+    def gate(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Gated RMSNorm: ``o [B, n, Hv, dv]``, ``x [B, n, dim]`` -> ``norm(o) * silu(wz x)`` in x's dtype."""
+        c = self.config
+        wide = torch.promote_types(x.dtype, torch.float32)
         o = o.to(wide)
         o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + c.norm_eps) * self.norm_weight.to(wide)
-        z = self.wz(x).view(b, n, c.linear_num_value_heads, c.linear_value_head_dim)
+        z = self.wz(x).view(*o.shape)
         return (o * F.silu(z.to(wide))).to(x.dtype)
 
 

@@ -20,6 +20,7 @@ from ..layouts.named import layout_or_default
 from .comm import all_gather, check_agree, crc
 from .passing import _common_problem, _cu_key, _layout_key
 from .segments import halo_plan
+from .window import window_conv
 
 ACTIVATIONS = (None, "silu", "swish")
 
@@ -70,8 +71,5 @@ def sp_causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
         rows.append(halo.reshape(-1, B, C).transpose(0, 1))  # [B, P * count, C]
     rows.append(x.new_zeros(B, 1, C))  # the zero row: taps before the sequence or a document start
     table = torch.cat(rows, dim=1)
-    win = table[:, plan.index.to(x.device)]  # [B, n, K, C]
-    y = torch.einsum("bnkc,ck->bnc", win, w.to(x.dtype))
-    if bias is not None:
-        y = y + bias.to(x.dtype)
-    return F.silu(y) if activation in ("silu", "swish") else y
+    # the window [B, n, K, C] and the activation are recomputed in the backward; only the table is kept
+    return window_conv(table, plan.index.to(x.device), w, bias, silu=activation in ("silu", "swish"))

@@ -34,6 +34,7 @@ from ..comm.groups import group_context
 from ..comm.host import host_side
 from ..layouts.named import check_layout, layout_or_default
 from ..layouts.partition import _check_cu_seqlens
+from .chunk_scan import BLOCK_CHUNKS, block_scan
 from .chunked import chunk_delta_rule, chunk_linear_attention, compute_dtype
 from .comm import check_agree, crc, sum_grad
 from .schemes import SCHEMES, Packer, fold_allgather, fold_scan, resolve_scheme, route
@@ -157,15 +158,24 @@ def _grouped(q, k, v, **rest) -> dict:
 
 
 def _delta_local(chunk_size: int, scale, use_qk_l2norm: bool):
+    """Per batch of segments ``[b, L, H, ...]``: ``(o0, corr, A, B)`` by the chunked delta rule with ``dk``
+    identity columns next to ``v``, one block of chunks at a time (:func:`.chunk_scan.block_scan`: the
+    backward keeps only the block-boundary states and recomputes inside a block)."""
     def local(q, k, v, g, beta):
         b, L, H, dk = k.shape
         dv = v.shape[-1]
-        v_aug = torch.cat([v, v.new_zeros(b, L, H, dk)], -1)  # identity columns carry the transition
+        C = min(chunk_size, L)
+
+        def block(carry, q, k, v, g, beta):
+            v_aug = torch.cat([v, v.new_zeros(*v.shape[:-1], dk)], -1)  # identity columns carry the transition
+            o, S = chunk_delta_rule(q, k, v_aug, g, beta, chunk_size=C, initial_state=carry[0], scale=scale,
+                                    use_qk_l2norm=use_qk_l2norm)
+            return (o[..., :dv], o[..., dv:]), (S,)
+
         init = torch.cat([v.new_zeros(b, H, dk, dv), torch.eye(dk, dtype=v.dtype, device=v.device).expand(
-            b, H, dk, dk)], -1)
-        o, S = chunk_delta_rule(q, k, v_aug, g, beta, chunk_size=min(chunk_size, L), initial_state=init,
-                                scale=scale, use_qk_l2norm=use_qk_l2norm)
-        return o[..., :dv], o[..., dv:], S[..., dv:], S[..., :dv]
+            b, H, dk, dk)], -1)  # [b, H, dk, dv + dk]: [0 | I]
+        (o0, corr), (S,) = block_scan(block, (init,), (q, k, v, g, beta), block=C * BLOCK_CHUNKS)
+        return o0, corr, S[..., dv:], S[..., :dv]
     return local
 
 
@@ -254,10 +264,21 @@ def _delta_problem(q, k, v, g, beta) -> Optional[str]:
 
 
 def _linear_local(chunk_size: int, scale: float):
+    """Per batch of segments: ``(o0, corr = scale q exp(G_t), A = exp(G_L), B)``, one block of chunks at a
+    time (:func:`.chunk_scan.block_scan`), the running log decay ``G`` carried with the state."""
     def local(q, k, v, g):
-        o, S = chunk_linear_attention(q, k, v, g, chunk_size=min(chunk_size, k.shape[1]), scale=scale)
-        G = g.cumsum(1)  # [b, L, H]: log decay from the segment's start through each token
-        return o, q * scale * G.exp().unsqueeze(-1), G[:, -1].exp(), S
+        C = min(chunk_size, k.shape[1])
+
+        def block(carry, q, k, v, g):
+            S, G0 = carry
+            o, S = chunk_linear_attention(q, k, v, g, chunk_size=C, initial_state=S, scale=scale)
+            G = G0.unsqueeze(1) + g.cumsum(1)  # [b, l, H]: log decay from the segment's start through each token
+            return (o, q * scale * G.exp().unsqueeze(-1)), (S, G[:, -1])
+
+        b, L, H, dk = k.shape
+        init = (q.new_zeros(b, H, dk, v.shape[-1]), q.new_zeros(b, H))
+        (o, corr), (S, G) = block_scan(block, init, (q, k, v, g), block=C * BLOCK_CHUNKS)
+        return o, corr, G.exp(), S
     return local
 
 
