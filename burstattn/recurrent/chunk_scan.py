@@ -82,7 +82,7 @@ class _BlockScan(torch.autograd.Function):
         g_out, g_carry = grads[:n_out], list(grads[n_out:])
         want_in = ctx.needs_input_grad[3 + nc:]
         want_carry = ctx.needs_input_grad[3:3 + nc]
-        pieces = [[] for _ in inputs]
+        g_in = [torch.empty_like(x) if w else None for x, w in zip(inputs, want_in)]  # filled block by block
         for (a, b), start in zip(reversed(bounds), reversed(starts)):
             c0 = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in start)
             xs = tuple(x[:, a:b].detach().requires_grad_(w) for x, w in zip(inputs, want_in))
@@ -97,8 +97,7 @@ class _BlockScan(torch.autograd.Function):
             for i, w in enumerate(want_in):
                 if w:
                     gi = got.pop(0)
-                    pieces[i].append(torch.zeros_like(xs[i]) if gi is None else gi)
+                    g_in[i][:, a:b] = 0 if gi is None else gi
             g_carry = [None if not c.requires_grad else got.pop(0) for c in c0]
-        g_in = [torch.cat(p[::-1], dim=1) if p else None for p in pieces]
         g_c = [g if w else None for g, w in zip(g_carry, want_carry)]
         return (None, None, None, *g_c, *g_in)

@@ -65,8 +65,12 @@ def _common_problem(x: torch.Tensor, chunk_size, layout, cu_seqlens, world: int)
     return None
 
 
-def _slots_batch(x: torch.Tensor, offsets: torch.Tensor, length: int) -> torch.Tensor:
-    """``x [B, n, ...]`` -> ``[S * B, L, ...]``: the ``S`` segments starting at ``offsets``, stacked."""
+def _slots_batch(x: torch.Tensor, offsets: torch.Tensor, length: int, tiles: bool = False) -> torch.Tensor:
+    """``x [B, n, ...]`` -> ``[S * B, L, ...]``: the ``S`` segments starting at ``offsets``, stacked (a view
+    when ``tiles``, the segments cover ``x`` in order, and ``B == 1``: no copy for the recurrence to keep)."""
+    S = offsets.numel()
+    if tiles and (S == 1 or x.shape[0] == 1):
+        return x.reshape(x.shape[0] * S, length, *x.shape[2:])
     idx = (offsets.unsqueeze(1) + torch.arange(length)).flatten().to(x.device)  # [S * L]
     y = x.index_select(1, idx).view(x.shape[0], offsets.numel(), length, *x.shape[2:])  # [B, S, L, ...]
     return y.transpose(0, 1).reshape(offsets.numel() * x.shape[0], length, *x.shape[2:])
@@ -102,10 +106,11 @@ def state_passing(fn: str, tensors: dict, local: Callable, *, dv: int, a_shape: 
     offs, lens = plan.offsets[ctx.rank], plan.lengths[ctx.rank]
     with host_side():  # [(length, its slots)]: segments of one length run as one batch
         groups = [(L, torch.nonzero(lens == L).flatten().tolist()) for L in sorted(set(lens.tolist()))]
+        tiles = len(groups) == 1 and offs.tolist() == list(range(0, n, groups[0][0]))
     pieces, summaries = [], {}
     for L, pick in groups:
         starts = offs[pick]
-        batch = {k: _slots_batch(t, starts, L) for k, t in tensors.items()}
+        batch = {k: _slots_batch(t, starts, L, tiles) for k, t in tensors.items()}
         o0, corr, A, Bs = local(**batch)
         ns = len(pick)
         for j, i in enumerate(pick):

@@ -27,33 +27,38 @@ def window_conv(table: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, 
                              silu)
 
 
-def _conv(table, index, weight, bias, silu):
-    y = torch.einsum("bnkc,ck->bnc", table[:, index], weight)  # [B, n, C]
-    if bias is not None:
-        y = y + bias
-    return F.silu(y) if silu else y
+def _pre(table, index, weight, bias):
+    """The pre-activation ``[B, n, C]``, one tap at a time (no ``[B, n, K, C]`` window)."""
+    y = table[:, index[:, 0]] * weight[:, 0]
+    for j in range(1, index.shape[1]):
+        y = y.addcmul_(table[:, index[:, j]], weight[:, j])
+    return y if bias is None else y.add_(bias)
 
 
 class _WindowConv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, table, index, weight, bias, silu):
-        ctx.silu, ctx.has_bias = silu, bias is not None
+        ctx.silu = silu
         ctx.save_for_backward(table, index, weight, *(() if bias is None else (bias,)))
-        return _conv(table, index, weight, bias, silu)
+        y = _pre(table, index, weight, bias)
+        return F.silu(y) if silu else y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         table, index, weight, *rest = ctx.saved_tensors
         bias = rest[0] if rest else None
-        leaves = [t.detach().requires_grad_(w) for t, w in
-                  ((table, ctx.needs_input_grad[0]), (weight, ctx.needs_input_grad[2]))]
-        b = None if bias is None else bias.detach().requires_grad_(ctx.needs_input_grad[3])
-        want = [t for t in (*leaves, b) if t is not None and t.requires_grad]
-        if not want:
-            return None, None, None, None, None
-        with torch.enable_grad():
-            y = _conv(leaves[0], index, leaves[1], b, ctx.silu)
-        got = list(torch.autograd.grad(y, want, grad))
-        out = [got.pop(0) if t is not None and t.requires_grad else None for t in (*leaves, b)]
-        return out[0], None, out[1], out[2], None
+        if ctx.silu:  # d silu(y) = sigmoid(y) (1 + y (1 - sigmoid(y)))
+            y = _pre(table, index, weight, bias)
+            sig = torch.sigmoid(y)
+            grad = grad * sig * (1 + y * (1 - sig))
+            del y, sig
+        d_table = torch.zeros_like(table) if ctx.needs_input_grad[0] else None
+        d_weight = torch.empty_like(weight) if ctx.needs_input_grad[2] else None
+        for j in range(index.shape[1]):
+            if d_weight is not None:
+                d_weight[:, j] = (grad * table[:, index[:, j]]).sum((0, 1))
+            if d_table is not None:
+                d_table.index_add_(1, index[:, j], grad * weight[:, j])
+        d_bias = grad.sum((0, 1)) if bias is not None and ctx.needs_input_grad[3] else None
+        return d_table, None, d_weight, d_bias, None
