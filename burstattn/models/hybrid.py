@@ -123,7 +123,7 @@ class GatedDeltaNet(nn.Module):
         q, k, v = qkv.split([hk, hk, qkv.shape[-1] - 2 * hk], dim=-1)
         q = q.reshape(b, n, c.linear_num_key_heads, c.linear_key_head_dim)
         k = k.reshape(b, n, c.linear_num_key_heads, c.linear_key_head_dim)
-        v = v.reshape(b, n, c.linear_num_value_heads, c.linear_value_head_dim)
+        v = v.reshape(b, n, c.linear_num_value_heads, c.linear_value_head_dim).contiguous()  # not a view of qkv (freed)
         wide = torch.promote_types(x.dtype, torch.float32)  # the gates and norm in float32 at least
         beta = torch.sigmoid(self.wb(x))  # [B, n, Hv]
         g = -self.A_log.to(wide).exp() * F.softplus(self.wa(x).to(wide) + self.dt_bias.to(wide))

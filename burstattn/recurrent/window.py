@@ -11,6 +11,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+ROWS = 512
+"""Tokens per block of the backward."""
+
 
 def window_conv(table: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                 silu: bool) -> torch.Tensor:
@@ -48,17 +51,20 @@ class _WindowConv(torch.autograd.Function):
     def backward(ctx, grad):
         table, index, weight, *rest = ctx.saved_tensors
         bias = rest[0] if rest else None
-        if ctx.silu:  # d silu(y) = sigmoid(y) (1 + y (1 - sigmoid(y)))
-            y = _pre(table, index, weight, bias)
-            sig = torch.sigmoid(y)
-            grad = grad * sig * (1 + y * (1 - sig))
-            del y, sig
         d_table = torch.zeros_like(table) if ctx.needs_input_grad[0] else None
-        d_weight = torch.empty_like(weight) if ctx.needs_input_grad[2] else None
-        for j in range(index.shape[1]):
-            if d_weight is not None:
-                d_weight[:, j] = (grad * table[:, index[:, j]]).sum((0, 1))
-            if d_table is not None:
-                d_table.index_add_(1, index[:, j], grad * weight[:, j])
-        d_bias = grad.sum((0, 1)) if bias is not None and ctx.needs_input_grad[3] else None
+        d_weight = torch.zeros_like(weight) if ctx.needs_input_grad[2] else None
+        d_bias = torch.zeros_like(bias) if bias is not None and ctx.needs_input_grad[3] else None
+        for a in range(0, index.shape[0], ROWS):  # a block of tokens at a time: small transients
+            idx, g = index[a:a + ROWS], grad[:, a:a + ROWS]
+            if ctx.silu:  # d silu(y) = sigmoid(y) (1 + y (1 - sigmoid(y)))
+                y = _pre(table, idx, weight, bias)
+                sig = torch.sigmoid(y)
+                g = g * sig * y.mul_(1 - sig).add_(1)
+            for j in range(idx.shape[1]):
+                if d_weight is not None:
+                    d_weight[:, j] += (g * table[:, idx[:, j]]).sum((0, 1))
+                if d_table is not None:
+                    d_table.index_add_(1, idx[:, j], g * weight[:, j])
+            if d_bias is not None:
+                d_bias += g.sum((0, 1))
         return d_table, None, d_weight, d_bias, None
