@@ -31,10 +31,13 @@ def window_conv(table: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, 
 
 
 def _pre(table, index, weight, bias):
-    """The pre-activation ``[B, n, C]``, one tap at a time (no ``[B, n, K, C]`` window)."""
-    y = table[:, index[:, 0]] * weight[:, 0]
-    for j in range(1, index.shape[1]):
-        y = y.addcmul_(table[:, index[:, j]], weight[:, j])
+    """The pre-activation ``[B, n, C]``, ``ROWS`` tokens and one tap at a time (no ``[B, n, K, C]`` window)."""
+    y = table.new_empty(table.shape[0], index.shape[0], table.shape[2])
+    for a in range(0, index.shape[0], ROWS):
+        idx, part = index[a:a + ROWS], y[:, a:a + ROWS]
+        torch.mul(table[:, idx[:, 0]], weight[:, 0], out=part)
+        for j in range(1, idx.shape[1]):
+            part.addcmul_(table[:, idx[:, j]], weight[:, j])
     return y if bias is None else y.add_(bias)
 
 
