@@ -14,6 +14,7 @@ each document run alone. Tensor parallelism is refused (its plans split attentio
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -32,6 +33,7 @@ from .blockwise import blockwise_rows
 from .checkpointing import LayerRun, checkpointed
 from .config import HybridConfig, LlamaConfig, recurrent_tp_problem
 from .llama import AttnFn, Llama, TransformerBlock
+from .recompute import kept_inputs
 
 
 def mixer_context(attn: Optional[AttnFn], seq_len: int) -> tuple:
@@ -118,20 +120,31 @@ class GatedDeltaNet(nn.Module):
         group, layout = mixer_context(attn, n * _group_size(getattr(attn, "group", None)))
         docs = mixer_documents(attn)  # every document restarts the conv and the state, as run alone
         hk = c.linear_num_key_heads * c.linear_key_head_dim
-        qkv = torch.cat([self.wq(x), self.wk(x), self.wv(x)], dim=-1)  # [B, n, 2 hk + hv]
-        qkv = sp_causal_conv1d(qkv, self.conv_weight, activation="silu", group=group, layout=layout, cu_seqlens=docs)
+        conv = functools.partial(self.conv_qkv, group=group, layout=layout, docs=docs)
+        qkv = kept_inputs(conv, x, self.wq.weight, self.wk.weight, self.wv.weight, self.conv_weight)
         q, k, v = qkv.split([hk, hk, qkv.shape[-1] - 2 * hk], dim=-1)
         q = q.reshape(b, n, c.linear_num_key_heads, c.linear_key_head_dim)
         k = k.reshape(b, n, c.linear_num_key_heads, c.linear_key_head_dim)
-        v = v.reshape(b, n, c.linear_num_value_heads, c.linear_value_head_dim)
+        v = v.reshape(b, n, c.linear_num_value_heads, c.linear_value_head_dim).contiguous()  # not a view of qkv (freed)
         wide = torch.promote_types(x.dtype, torch.float32)  # the gates and norm in float32 at least
         beta = torch.sigmoid(self.wb(x))  # [B, n, Hv]
         g = -self.A_log.to(wide).exp() * F.softplus(self.wa(x).to(wide) + self.dt_bias.to(wide))
         o, _ = sp_gated_delta_rule(q, k, v, g, beta, group=group, layout=layout, cu_seqlens=docs,
                                    chunk_size=c.linear_chunk, use_qk_l2norm=True)
+        return kept_inputs(self.gate, o, x, self.wz.weight, self.norm_weight, per_token=2)
+
+    def conv_qkv(self, x, wq, wk, wv, conv_weight, *, group, layout, docs) -> torch.Tensor:
+        """``x [B, n, dim]`` -> ``silu(conv(x [wq | wk | wv]^T))`` ``[B, n, 2 hk + hv]`` (sequence parallel)."""
+        qkv = torch.cat([F.linear(x, wq), F.linear(x, wk), F.linear(x, wv)], dim=-1)  # [B, n, 2 hk + hv]
+        return sp_causal_conv1d(qkv, conv_weight, activation="silu", group=group, layout=layout, cu_seqlens=docs)
+
+    def gate(self, o: torch.Tensor, x: torch.Tensor, wz: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
+        """Gated RMSNorm: ``o [B, n, Hv, dv]``, ``x [B, n, dim]`` -> ``norm(o) * silu(x wz^T)`` in x's dtype."""
+        c = self.config
+        wide = torch.promote_types(x.dtype, torch.float32)
         o = o.to(wide)
-        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + c.norm_eps) * self.norm_weight.to(wide)
-        z = self.wz(x).view(b, n, c.linear_num_value_heads, c.linear_value_head_dim)
+        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + c.norm_eps) * norm_weight.to(wide)
+        z = F.linear(x, wz).view(*o.shape)
         return (o * F.silu(z.to(wide))).to(x.dtype)
 
 

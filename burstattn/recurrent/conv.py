@@ -16,12 +16,12 @@ import torch.nn.functional as F
 
 from ..comm.groups import group_context
 from ..comm.host import host_side
-from ..config import accum_dtype
 from ..layouts.named import layout_or_default
 from .checks import dim, tensors_problem
 from .comm import all_gather
 from .passing import _common_problem, _cu_key, _layout_key, check_every_rank
 from .segments import halo_plan
+from .window import window_conv
 
 ACTIVATIONS = (None, "silu", "swish")
 
@@ -75,9 +75,5 @@ def sp_causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
         rows.append(halo.reshape(-1, B, C).transpose(0, 1))  # [B, P * count, C]
     rows.append(x.new_zeros(B, 1, C))  # the zero row: taps before the sequence or a document start
     table = torch.cat(rows, dim=1)
-    win = table[:, plan.index.to(x.device)]  # [B, n, K, C]
-    up = accum_dtype(x.dtype)  # the taps' sum, the bias and the activation in float32 for 16-bit inputs
-    y = torch.einsum("bnkc,ck->bnc", win.to(up), w.to(up))
-    if bias is not None:
-        y = y + bias.to(up)
-    return (F.silu(y) if activation in ("silu", "swish") else y).to(x.dtype)
+    # the window [B, n, K, C] and the activation are recomputed in the backward; only the table is kept
+    return window_conv(table, plan.index.to(x.device), w, bias, silu=activation in ("silu", "swish"))

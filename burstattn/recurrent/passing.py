@@ -38,6 +38,7 @@ from ..config import accum_dtype, checksum
 from ..layouts.named import check_layout, layout_or_default
 from ..layouts.partition import _check_cu_seqlens
 from .checks import dim, tensors_problem
+from .chunk_scan import BLOCK_CHUNKS, block_scan
 from .chunked import chunk_delta_rule, chunk_linear_attention
 from .comm import sum_grad
 from .kernels import fla_delta_local, fla_linear_local, is_fake, kernel_problem, resolve_kernel
@@ -76,8 +77,12 @@ def _common_problem(x: torch.Tensor, chunk_size, layout, cu_seqlens, world: int)
     return None
 
 
-def _slots_batch(x: torch.Tensor, offsets: torch.Tensor, length: int) -> torch.Tensor:
-    """``x [B, n, ...]`` -> ``[S * B, L, ...]``: the ``S`` segments starting at ``offsets``, stacked."""
+def _slots_batch(x: torch.Tensor, offsets: torch.Tensor, length: int, tiles: bool = False) -> torch.Tensor:
+    """``x [B, n, ...]`` -> ``[S * B, L, ...]``: the ``S`` segments starting at ``offsets``, stacked (a view
+    when ``tiles``, the segments cover ``x`` in order, and ``B == 1``: no copy for the recurrence to keep)."""
+    S = offsets.numel()
+    if tiles and (S == 1 or x.shape[0] == 1):
+        return x.reshape(x.shape[0] * S, length, *x.shape[2:])
     idx = (offsets.unsqueeze(1) + torch.arange(length)).flatten().to(x.device)  # [S * L]
     y = x.index_select(1, idx).view(x.shape[0], offsets.numel(), length, *x.shape[2:])  # [B, S, L, ...]
     return y.transpose(0, 1).reshape(offsets.numel() * x.shape[0], length, *x.shape[2:])
@@ -113,10 +118,11 @@ def state_passing(fn: str, tensors: dict, local: Callable, *, dv: int, a_shape: 
     offs, lens = plan.offsets[ctx.rank], plan.lengths[ctx.rank]
     with host_side():  # [(length, its slots)]: segments of one length run as one batch
         groups = [(L, torch.nonzero(lens == L).flatten().tolist()) for L in sorted(set(lens.tolist()))]
+        tiles = len(groups) == 1 and offs.tolist() == list(range(0, n, groups[0][0]))
     pieces, summaries = [], {}
     for L, pick in groups:
         starts = offs[pick]
-        batch = {k: _slots_batch(t, starts, L) for k, t in tensors.items()}
+        batch = {k: _slots_batch(t, starts, L, tiles) for k, t in tensors.items()}
         o0, corr, A, Bs = local(**batch)
         ns = len(pick)
         for j, i in enumerate(pick):
@@ -168,15 +174,24 @@ def _grouped(q, k, v, **rest) -> dict:
 
 
 def _delta_local(chunk_size: int, scale, use_qk_l2norm: bool):
+    """Per batch of segments ``[b, L, H, ...]``: ``(o0, corr, A, B)`` by the chunked delta rule with ``dk``
+    identity columns next to ``v``, one block of chunks at a time (:func:`.chunk_scan.block_scan`: the
+    backward keeps only the block-boundary states and recomputes inside a block)."""
     def local(q, k, v, g, beta):
         b, L, H, dk = k.shape
         dv = v.shape[-1]
-        v_aug = torch.cat([v, v.new_zeros(b, L, H, dk)], -1)  # identity columns carry the transition
+        C = min(chunk_size, L)
+
+        def block(carry, q, k, v, g, beta):
+            v_aug = torch.cat([v, v.new_zeros(*v.shape[:-1], dk)], -1)  # identity columns carry the transition
+            o, S = chunk_delta_rule(q, k, v_aug, g, beta, chunk_size=C, initial_state=carry[0], scale=scale,
+                                    use_qk_l2norm=use_qk_l2norm)
+            return (o[..., :dv], o[..., dv:]), (S,)
+
         init = torch.cat([v.new_zeros(b, H, dk, dv), torch.eye(dk, dtype=v.dtype, device=v.device).expand(
-            b, H, dk, dk)], -1)
-        o, S = chunk_delta_rule(q, k, v_aug, g, beta, chunk_size=min(chunk_size, L), initial_state=init,
-                                scale=scale, use_qk_l2norm=use_qk_l2norm)
-        return o[..., :dv], o[..., dv:], S[..., dv:], S[..., :dv]
+            b, H, dk, dk)], -1)  # [b, H, dk, dv + dk]: [0 | I]
+        (o0, corr), (S,) = block_scan(block, (init,), (q, k, v, g, beta), block=C * BLOCK_CHUNKS)
+        return o0, corr, S[..., dv:], S[..., :dv]
     return local
 
 
@@ -290,10 +305,21 @@ def _delta_problem(q, k, v, g, beta) -> Optional[str]:
 
 
 def _linear_local(chunk_size: int, scale: float):
+    """Per batch of segments: ``(o0, corr = scale q exp(G_t), A = exp(G_L), B)``, one block of chunks at a
+    time (:func:`.chunk_scan.block_scan`), the running log decay ``G`` carried with the state."""
     def local(q, k, v, g):
-        o, S = chunk_linear_attention(q, k, v, g, chunk_size=min(chunk_size, k.shape[1]), scale=scale)
-        G = g.cumsum(1)  # [b, L, H]: log decay from the segment's start through each token
-        return o, q * scale * G.exp().unsqueeze(-1), G[:, -1].exp(), S
+        C = min(chunk_size, k.shape[1])
+
+        def block(carry, q, k, v, g):
+            S, G0 = carry
+            o, S = chunk_linear_attention(q, k, v, g, chunk_size=C, initial_state=S, scale=scale)
+            G = G0.unsqueeze(1) + g.cumsum(1)  # [b, l, H]: log decay from the segment's start through each token
+            return (o, q * scale * G.exp().unsqueeze(-1)), (S, G[:, -1])
+
+        b, L, H, dk = k.shape
+        init = (q.new_zeros(b, H, dk, v.shape[-1]), q.new_zeros(b, H))
+        (o, corr), (S, G) = block_scan(block, init, (q, k, v, g), block=C * BLOCK_CHUNKS)
+        return o, corr, G.exp(), S
     return local
 
 
