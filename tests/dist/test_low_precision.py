@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from tests.dist import lowp_cases
+from tests.dist.cases import attention
 from tests.helpers import Case, assemble, tolerance_failures
 
 # the four cases of the issue (sequence lengths as flash-attn's grid has them, divisible by 2P)
@@ -54,7 +54,7 @@ def _failures(cases: list, results: list) -> list[str]:
 @pytest.mark.parametrize("world", [2, 3])
 def test_low_precision_within_flash_attn_rule(pools, world):
     cases = [c for c in GRID if c.world == world]
-    failures = _failures(cases, pools.get(world).run(lowp_cases.run_many, cases))
+    failures = _failures(cases, pools.get(world).run(attention.low_precision_many, cases))
     assert not failures, "\n".join(failures)
 
 

@@ -20,7 +20,7 @@ from burstattn.strategies import STRATEGIES
 from burstattn.strategies.heads import kv_repeats
 from burstattn.strategies.tp import kv_index
 from burstattn.strategies.usp import usp_positions
-from tests.dist import strategy_cases as sc
+from tests.dist.cases import strategies as sc
 from tests.helpers import DTYPES, Case, reference_results, tolerance_failures
 
 LAYOUTS = ("contiguous", "zigzag", "striped")

@@ -14,7 +14,7 @@ import pytest
 from burstattn.testing.launch import LocalGroupError, run_local
 from burstattn.train import TrainConfig
 from burstattn.train.checkpoint import latest_checkpoint, step_dirs
-from tests.dist import train_cases as tc
+from tests.dist.cases import models as tc
 
 BASE = TrainConfig(model="tiny", seq_len=120, batch=2, steps=6, lr=1e-3, warmup=1, seed=5)
 REPO = Path(__file__).resolve().parents[2]

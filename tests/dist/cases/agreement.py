@@ -1,5 +1,8 @@
-"""Rank side of tests/dist/test_traps.py: each scenario returns ``"ok"``-like values or the error
-this rank raised as ``"Type: message"`` (so the parent can check every rank raised)."""
+"""What every rank must agree on: :mod:`burstattn.comm.agree` itself, arguments whose values differ
+between ranks, and the traps of a group (a mask that differs or raises mid-ring, sub-groups reused, a
+rank outside the group, NaN on one rank). Each function returns values or the error this rank raised, so
+the parent can check that every rank raised the same.
+"""
 from __future__ import annotations
 
 import os
@@ -11,6 +14,81 @@ import burstattn
 from burstattn.comm.groups import SUBGROUPS
 
 
+# ---- burstattn.comm.agree (test_agree.py, test_train_same_run.py) --------------------------------
+# Each returns ``(exception type name, message)`` or ``("no error", "")``.
+def exchange(rank: int, world: int, kind: str) -> tuple[str, str]:
+    """One :func:`agree` call in which ``kind`` differs: ``same``, ``value`` (the last rank's seed),
+    ``alone`` (the function and a shape differ), ``problem`` (rank 1's own), ``problems`` (TypeError on
+    rank 1, ValueError on the last rank), ``every`` (the same problem on every rank)."""
+    from burstattn.comm.agree import agree, entries
+    from burstattn.comm.stats import CommStats
+
+    sig = {"function": "f", "seed": 1, "heads": 4}
+    problem = None
+    if kind == "value" and rank == world - 1:
+        sig["seed"] = 2
+    if kind == "alone" and rank == 0:
+        sig.update(function="g", heads=8)
+    if kind == "problem" and rank == 1:
+        problem = "q must be 4-D"
+    if kind == "problems" and rank in (1, world - 1):
+        problem = (TypeError, f"bad dtype {rank}") if rank == 1 else (ValueError, "bad shape")
+    if kind == "every":
+        problem = "bad everywhere"
+    try:
+        stats = CommStats()
+        agree("check", entries(sig), dist.group.WORLD, problem=problem, alone=("function",), stats=stats)
+    except Exception as e:  # noqa: BLE001 - the type is the result
+        return type(e).__name__, str(e)
+    return "no error", str(stats.sent("forward", "meta"))
+
+
+def train_flags(rank: int, world: int, field: str, values: list) -> tuple[str, str]:
+    """``build_job`` on a TrainConfig whose ``field`` is ``values[rank]`` on this rank (what flags that
+    differ between launched ranks give)."""
+    from burstattn.train import TrainConfig, build_job
+
+    try:
+        build_job(TrainConfig(model="tiny", seq_len=120, batch=2, steps=1, **{field: values[rank]}))
+    except Exception as e:  # noqa: BLE001 - the type is the result
+        return type(e).__name__, str(e)
+    return "no error", ""
+
+
+# ---- values that differ between ranks (test_crossrank.py) ----------------------------------------
+# ALiBi slopes, sink logits, and a ``requires_grad`` that differs between ranks.
+# Each returns ``(exception type name, message)`` or ``("no error", "")``.
+def _rank_seeded_qkv(rank: int, world: int, grad: bool, heads: int = 4):
+    g = torch.Generator().manual_seed(11 + rank)
+    n = 4  # tokens per rank (zigzag: two chunks of 2)
+    q, k, v = (torch.randn(1, n, heads, 8, generator=g, dtype=torch.float64).requires_grad_(grad)
+               for _ in range(3))
+    return q, k, v
+
+
+def differing(rank: int, world: int, kind: str, strategy: str = "burst_attn_func") -> tuple[str, str]:
+    """One call whose ``kind`` (``alibi``, ``sinks``, ``requires_grad``, ``same``) differs on rank 0:
+    the forward (and, where this rank asks for one, the backward) of ``strategy``."""
+    q, k, v = _rank_seeded_qkv(rank, world, grad=(rank == 0) if kind == "requires_grad" else False)
+    kw = {}
+    if kind == "alibi":
+        kw["alibi_slopes"] = torch.full((4,), 0.5 if rank == 0 else 1.5, dtype=torch.float64)
+    elif kind == "sinks":
+        kw["sinks"] = torch.full((4,), 0.25 if rank == 0 else -1.0, dtype=torch.float64)
+    try:
+        if strategy == "burst_attn_func":
+            out = burstattn.burst_attn_func(q, k, v, causal=True, backend="reference", **kw)
+        else:
+            out = burstattn.attention(q, k, v, strategy=strategy, causal=True, **kw)
+        if out.requires_grad:
+            out.sum().backward()
+    except (TypeError, ValueError) as e:
+        return type(e).__name__, str(e)
+    return "no error", ""
+
+
+# ---- traps of a group (test_traps.py) ------------------------------------------------------------
+# Each scenario returns ``"ok"``-like values or the error this rank raised as ``"Type: message"``.
 def _error(fn) -> str:
     try:
         fn()

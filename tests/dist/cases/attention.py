@@ -1,6 +1,8 @@
-"""Functions run on every rank of a pool (module-level so they pickle by reference).
+"""One attention call over a real group: values, bytes, trace, shards, refusals, a vanishing peer, the
+registered op (compile, checkpoint, double backward), 16-bit inputs, every layout, the DistFlashAttn
+and double-ring schedules.
 
-Each takes ``(rank, world_size, ...)`` and returns plain tensors / values; the parent asserts.
+Each function takes ``(rank, world_size, ...)`` and returns plain tensors / values; the parent asserts.
 """
 from __future__ import annotations
 
@@ -9,17 +11,20 @@ import os
 import torch
 
 import burstattn
+from burstattn import ops
+from burstattn.comm.groups import SUBGROUPS
 from burstattn.layouts.named import local_positions
-from tests.helpers import Case, full_inputs
+from tests.helpers import Case, full_inputs, reference_results, rel_err
 
 
+# ---- burst_attn_func on a Case's shard (test_attention.py, test_api.py, test_validation.py, test_faults.py) ----
 def sharded_leaves(case: Case) -> tuple[torch.Tensor, ...]:
     q, k, v, dout = full_inputs(case)
     shards = [burstattn.shard_sequence(x, layout=case.layout) for x in (q, k, v, dout)]
     return tuple(s.detach().clone().requires_grad_(i < 3) for i, s in enumerate(shards))
 
 
-def attention(rank: int, world: int, case: Case) -> dict:
+def forward_backward(rank: int, world: int, case: Case) -> dict:
     """Forward with return_lse and backward of a fixed grad_out on this rank's shard."""
     assert world == case.world
     q, k, v, dout = sharded_leaves(case)
@@ -179,3 +184,192 @@ def vanish(rank: int, world: int, when: str) -> str:
     out.backward(dout)
     return "finished"
 
+
+# ---- the registered op: compile, checkpoint, double backward (test_ops.py) -----------------------
+def _shards(case: Case, layout: str):
+    return [burstattn.shard_sequence(x, layout=layout).detach().clone().requires_grad_(i < 3)
+            for i, x in enumerate(full_inputs(case))]
+
+
+def compiled_vs_eager(rank: int, world: int, strategy: str, backend: str) -> dict:
+    """``torch.compile(fullgraph=True)`` of a function calling the attention, forward + backward,
+    against the same function run eagerly: max abs differences of out, dq, dk, dv."""
+    torch._dynamo.reset()
+    case = Case(world=world, local_seq=8, heads="gqa", head_dim=16, causal=True)
+    layout = "contiguous" if strategy == "ring" else "zigzag"
+    opts: dict = {"usp": dict(ulysses_degree=2), "usp-ring": dict(ring_degree=2)}.get(strategy, {})
+    strategy = strategy.split("-")[0]
+
+    def fn(q, k, v):
+        if strategy == "burst_attn_func":
+            out = burstattn.burst_attn_func(q, k, v, causal=True, layout=layout, backend="reference")
+        else:
+            out = burstattn.attention(q, k, v, strategy=strategy, causal=True, layout=layout, backend="reference",
+                                      **opts)
+        return (out * 2).sin()
+
+    results = []
+    for run in (fn, torch.compile(fn, fullgraph=True, backend=backend)):
+        q, k, v, dout = _shards(case, layout)
+        out = run(q, k, v)
+        out.backward(dout)
+        results.append([out.detach(), q.grad, k.grad, v.grad])
+    return {name: float((a - b).abs().max()) for name, a, b in zip(("out", "dq", "dk", "dv"), *results)}
+
+
+def checkpoint_forwards(rank: int, world: int, policy: str) -> dict:
+    """Forward passes of the op (counted by the input checks it runs, one per forward) in one
+    forward + backward of a checkpointed block, and the gradients (equal in every mode)."""
+    from torch.utils.checkpoint import checkpoint
+
+    case = Case(world=world, local_seq=8, heads="mha", head_dim=16, causal=True)
+    q, k, v, dout = _shards(case, "zigzag")
+
+    def block(q, k, v):
+        return burstattn.burst_attn_func(q.sin(), k, v, causal=True, backend="reference").cos()
+
+    with burstattn.comm_stats() as stats:
+        if policy == "none":
+            out = block(q, k, v)
+        elif policy == "plain":
+            out = checkpoint(block, q, k, v, use_reentrant=False)
+        else:
+            out = checkpoint(block, q, k, v, use_reentrant=False, context_fn=ops.save_attention_context())
+        out.backward(dout)
+    forwards = stats.as_dict()["forward"]["meta"]["msgs"] if world > 1 else None
+    return dict(forwards=forwards, dq=q.grad, dk=k.grad, dv=v.grad)
+
+
+def double_backward(rank: int, world: int, path: str) -> str:
+    """The error of a second-order gradient through the op (``path="op"``) or the eager
+    function (``"mask_mod"``), as ``"ExcType: message"``."""
+    case = Case(world=world, local_seq=8, heads="mha", head_dim=16, dtype="float64")
+    q, k, v, _ = _shards(case, "zigzag")
+    extra = dict(mask_mod=lambda qp, kp: kp <= qp + 100) if path == "mask_mod" else {}
+    out = burstattn.burst_attn_func(q, k, v, backend="reference", **extra)
+    try:  # the op refuses at the second backward; the eager function already at the first one
+        (g,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+        g.sum().backward()
+    except RuntimeError as e:
+        return f"RuntimeError: {e}"
+    return "no error"
+
+
+# ---- 16-bit inputs (test_low_precision.py) -------------------------------------------------------
+# One fp16/bf16 call, forward + backward, with the kernel's gradient partials in float32 (the default)
+# or as the kernel returns them.
+def low_precision(rank: int, world: int, case: Case, grad_partials: str = "float32") -> dict:
+    """This rank's shard of out, lse, dq, dk, dv (and its global positions)."""
+    shards = [burstattn.shard_sequence(x, layout=case.layout).detach().clone().requires_grad_(i < 3)
+              for i, x in enumerate(full_inputs(case))]
+    q, k, v, dout = shards
+    out, lse = burstattn.burst_attn_func(q, k, v, causal=case.causal, layout=case.layout, backend=case.backend,
+                                         backward=case.backward, return_lse=True, grad_partials=grad_partials)
+    out.backward(dout)
+    return dict(out=out.detach(), lse=lse, dq=q.grad, dk=k.grad, dv=v.grad,
+                positions=burstattn.sequence_positions(case.seq_len, layout=case.layout))
+
+
+def low_precision_many(rank: int, world: int, cases: list, grad_partials: str = "float32") -> list:
+    """:func:`low_precision` for every case (one pool call)."""
+    return [low_precision(rank, world, c, grad_partials) for c in cases]
+
+
+# ---- every strategy x layout, as a new user calls it (test_layouts.py) ---------------------------
+# ``shard_sequence(x, layout=L)`` -> ``attention(..., strategy=S, layout=L)`` -> ``gather_sequence(out, layout=L)``,
+# then the gradients of the shards gathered the same way; the parent compares with float64 attention.
+USP_DEGREES = {2: (2, 1), 3: (3, 1), 4: (2, 2)}  # world -> (ulysses_degree, ring_degree)
+
+
+def random_partition(seq_len: int, world: int, seed: int = 0) -> burstattn.Partition:
+    """Any assignment: a random permutation cut into ``world`` sorted, equal parts."""
+    perm = torch.randperm(seq_len, generator=torch.Generator().manual_seed(seed))
+    return burstattn.Partition(tuple(p.sort().values for p in perm.view(world, -1)), name="random")
+
+
+def layout_of(name: str, case: Case):
+    return random_partition(case.seq_len, case.world) if name == "partition" else (
+        None if name == "none" else name)
+
+
+def layout_errors(case: Case, strategy: str, layout_name: str) -> dict:
+    """Relative errors of out, dq, dk, dv against the float64 reference (all ranks see the same)."""
+    layout = layout_of(layout_name, case)
+    kw = {} if layout is None else dict(layout=layout)  # None: every function's own default
+    q, k, v, dout = full_inputs(case)
+    q, k, v = (burstattn.shard_sequence(x, **kw).detach().requires_grad_() for x in (q, k, v))
+    opts = {}
+    if strategy == "usp":
+        opts = dict(zip(("ulysses_degree", "ring_degree"), USP_DEGREES[case.world]))
+    out = burstattn.attention(q, k, v, strategy=strategy, causal=case.causal, backend=case.backend,
+                              layout=layout, **opts)
+    full = burstattn.gather_sequence(out, **kw)
+    # every rank computes the same loss; gather_sequence's backward sums them: divide by P
+    (full.double() * dout.double()).sum().div(case.world).backward()
+    got = dict(out=full.detach(), **{f"d{n}": burstattn.gather_sequence(t.grad, **kw)
+                                     for n, t in zip("qkv", (q, k, v))})
+    ref = reference_results(case)
+    return {name: rel_err(got[name], ref[name]) for name in ("out", "dq", "dk", "dv")}
+
+
+def layout_grid(rank: int, world: int, rows: list) -> list:
+    """``rows`` of ``(case, strategy, layout name)`` -> per row the errors or ``"Type: message"``."""
+    results = []
+    try:
+        for case, strategy, layout_name in rows:
+            try:
+                results.append(layout_errors(case, strategy, layout_name))
+            except Exception as e:  # reported per row by the parent
+                results.append(f"{type(e).__name__}: {e}")
+    finally:
+        import torch.distributed as dist
+
+        for entry in SUBGROUPS.entries.values():  # usp's cached sub-groups: made here, destroyed here
+            for g in (entry.ulysses_group, entry.ring_group):
+                if g is not None:
+                    dist.destroy_process_group(g)
+        SUBGROUPS.clear()
+    return results
+
+
+# ---- the DistFlashAttn and double-ring schedules (test_distflash.py) -----------------------------
+def distflash(rank: int, world: int, case: Case) -> dict:
+    """Forward (with LSE) and backward under ``schedule="distflash"``, with the bytes sent."""
+    q, k, v, dout = sharded_leaves(case)
+    with burstattn.comm_stats() as stats:
+        out, lse = burstattn.burst_attn_func(q, k, v, causal=True, layout="contiguous", schedule="distflash",
+                                             return_lse=True, backend=case.backend,
+                                             softmax_scale=case.softmax_scale)
+        out.backward(dout)
+    sent = stats.sent_by_op()
+    return dict(out=out.detach(), lse=lse, dq=q.grad, dk=k.grad, dv=v.grad, sent=sent)
+
+
+def distflash_bad(rank: int, world: int, kwargs: dict) -> tuple[str, str]:
+    """A distflash call with bad options: the exception type and message on this rank."""
+    case = Case(world=world, local_seq=8)
+    q, k, v, _ = sharded_leaves(case)
+    try:
+        burstattn.burst_attn_func(q, k, v, schedule="distflash", **kwargs)
+    except (TypeError, ValueError) as e:
+        return type(e).__name__, str(e)
+    return "no error", ""
+
+
+def double_ring(rank: int, world: int, case: Case, ranks_per_node: int) -> dict:
+    """Forward (with LSE) and backward under ``schedule="double"``, with the bytes sent."""
+    topo = burstattn.two_level_groups(ranks_per_node)
+    q, k, v, dout = sharded_leaves(case)
+    try:
+        with burstattn.comm_stats() as stats:
+            out, lse = burstattn.burst_attn_func(q, k, v, causal=case.causal, layout=case.layout, schedule="double",
+                                                 topology=topo, return_lse=True, backend=case.backend,
+                                                 backward=case.backward)
+            out.backward(dout)
+    finally:  # the sub-groups made for this case
+        import torch.distributed as dist
+        for g in (topo.inner_group, topo.outer_group):
+            if g is not None:
+                dist.destroy_process_group(g)
+    sent = stats.sent_by_op()
+    return dict(out=out.detach(), lse=lse, dq=q.grad, dk=k.grad, dv=v.grad, sent=sent)
