@@ -1,4 +1,4 @@
-"""``burstattn generate``: the issue's flags and JSON keys; the same tokens whatever the world size
+"""``burstattn generate``: its flags and the JSON keys it reports (``KEYS``); the same tokens whatever the world size
 and strategy (--seed fixes weights and prompt); a save_pretrained directory as --model; bad input
 exits with a clear error."""
 from __future__ import annotations

@@ -93,7 +93,7 @@ def test_context_parallel_trainer_refuses_hybrids_and_router_logits(pools):
 
 def test_trl_style_token_count_excludes_the_layouts_pads(pools):
     """TRL counts each rank's position_ids.size(1) over every process: the padded length, 1 token too
-    many on every odd packed row at world 2 (224 against 223 in the issue)."""
+    many on every odd packed row at world 2 (224 counted for 223 real tokens); the mixin counts real tokens."""
     for res in pools.get(2).run(gc.token_count):
         assert res["counted"] == res["real"] == res["logged"], res
 

@@ -95,7 +95,7 @@ def test_exact_and_bytes(pools, row):
         assert r["sent"] == want, f"rank {rank}: measured {r['sent']} != formula {want}"
 
 
-def test_grid_covers_the_brief():
+def test_grid_covers_every_layout_causality_gqa_and_usp_shape():
     for strategy in ("rsa", "allgather", "ulysses", "tp", "usp"):
         rows = [(c, u) for s, c, u, _ in GRID if s == strategy]
         assert {c.layout for c, _ in rows} == set(LAYOUTS) and {c.causal for c, _ in rows} == {False, True}

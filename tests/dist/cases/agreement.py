@@ -14,7 +14,7 @@ import burstattn
 from burstattn.comm.groups import SUBGROUPS
 
 
-# ---- burstattn.comm.agree (test_agree.py, test_train_same_run.py) --------------------------------
+# ---- burstattn.comm.agree (test_agree_every_rank.py, test_train_same_run.py) ---------------------
 # Each returns ``(exception type name, message)`` or ``("no error", "")``.
 def exchange(rank: int, world: int, kind: str) -> tuple[str, str]:
     """One :func:`agree` call in which ``kind`` differs: ``same``, ``value`` (the last rank's seed),
@@ -87,7 +87,7 @@ def differing(rank: int, world: int, kind: str, strategy: str = "burst_attn_func
     return "no error", ""
 
 
-# ---- traps of a group (test_traps.py) ------------------------------------------------------------
+# ---- traps of a group (test_traps_every_rank.py) -------------------------------------------------
 # Each scenario returns ``"ok"``-like values or the error this rank raised as ``"Type: message"``.
 def _error(fn) -> str:
     try:

@@ -96,7 +96,7 @@ def shard_gather(rank: int, world: int, layout: str, dim: int) -> dict:
                 expected_positions=local_positions(shape[seq_dim], rank, world, layout))
 
 
-# ---- bad inputs --------------------------------------------------------------------------------
+# ---- bad inputs ----------------------------------------------------------------------------------
 def _bad_args(scenario: str, rank: int, world: int) -> tuple[tuple, dict]:
     """Arguments of burst_attn_func for ``scenario``; ``@1`` suffix: only rank 1 is bad."""
     name, _, only = scenario.partition("@")
@@ -162,7 +162,7 @@ def bad_shard(rank: int, world: int, layout: str, seq_len: int) -> tuple[str, st
     return "no error", ""
 
 
-# ---- a peer that disappears --------------------------------------------------------------------
+# ---- a peer that disappears ----------------------------------------------------------------------
 def vanish(rank: int, world: int, when: str) -> str:
     """Rank 1 exits abruptly (``when``: "before" the call, or "mid" at its second kernel call)."""
     case = Case(world=world, local_seq=16, heads="mha", layout="zigzag", backend="reference", causal=True)

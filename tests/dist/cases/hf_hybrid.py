@@ -243,7 +243,7 @@ def token_count(rank: int, world: int) -> dict:
                 real=sum(len(x["input_ids"]) for x in data))
 
 
-# ---- hybrid families made sequence parallel (test_hf_hybrid.py, unit/test_hf_hybrid.py) ----------
+# ---- hybrid families made sequence parallel (test_hf_hybrid_parallel.py, unit/test_hf_hybrid.py) ----
 LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
               linear_conv_kernel_dim=4)
 IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=1)  # configs whose defaults are outside the tiny vocab

@@ -199,7 +199,7 @@ def sft(rank: int, world: int, context_parallel: bool) -> list:
     return [(h["loss"], h["grad_norm"]) for h in trainer.state.log_history if "loss" in h and "train_loss" not in h]
 
 
-# ---- packed documents and padding (test_hf_packing.py) -------------------------------------------
+# ---- packed documents and padding (test_hf_packed_batches.py) ------------------------------------
 # Every rank builds the same model and data from the seed. References: a packed batch is the same
 # documents right-padded with an ``attention_mask`` under eager attention (transformers' own packed path
 # does not isolate documents in every version); a padded batch is the same padded batch under eager.

@@ -14,7 +14,7 @@ from burstattn.testing.oracle import exact_attention
 from tests.helpers import Case, full_inputs, rel_err
 
 
-# ---- masks and masked calls (test_masks.py) ------------------------------------------------------
+# ---- masks and masked calls (test_masked_attention.py) -------------------------------------------
 def local_global(q_pos, k_pos):
     """Block-sparse local + global: blocks of 8 see themselves; every token sees the first 4."""
     return (q_pos // 8 == k_pos // 8) | (k_pos < 4)
@@ -163,7 +163,7 @@ def masked_docs_aligned(rank: int, world: int, case: Case) -> dict:
     return dict(kv_sent=sent, steps=len(plan.kv_steps()), out=out.detach())
 
 
-# ---- every strategy on mask_partition's partition (test_mask_partition.py) -----------------------
+# ---- every strategy on mask_partition's partition (test_mask_partition_strategies.py) ------------
 # Every strategy that takes a partition and a mask, against the float64 dense oracle.
 PARTITION_KINDS = ("window_causal", "docs", "local_global", "strided")  # windows, documents, block-sparse, mask_mod
 PARTITION_STRATEGIES = ("burst", "ring", "allgather", "ulysses")

@@ -22,7 +22,7 @@ from burstattn.train import TrainConfig, build_job, job as job_module, train_ste
 from burstattn.train.job import local_batch
 
 
-# ---- training (test_train_*.py, test_blockwise.py, test_plan_train.py, test_sim_memory.py, test_dryrun.py) ----
+# ---- training (test_train_*, test_blockwise_training, test_plan_train, test_sim_memory, test_dryrun) ----
 def full_params(model) -> dict[str, torch.Tensor]:
     """Every parameter as a full (unsharded) float64 CPU tensor, by name."""
     out = {}
@@ -42,7 +42,7 @@ def run_training(rank: int, world: int, cfg: TrainConfig, with_params: bool = Tr
                 params=params if rank == 0 else None)
 
 
-# ---- checkpointing modes ------------------------------------------------------------------------
+# ---- checkpointing modes -------------------------------------------------------------------------
 class OpCounter:
     """Counts the executions of the attention ops (``attention_fwd``, every strategy; a dispatch mode: a call that ``remat``'s
     recomputation answers from its record never reaches it)."""
@@ -93,7 +93,7 @@ def checkpointing_modes(rank: int, world: int, cfg: TrainConfig) -> dict:
     return out
 
 
-# ---- checkpoints, resume, faults ----------------------------------------------------------------
+# ---- checkpoints, resume, faults -----------------------------------------------------------------
 class Interrupt(Exception):
     """Raised by a hook to stop a run between steps (as a crash would, but catchable)."""
 
@@ -168,7 +168,7 @@ def soak(rank: int, world: int, cfg: TrainConfig) -> list[dict]:
     return train(cfg, progress=False)
 
 
-# ---- the blockwise options ----------------------------------------------------------------------
+# ---- the blockwise options -----------------------------------------------------------------------
 def blockwise_runs(rank: int, world: int, cfgs: list) -> list[dict]:
     """:func:`run_training` of every config in turn (one pool call); the offload path copies on CPU
     (``Llama.offload_copies_on_cpu``) so that its bookkeeping is exercised."""
@@ -231,7 +231,7 @@ def differing_batches(rank: int, world: int) -> str:
     return "accepted"
 
 
-# ---- the fused loss (test_fused_loss.py) ---------------------------------------------------------
+# ---- the fused loss (test_fused_loss_training.py) ------------------------------------------------
 def _accumulated_step(job, step: int, micro: int) -> float:
     """One optimizer step over the batches of ``micro`` consecutive data steps (gradient
     accumulation): each micro-batch's loss divided by the targets of all of them (the global-batch

@@ -96,7 +96,7 @@ def peak_memory(rank: int, world: int, strategy: str, local_seq: int) -> int:
     return measure_peak(step)[1].peak_bytes
 
 
-# ---- bad inputs --------------------------------------------------------------------------------
+# ---- bad inputs ----------------------------------------------------------------------------------
 def _bad_call(scenario: str, rank: int, world: int) -> tuple[str, tuple, dict]:
     """``(strategy, (q, k, v), options)`` for ``scenario``; ``@1`` suffix: only rank 1 is bad."""
     name, _, only = scenario.partition("@")
