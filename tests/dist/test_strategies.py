@@ -154,7 +154,7 @@ def test_head_helpers():
 
 
 # ---- bad inputs -------------------------------------------------------------------------------
-# scenario -> (exception type, words every rank's message must contain); see strategy_cases._bad_call
+# scenario -> (exception type, words every rank's message must contain); see cases/strategies._bad_call
 BAD = {
     "unknown_strategy": ("ValueError", ["strategy", "nope"]),
     "option": ("ValueError", ["rsa", "backward"]),

@@ -8,7 +8,7 @@ import pytest
 
 from tests.dist.cases import attention
 
-# scenario -> (allowed exception types, words the message must contain); see attention._bad_args
+# scenario -> (allowed exception types, words the message must contain); see cases/attention._bad_args
 SCENARIOS = {
     "ndim": ({"ValueError"}, ["q"]),
     "not_tensor": ({"TypeError"}, ["q"]),
