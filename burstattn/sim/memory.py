@@ -160,7 +160,7 @@ FORWARD_SHARE = 0.55  # forward-only peak over fwd+bwd peak of the others (no gr
 # ``head_chunks`` (the call over G groups of heads, one after another): one group's call, plus what stays
 # whole across the groups (the earlier groups' outputs and dQ, dK, dV: (2 + 2 Hkv/Hq) (G-1)/G query
 # shards) and the concatenations (the output, and the gradients' at the end): CHUNK_CONCAT query shards.
-# Read off ``bench.memory.measure_peak`` (tests/dist/head_chunk_cases.call_peak: float32, world 2, causal
+# Read off ``bench.memory.measure_peak`` (tests/dist/cases/strategies.call_peak: float32, world 2, causal
 # zigzag, n = 1024 per rank, 8/8 heads, d = 32, G = 2, 4, 8; burst, ring, ulysses, allgather): the rule
 # is within +2% .. +10% of the measured peaks for burst and ring, -10% .. +10% for allgather; ulysses
 # -16% .. -21%, as its whole call (22.1 measured there against 16.8 modelled: gloo's late frees, see

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from burstattn.engine.bytes import ring_bytes
-from tests.dist import cases
+from tests.dist.cases import attention
 from tests.dist.test_attention import check_against_reference
 from tests.helpers import DTYPES, Case
 
@@ -18,7 +18,7 @@ from tests.helpers import DTYPES, Case
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
 @pytest.mark.parametrize("dim", [1, 0, -1])
 def test_shard_gather_round_trip_and_gradient(pools, world, layout, dim):
-    results = pools.get(world).run(cases.shard_gather, layout, dim)
+    results = pools.get(world).run(attention.shard_gather, layout, dim)
     full, weights = results[0]["full"], results[0]["weights"]
     seq_dim = dim % full.dim()
     for rank, r in enumerate(results):
@@ -35,7 +35,7 @@ def test_shard_gather_round_trip_and_gradient(pools, world, layout, dim):
 @pytest.mark.parametrize("dtype,backend", [("float32", "auto"), ("bfloat16", "auto"), ("float16", "reference"),
                                            ("float64", "auto"), ("float32", "cpu_flash"), ("bfloat16", "reference")])
 def test_return_lse_and_output_dtype(pools, dtype, backend):
-    for res in pools.get(2).run(cases.dtypes_out, dtype, backend):
+    for res in pools.get(2).run(attention.dtypes_out, dtype, backend):
         out_dtype, out_shape, lse_dtype, lse_shape, lse_grad, plain_is_tensor, same = res
         assert out_dtype == DTYPES[dtype] and out_shape == (2, 8, 8, 16)
         lse_expected = torch.float64 if dtype == "float64" else torch.float32  # float64 accumulates in float64
@@ -48,7 +48,7 @@ def test_return_lse_and_output_dtype(pools, dtype, backend):
     Case(world=3, heads="mha", causal=True, layout="striped", backward="kv", backend="cpu_flash"),
 ], ids=Case.id)
 def test_module_equals_function(pools, case):
-    for r in pools.get(case.world).run(cases.module_vs_func, case):
+    for r in pools.get(case.world).run(attention.module_vs_func, case):
         for a, b in zip(r["func"], r["module"]):
             assert torch.equal(a, b)
 
@@ -76,7 +76,7 @@ def test_comm_bytes_match_formula(pools, case):
     if mode == "auto":
         mode = min(("burst", "kv"), key=lambda m: (by_mode[m]["backward"], m != "burst"))
     expected = by_mode[mode]["ops"]
-    for rank, stats in enumerate(pools.get(case.world).run(cases.comm_bytes, case)):
+    for rank, stats in enumerate(pools.get(case.world).run(attention.comm_bytes, case)):
         measured = {(phase, op): row["sent"] for phase, ops in stats.items() for op, row in ops.items()}
         for key in set(expected) | set(measured):
             assert measured.get(key, 0) == expected.get(key, 0), (
@@ -100,7 +100,7 @@ def test_auto_prefers_burst_for_mha_and_kv_for_gqa():
 def test_transfer_posted_before_compute(pools, case):
     """Double buffering: the transfer that brings step t+1's block is posted before step t computes."""
     travelling = {"forward": "kv", "backward": "kv" if case.backward == "kv" else "q"}
-    for rank, events in enumerate(pools.get(case.world).run(cases.traced, case)):
+    for rank, events in enumerate(pools.get(case.world).run(attention.traced, case)):
         for phase, op in travelling.items():
             posts = sorted((e for e in events if e["name"] == "post" and e["phase"] == phase and e["op"] == op),
                            key=lambda e: e["t0_ns"])

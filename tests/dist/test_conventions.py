@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.dist import convention_cases as cc
+from tests.dist.cases import features as cc
 
 
 def test_window_minus_one_means_unbounded(pools):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dist import crossrank_cases as cc
+from tests.dist.cases import agreement as cc
 
 NEEDLES = {"alibi": "alibi_slopes (shape and values)", "sinks": "sinks (shape and values)",
            "requires_grad": "requires_grad"}

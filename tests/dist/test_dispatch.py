@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from burstattn.train import TrainConfig
-from tests.dist.dispatch_cases import differing_batches, run_many
+from tests.dist.cases.models import differing_batches, dispatch_runs
 
 # the tail (MAX 200 of 2 x 128 tokens) makes some documents span several ranks, the median many short ones
 BASE = TrainConfig(model="tiny", seq_len=128, batch=2, steps=3, lr=1e-3, warmup=1, seed=3, adam_eps=1e-6,
@@ -28,7 +28,7 @@ ROWS = TrainConfig(model="tiny", seq_len=120, batch=2, steps=3, lr=1e-3, warmup=
 
 @pytest.fixture(scope="module")
 def references(pools):
-    return pools.get(1).run(run_many, [BASE, ROWS])[0]
+    return pools.get(1).run(dispatch_runs, [BASE, ROWS])[0]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def _rel(a, b) -> float:
 def test_dispatch_matches_world_one(pools, reference, world):
     cfgs = [BASE.with_overrides(**arm) for arm in ARMS[world]]
     refused = [BASE.with_overrides(**bad) for bad, _ in REFUSED] if world == 2 else []
-    results = pools.get(world).run(run_many, cfgs + refused)
+    results = pools.get(world).run(dispatch_runs, cfgs + refused)
     out = results[0]
     for arm, got in zip(ARMS[world], out):
         assert isinstance(got, dict), (arm, got)
@@ -60,7 +60,7 @@ def test_dispatch_matches_world_one(pools, reference, world):
 
 def test_dynamic_rows_match_the_fixed_mesh(pools, references):
     want = references[1]
-    got = pools.get(2).run(run_many, [ROWS.with_overrides(dispatch="dynamic")])[0][0]
+    got = pools.get(2).run(dispatch_runs, [ROWS.with_overrides(dispatch="dynamic")])[0][0]
     assert isinstance(got, dict), got
     for a, b in zip(got["losses"], want["losses"]):
         assert abs(a - b) <= TOL * abs(b), (a, b)

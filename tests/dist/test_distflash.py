@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from burstattn.engine.bytes import distflash_bytes
-from tests.dist import distflash_cases
+from tests.dist.cases import attention
 from tests.helpers import DTYPES, Case, assemble, reference_results, tolerance_failures
 
 CASES = [
@@ -24,7 +24,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=Case.id)
 def test_distflash_matches_reference_and_formula(pools, case):
-    results = pools.get(case.world).run(distflash_cases.distflash, case)
+    results = pools.get(case.world).run(attention.distflash, case)
     ref = reference_results(case)
     got = {name: assemble(case, [r[name] for r in results], 2 if name == "lse" else 1)
            for name in ("out", "lse", "dq", "dk", "dv")}
@@ -45,7 +45,7 @@ def test_distflash_matches_reference_and_formula(pools, case):
     (dict(causal=True, layout="contiguous", backward="kv"), "backward='auto'"),
 ])
 def test_distflash_bad_options_raise_on_every_rank(pools, kwargs, needle):
-    for kind, message in pools.get(2).run(distflash_cases.distflash_bad, kwargs):
+    for kind, message in pools.get(2).run(attention.distflash_bad, kwargs):
         assert kind == "ValueError" and "distflash" in message and needle in message, message
 
 
@@ -71,7 +71,7 @@ DOUBLE = [
 def test_double_ring_matches_reference_and_formula(pools, case, ranks_per_node):
     from burstattn.engine.bytes import double_bytes
 
-    results = pools.get(case.world).run(distflash_cases.double_ring, case, ranks_per_node)
+    results = pools.get(case.world).run(attention.double_ring, case, ranks_per_node)
     ref = reference_results(case)
     got = {name: assemble(case, [r[name] for r in results], 2 if name == "lse" else 1)
            for name in ("out", "lse", "dq", "dk", "dv")}

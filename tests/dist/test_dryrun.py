@@ -20,7 +20,7 @@ import pytest
 
 from burstattn.train import TrainConfig
 from tests.dist.test_sim_memory import late_buffers
-from tests.dist.train_cases import probe_many
+from tests.dist.cases.models import probe_many
 
 BASE = TrainConfig(model="small-l3", seq_len=1024, batch=1, steps=10, lr=1e-4, warmup=0)
 BW = dict(mlp_chunk=128, loss_chunk=128)

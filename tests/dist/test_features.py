@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dist import feature_cases as fc
+from tests.dist.cases import features as fc
 from tests.helpers import EXACT
 
 F = fc.FCase

@@ -1,4 +1,4 @@
-"""``burstattn generate``: the issue's flags and JSON keys; the same tokens whatever the world size
+"""``burstattn generate``: its flags and the JSON keys it reports (``KEYS``); the same tokens whatever the world size
 and strategy (--seed fixes weights and prompt); a save_pretrained directory as --model; bad input
 exits with a clear error."""
 from __future__ import annotations
@@ -29,12 +29,12 @@ def test_same_tokens_any_world_and_strategy(capsys):
 
 def test_save_pretrained_directory(capsys, tmp_path):
     pytest.importorskip("transformers", minversion="5")
-    from tests.dist.hf_cases import build
+    from tests.dist.cases.hf_models import build_causal_lm
 
-    build("llama", seed=3).save_pretrained(tmp_path / "m")
+    build_causal_lm("llama", seed=3).save_pretrained(tmp_path / "m")
     out = _run(capsys, "--model", str(tmp_path / "m"), "--world-size", "1", "--prompt-len", "19",
                "--max-new-tokens", "4", "--no-memory")
-    model = build("llama", seed=3)
+    model = build_causal_lm("llama", seed=3)
     model.set_attn_implementation("eager")
     import torch
 
@@ -76,9 +76,9 @@ def test_hf_dir_uses_the_current_cache_keyword(tmp_path):
 
     pytest.importorskip("transformers", minversion="5")
     from burstattn.cli.generate_run import GenerateConfig, generate_rank
-    from tests.dist.hf_cases import build
+    from tests.dist.cases.hf_models import build_causal_lm
 
-    build("llama", seed=3).save_pretrained(tmp_path / "m")
+    build_causal_lm("llama", seed=3).save_pretrained(tmp_path / "m")
     cfg = GenerateConfig(model=str(tmp_path / "m"), prompt_len=9, max_new_tokens=3, measure_memory=False,
                          warmup=False)
     with warnings.catch_warnings(record=True) as seen:
@@ -107,10 +107,10 @@ def test_saved_hybrids_generate_exactly(pools, tmp_path, world):
     pytest.importorskip("transformers", minversion="5")
     import torch
 
-    from tests.dist.hf_hybrid_cases import build
+    from tests.dist.cases.hf_hybrid import build_hybrid
 
     for kind in HYBRIDS:
-        model = build(kind, seed=4)
+        model = build_hybrid(kind, seed=4)
         model.save_pretrained(tmp_path / kind)
         prompt = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
         model.generation_config.eos_token_id = None  # the command's greedy steps never stop early

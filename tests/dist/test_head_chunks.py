@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from burstattn.models.head_chunks import head_chunks_problem, head_slices
-from tests.dist import head_chunk_cases as hc
+from tests.dist.cases import strategies as hc
 from tests.dist.test_strategies import expected_bytes
 from tests.helpers import DTYPES, Case, full_inputs, reference_results, tolerance_failures
 

@@ -18,7 +18,7 @@ pytest.importorskip("transformers", minversion="5")
 
 from burstattn.comm.agree import DIGEST_INTS  # noqa: E402
 from burstattn.infer.bytes import decode_bytes  # noqa: E402
-from tests.dist import hf_cases as hc  # noqa: E402
+from tests.dist.cases import hf_models as hc  # noqa: E402
 
 TOL = 1e-4
 CASES = [hc.HfCase("llama", 1), hc.HfCase("llama", 2), hc.HfCase("mistral", 3, strategy="ring"),
@@ -83,7 +83,7 @@ def test_single_process_refusals():
     import burstattn.hf as bhf
 
     bhf.register(strategy="burst", backend="reference")
-    model = hc.build("llama")
+    model = hc.build_causal_lm("llama")
     model.set_attn_implementation("burst")
     ids = torch.randint(0, hc.VOCAB, (1, 8))
     with pytest.raises(ValueError, match="ShardedCache"):

@@ -11,8 +11,8 @@ import torch
 pytest.importorskip("transformers", minversion="5")
 pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (in the test extra)")
 
-from tests.dist import hf_dispatch_cases as dc  # noqa: E402
-from tests.dist.hf_trainer_cases import TrainerCase  # noqa: E402
+from tests.dist.cases import hf_trainer as dc  # noqa: E402
+from tests.dist.cases.hf_trainer import TrainerCase  # noqa: E402
 
 TOL = 1e-6
 # (case, the dynamic arm's dispatch_budget): packed, a budget of 20 tokens per rank puts the longest documents
@@ -80,5 +80,5 @@ def test_dynamic_trainer_hybrid_model(pools):
                                          ("mode", "dispatch must be one of"),
                                          ("budget", "exceeds the whole world's memory budget")])
 def test_dynamic_trainer_refusals_on_every_rank(pools, what, expect):
-    for rank, msg in enumerate(pools.get(2).run(dc.refusal, what)):
+    for rank, msg in enumerate(pools.get(2).run(dc.dispatch_refusal, what)):
         assert expect in msg, (rank, msg)

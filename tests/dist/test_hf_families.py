@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("transformers", reason="burstattn.hf needs transformers (the test extra has it)")
 
-from tests.dist import hf_family_cases as hc  # noqa: E402
+from tests.dist.cases import hf_models as hc  # noqa: E402
 
 TOL = 1e-4
 

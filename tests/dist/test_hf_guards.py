@@ -17,8 +17,8 @@ import pytest
 
 pytest.importorskip("transformers", minversion="5")
 
-from tests.dist import hf_family_cases as hc  # noqa: E402
-from tests.dist import hf_guard_cases as gc  # noqa: E402
+from tests.dist.cases import hf_models as hc  # noqa: E402
+from tests.dist.cases import hf_hybrid as gc  # noqa: E402
 
 MIXES = "mixes the sequence outside the attention that reaches burstattn"
 HYBRIDS = {"lfm2": "Lfm2ShortConv", "granitemoehybrid": "GraniteMoeHybridMambaLayer",
@@ -77,7 +77,7 @@ def test_refused_on_every_rank_world_3(pools):
 
 
 def test_stablelm_exact_under_shard_batch(pools):
-    for res in pools.get(2).run(gc.exact, "stablelm"):
+    for res in pools.get(2).run(gc.guard_exact, "stablelm"):
         assert res["grads"] > 10 and res["loss_err"] <= 1e-4 and res["grad_err"] <= 1e-4, res
 
 
@@ -93,7 +93,7 @@ def test_context_parallel_trainer_refuses_hybrids_and_router_logits(pools):
 
 def test_trl_style_token_count_excludes_the_layouts_pads(pools):
     """TRL counts each rank's position_ids.size(1) over every process: the padded length, 1 token too
-    many on every odd packed row at world 2 (224 against 223 in the issue)."""
+    many on every odd packed row at world 2 (224 counted for 223 real tokens); the mixin counts real tokens."""
     for res in pools.get(2).run(gc.token_count):
         assert res["counted"] == res["real"] == res["logged"], res
 
@@ -106,7 +106,7 @@ def test_generate_cli_gives_check_models_message(capsys, tmp_path, kind, world, 
         pytest.skip("this transformers' Falcon dispatches through the interface: exact, tests/dist/test_hf_families.py")
     from burstattn.cli import main
 
-    gc.build(kind, attn=None).save_pretrained(tmp_path / "m")
+    gc.build_guard_model(kind, attn=None).save_pretrained(tmp_path / "m")
     assert main(["generate", "--model", str(tmp_path / "m"), "--world-size", str(world), "--prompt-len", "8",
                  "--max-new-tokens", "2", "--no-memory", "--no-warmup"]) == 2
     assert needle in capsys.readouterr().err

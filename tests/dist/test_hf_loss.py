@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("transformers", reason="the Hugging Face integration needs transformers (the test extra)")
 
-from tests.dist.hf_loss_cases import blockwise_hf_loss  # noqa: E402
+from tests.dist.cases.hf_models import blockwise_hf_loss  # noqa: E402
 
 
 @pytest.mark.parametrize("world,chunk,seq", [(1, 5, 23), (2, 3, 24), (2, 1, 20), (2, 1024, 24)])

@@ -16,8 +16,8 @@ import torch
 pytest.importorskip("transformers", minversion="5")
 pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (in the test extra)")
 
-from tests.dist import hf_trainer_cases as tc  # noqa: E402
-from tests.dist.hf_cases import VOCAB  # noqa: E402
+from tests.dist.cases import hf_trainer as tc  # noqa: E402
+from tests.dist.cases.hf_models import VOCAB  # noqa: E402
 
 TC = tc.TrainerCase
 CASES = [TC(accumulation=2), TC(kind="qwen3", strategy="ring", data="right"),
@@ -69,7 +69,7 @@ def test_trainer_equals_single_process(pools, case):
                                          ("bloom", "does not dispatch its attention through transformers'"),
                                          ("usp_padding", "cannot honour packed documents or padding")])
 def test_trainer_refusals_on_every_rank(pools, what, expect):
-    for rank, msg in enumerate(pools.get(2).run(tc.refusal, what)):
+    for rank, msg in enumerate(pools.get(2).run(tc.trainer_refusal, what)):
         assert expect in msg, (rank, msg)
 
 

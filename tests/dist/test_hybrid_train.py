@@ -7,9 +7,8 @@ import pytest
 
 from burstattn.models import HybridLlama, preset
 from burstattn.train import TrainConfig
-from tests.dist.dispatch_cases import run_many
-from tests.dist.hybrid_cases import documents_alone, grads64
-from tests.dist.train_cases import run_training
+from tests.dist.cases.hybrid import documents_alone, grads64
+from tests.dist.cases.models import dispatch_runs, run_training
 
 BASE = TrainConfig(model="hybrid-tiny", seq_len=120, batch=2, steps=3, lr=1e-3, warmup=1, seed=3, adam_eps=1e-5)
 # adam_eps 1e-5 (test_train_exact: 1e-6): the decay gate's projection ``wa`` has gradient elements of
@@ -89,7 +88,7 @@ def test_hybrid_documents_reset_state_exactly(pools, tmp_path):
                               eod_id=10)
     sources = [DOCS, eod]
     alone = [pools.get(1).run(documents_alone, cfg)[0] for cfg in sources]
-    runs = {w: pools.get(w).run(run_many, [cfg.with_overrides(**arm) for cfg in sources for arm in arms])[0]
+    runs = {w: pools.get(w).run(dispatch_runs, [cfg.with_overrides(**arm) for cfg in sources for arm in arms])[0]
             for w, arms in DOC_ARMS.items()}
     reference = runs[1]
     for world, arms in DOC_ARMS.items():
@@ -111,7 +110,7 @@ def test_tensor_parallelism_refused_on_every_rank(pools):
     for world in (2, 3):
         cfgs = [BASE.with_overrides(strategy="tp-v3"), BASE.with_overrides(strategy="tp-v1"),
                 BASE.with_overrides(tp=world)]
-        results = pools.get(world).run(run_many, cfgs)
+        results = pools.get(world).run(dispatch_runs, cfgs)
         for i, cfg in enumerate(cfgs):
             per_rank = [r[i] for r in results]
             assert all(isinstance(m, str) and "hybrid models:" in m and "is not supported for Gated DeltaNet layers"

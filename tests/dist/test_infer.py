@@ -15,7 +15,7 @@ from burstattn.infer.bytes import decode_bytes, pass_kv_bytes, pass_q_bytes
 from burstattn.infer.placement import placement_counts
 from burstattn.infer.steps import padded_length
 from burstattn.strategies import STRATEGIES
-from tests.dist import infer_cases as ic
+from tests.dist.cases import models as ic
 
 L, HQ, HKV, D = 2, 4, 2, 16  # the tiny preset
 CASES = [ic.GenCase(1, "burst", continuation="kv"), ic.GenCase(2, "burst", continuation="q"),

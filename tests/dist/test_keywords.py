@@ -9,14 +9,14 @@ import torch
 
 from burstattn.call.options import KEYWORDS, SPELLINGS
 from burstattn.strategies import STRATEGIES
-from tests.dist import keyword_cases
+from tests.dist.cases import features
 
 WORLDS = [2, 3]
 
 
 def test_every_keyword_has_a_case():
     """Adding a keyword to the vocabulary without a case here fails: every door is then tested with it."""
-    assert set(keyword_cases.CASES) == set(KEYWORDS) | set(SPELLINGS) | {"options"}
+    assert set(features.KEYWORD_CASES) == set(KEYWORDS) | set(SPELLINGS) | {"options"}
 
 
 def _same(a, b) -> bool:
@@ -27,9 +27,9 @@ def _same(a, b) -> bool:
 
 
 @pytest.mark.parametrize("world", WORLDS)
-@pytest.mark.parametrize("keyword", sorted(keyword_cases.CASES))
+@pytest.mark.parametrize("keyword", sorted(features.KEYWORD_CASES))
 def test_attention_burst_equals_burst_attn_func(pools, world, keyword):
-    for rank, res in enumerate(pools.get(world).run(keyword_cases.every_door, keyword)):
+    for rank, res in enumerate(pools.get(world).run(features.every_door, keyword)):
         want = res["burst_attn_func"]
         for door in ("attention", "BurstAttention"):
             assert _same(res[door], want), (rank, door, res[door] if isinstance(res[door], tuple) else "values")
@@ -38,12 +38,12 @@ def test_attention_burst_equals_burst_attn_func(pools, world, keyword):
 
 
 @pytest.mark.parametrize("world", WORLDS)
-@pytest.mark.parametrize("keyword", sorted(set(keyword_cases.CASES) - {"group", "causal", "softmax_scale", "layout"}))
+@pytest.mark.parametrize("keyword", sorted(set(features.KEYWORD_CASES) - {"group", "causal", "softmax_scale", "layout"}))
 def test_other_strategies_take_or_refuse_naming_the_strategy(pools, world, keyword):
     """A strategy that takes the keyword runs it (within 1e-9 of burst in float64, or the same error); one that
     does not refuses it on every rank, naming the strategy and the keyword as given."""
     name = SPELLINGS.get(keyword, keyword)
-    for rank, res in enumerate(pools.get(world).run(keyword_cases.other_strategies, keyword)):
+    for rank, res in enumerate(pools.get(world).run(features.other_strategies, keyword)):
         for strategy, (what, detail) in res.items():
             takes = name in STRATEGIES[strategy].options or (
                 keyword == "options" and {"backward", "cu_seqlens", "window"} <= set(STRATEGIES[strategy].options))

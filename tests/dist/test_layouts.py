@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from burstattn.strategies import STRATEGIES
-from tests.dist import layout_cases
+from tests.dist.cases import attention
 from tests.helpers import EXACT, Case
 
 HEADS = {2: "4/2", 3: "6/2", 4: "4/2"}
@@ -29,7 +29,7 @@ def rows(world: int) -> list:
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_every_strategy_every_layout(pools, world):
     grid = rows(world)
-    results = pools.get(world).run(layout_cases.run_grid, grid)
+    results = pools.get(world).run(attention.layout_grid, grid)
     failures = []
     for (case, strategy, layout), res in zip(grid, results[0]):
         if isinstance(res, str) or max(res.values()) > EXACT["float32"]:

@@ -9,11 +9,12 @@ import random
 
 import pytest
 
-from tests.dist import lowp_cases
+from tests.dist.cases import attention
 from tests.helpers import Case, assemble, tolerance_failures
 
-# the four cases of the issue (sequence lengths as flash-attn's grid has them, divisible by 2P)
-ISSUE = [Case(world=2, local_seq=128, batch=2, heads="4/1", head_dim=32, dtype="float16", causal=True,
+# four fixed shapes beside the drawn grid: fp16 MQA at world 2; fp16 MHA with an odd head size (59) and fp16 MQA
+# at head size 64 at world 3; bf16 with nine heads and long shards (lengths as flash-attn's grid has them, divisible by 2P)
+FIXED = [Case(world=2, local_seq=128, batch=2, heads="4/1", head_dim=32, dtype="float16", causal=True,
               backend="cpu_flash", seed=1),
          Case(world=3, local_seq=96, batch=2, heads="4/4", head_dim=59, dtype="float16", causal=True,
               backend="cpu_flash", seed=2),
@@ -26,7 +27,7 @@ ISSUE = [Case(world=2, local_seq=128, batch=2, heads="4/1", head_dim=32, dtype="
 def grid() -> list[Case]:
     """A seeded grid: dtype x causal x heads (MHA, GQA, MQA) at worlds 2 and 3, the other factors drawn."""
     rng = random.Random(20)
-    rows = list(ISSUE)
+    rows = list(FIXED)
     for i, (world, dtype, causal, heads) in enumerate(itertools.product((2, 3), ("float16", "bfloat16"),
                                                                         (False, True), ("6/6", "6/2", "6/1"))):
         rows.append(Case(world=world, local_seq=rng.choice((32, 48, 64)), batch=rng.choice((1, 2)), heads=heads,
@@ -54,13 +55,13 @@ def _failures(cases: list, results: list) -> list[str]:
 @pytest.mark.parametrize("world", [2, 3])
 def test_low_precision_within_flash_attn_rule(pools, world):
     cases = [c for c in GRID if c.world == world]
-    failures = _failures(cases, pools.get(world).run(lowp_cases.run_many, cases))
+    failures = _failures(cases, pools.get(world).run(attention.low_precision_many, cases))
     assert not failures, "\n".join(failures)
 
 
-def test_grid_covers_the_brief():
+def test_grid_covers_both_dtypes_causality_and_mqa_to_mha():
     for world in (2, 3):
         rows = [c for c in GRID if c.world == world]
         assert {c.dtype for c in rows} == {"float16", "bfloat16"} and {c.causal for c in rows} == {False, True}
         assert any(c.kv_heads == 1 for c in rows) and any(c.kv_heads == c.q_heads for c in rows)
-    assert all(c in GRID for c in ISSUE)
+    assert all(c in GRID for c in FIXED)

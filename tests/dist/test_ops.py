@@ -7,7 +7,7 @@ import torch
 
 from burstattn import ops
 from burstattn.comm.groups import GroupContext
-from tests.dist import op_cases
+from tests.dist.cases import attention
 
 
 def test_op_handles_and_policy():
@@ -68,7 +68,7 @@ def test_compile_fullgraph_equals_eager(pools, strategy):
     """Every strategy runs behind the custom op: one graph (``fullgraph=True``), and the compiled forward
     and backward equal the eager ones bit for bit (eager is checked against float64 elsewhere)."""
     # aot_eager: the whole graph capture (dynamo, fake tensors, AOT autograd) without C++ codegen
-    for diffs in pools.get(2).run(op_cases.compiled_vs_eager, strategy, "aot_eager"):
+    for diffs in pools.get(2).run(attention.compiled_vs_eager, strategy, "aot_eager"):
         assert max(diffs.values()) == 0.0, diffs
 
 
@@ -76,12 +76,12 @@ def test_compile_fullgraph_equals_eager(pools, strategy):
 def test_compile_inductor(pools, slow_selected):
     if not slow_selected:
         pytest.skip("inductor's C++ compile takes ~100 s on 2 cores: run with -m slow")
-    for diffs in pools.get(2).run(op_cases.compiled_vs_eager, "burst_attn_func", "inductor"):
+    for diffs in pools.get(2).run(attention.compiled_vs_eager, "burst_attn_func", "inductor"):
         assert max(diffs.values()) < 1e-5, diffs
 
 
 def test_selective_checkpoint_runs_forward_once(pools):
-    runs = {policy: pools.get(2).run(op_cases.checkpoint_forwards, policy) for policy in ("none", "plain", "sac")}
+    runs = {policy: pools.get(2).run(attention.checkpoint_forwards, policy) for policy in ("none", "plain", "sac")}
     assert [r["forwards"] for r in runs["none"]] == [1, 1]
     assert [r["forwards"] for r in runs["plain"]] == [2, 2]  # plain checkpointing reruns the distributed forward
     assert [r["forwards"] for r in runs["sac"]] == [1, 1]  # MUST_SAVE on the op: it does not
@@ -94,5 +94,5 @@ def test_selective_checkpoint_runs_forward_once(pools):
 @pytest.mark.parametrize("path", ["op", "mask_mod"])
 @pytest.mark.parametrize("world", [1, 2])
 def test_double_backward_refused(pools, world, path):
-    for text in pools.get(world).run(op_cases.double_backward, path):
+    for text in pools.get(world).run(attention.double_backward, path):
         assert text.startswith("RuntimeError: burstattn: second-order gradients"), text

@@ -14,7 +14,7 @@ import pytest
 
 from burstattn.cli import build_parser, main
 from burstattn.cli.verify import train_config
-from tests.dist.train_cases import run_training
+from tests.dist.cases.models import run_training
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,8 +13,8 @@ import pytest
 from burstattn.recurrent import conv_halo_bytes, state_passing_bytes, state_passing_steps
 from burstattn.recurrent.segments import segment_plan
 from burstattn.sim.recurrent import StateShape, passing_memory
-from tests.dist import recurrent_cases
-from tests.dist.recurrent_cases import RecCase
+from tests.dist.cases import hybrid
+from tests.dist.cases.hybrid import RecCase
 from tests.helpers import EXACT
 
 KINDS = ("gdn", "kda", "linear", "ssd", "lightning", "conv")
@@ -38,7 +38,7 @@ def test_recurrences_every_layout(pools, world):
     bad = [("bad", RecCase(kind, "zigzag", "float64", world)) for kind in ("gdn", "linear", "conv", "scheme",
                                                                           "initial")]
     meter = [("bytes", RecCase("gdn", layout, "float32", world)) for layout in ("contiguous", "zigzag", "striped")]
-    results = pools.get(world).run(recurrent_cases.run_grid, grid + bad + meter)
+    results = pools.get(world).run(hybrid.recurrence_grid, grid + bad + meter)
     failures = []
     for case, res in zip(grid, results[0]):
         if isinstance(res, str) or max(res.values()) > EXACT[case.dtype]:
@@ -79,7 +79,7 @@ def scan_rows(world: int) -> list:
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_scan_and_initial_state_every_layout(pools, world):
     grid = scan_rows(world)
-    results = pools.get(world).run(recurrent_cases.run_grid, grid)
+    results = pools.get(world).run(hybrid.recurrence_grid, grid)
     failures = [f"{case}: {res}" for case, res in zip(grid, results[0])
                 if isinstance(res, str) or max(res.values()) > EXACT[case.dtype]]
     assert not failures, "\n".join(failures)
@@ -88,7 +88,7 @@ def test_scan_and_initial_state_every_layout(pools, world):
 
 def _state_want(case: RecCase, rank: int) -> dict:
     N = case.local_seq * case.world
-    kw = dict(cu_seqlens=recurrent_cases.cu_of(case), output_final_state=case.initial, scheme=case.scheme,
+    kw = dict(cu_seqlens=hybrid.cu_of(case), output_final_state=case.initial, scheme=case.scheme,
               initial_state_grad=case.initial, rank=rank)
     b = state_passing_bytes(N, case.world, case.layout, batch=2, heads=2, dk=4, dv=3, matrix=True, element_size=8,
                             **kw)
@@ -104,11 +104,11 @@ def test_state_bytes_do_not_grow_with_packed_documents(pools):
                               initial=initial, seed=1))
             for layout in ("zigzag", "contiguous") for docs in (0, 64) for scheme in ("allgather", "scan")
             for initial in (False, True)]
-    cu = recurrent_cases.cu_of(rows[4][1])
+    cu = hybrid.cu_of(rows[4][1])
     assert len(cu) == 65 and not set(cu[1:-1]) & set(range(0, n * world, n // 2))  # no start on a chunk edge
     plan = segment_plan(n * world, world, "zigzag", cu)
     assert plan.max_segments > 16 and max(len(plan.sent(r)) for r in range(world)) == 2
-    results = pools.get(world).run(recurrent_cases.run_grid, rows)
+    results = pools.get(world).run(hybrid.recurrence_grid, rows)
     got = {}
     for i, (_, case) in enumerate(rows):
         for rank in range(world):
@@ -131,7 +131,7 @@ def test_scan_at_world_8(pools):
     gap = ("gap", RecCase("kda", "zigzag", "float64", world, local_seq=4, initial=True, seed=402))
     meter = ("state", RecCase("gdn", "zigzag", "float32", world, local_seq=4, scheme="scan", initial=True, seed=403))
     kept = ("kept", RecCase("gdn", "zigzag", "float32", world, seed=404))
-    results = pools.get(world).run(recurrent_cases.run_grid, exact + [gap, meter, kept])
+    results = pools.get(world).run(hybrid.recurrence_grid, exact + [gap, meter, kept])
     for case, res in zip(exact, results[0]):
         assert not isinstance(res, str) and max(res.values()) <= EXACT["float64"], (case, res)
     for rank in range(world):
@@ -154,8 +154,8 @@ def test_every_bad_input_of_the_ops_raises_on_every_rank(pools, world):
     """A bad input on the last rank only (sp_ssd's heads not a multiple of the groups, a wrong dt / A / D /
     slope shape, a missing or non-tensor input, an integer tensor, kernel='fla' on CPU): every rank raises
     ValueError, its message naming the bad rank's problem (nothing raised outside the agreement, nothing hangs)."""
-    whats = list(recurrent_cases.BAD_FAMILY)
-    results = pools.get(world).run(recurrent_cases.run_bad_family, whats)
-    for what, needle in recurrent_cases.BAD_FAMILY.items():
+    whats = list(hybrid.BAD_FAMILY)
+    results = pools.get(world).run(hybrid.run_bad_family, whats)
+    for what, needle in hybrid.BAD_FAMILY.items():
         for rank, res in enumerate(results):
             assert res[what].startswith("ValueError") and needle in res[what], (what, rank, res[what])

@@ -8,7 +8,7 @@ import pytest
 
 from burstattn.sim.memory import attention_buffers
 
-from .sim_cases import attention_peak
+from tests.dist.cases.strategies import attention_peak
 
 MEMORY_CASES = [  # shapes other than the ones the units were read off (burstattn/sim/memory.py)
     ("burst", {}, 768, 4, 4, 48, False), ("burst", {}, 512, 8, 4, 32, True),

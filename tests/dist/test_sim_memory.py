@@ -11,7 +11,7 @@ import pytest
 from burstattn.sim.from_train import sim_config
 from burstattn.sim.step import memory_model
 from burstattn.train import TrainConfig
-from tests.dist.train_cases import probe_many
+from tests.dist.cases.models import probe_many
 
 BASE = TrainConfig(model="small-l3", seq_len=2048, batch=2, steps=10, lr=1e-4, warmup=0, mlp_chunk=0, loss_chunk=0)
 BW = dict(mlp_chunk=256, loss_chunk=128)

@@ -20,7 +20,7 @@ from burstattn.strategies import STRATEGIES
 from burstattn.strategies.heads import kv_repeats
 from burstattn.strategies.tp import kv_index
 from burstattn.strategies.usp import usp_positions
-from tests.dist import strategy_cases as sc
+from tests.dist.cases import strategies as sc
 from tests.helpers import DTYPES, Case, reference_results, tolerance_failures
 
 LAYOUTS = ("contiguous", "zigzag", "striped")
@@ -95,7 +95,7 @@ def test_exact_and_bytes(pools, row):
         assert r["sent"] == want, f"rank {rank}: measured {r['sent']} != formula {want}"
 
 
-def test_grid_covers_the_brief():
+def test_grid_covers_every_layout_causality_gqa_and_usp_shape():
     for strategy in ("rsa", "allgather", "ulysses", "tp", "usp"):
         rows = [(c, u) for s, c, u, _ in GRID if s == strategy]
         assert {c.layout for c, _ in rows} == set(LAYOUTS) and {c.causal for c, _ in rows} == {False, True}
@@ -154,7 +154,7 @@ def test_head_helpers():
 
 
 # ---- bad inputs -------------------------------------------------------------------------------
-# scenario -> (exception type, words every rank's message must contain); see strategy_cases._bad_call
+# scenario -> (exception type, words every rank's message must contain); see cases/strategies._bad_call
 BAD = {
     "unknown_strategy": ("ValueError", ["strategy", "nope"]),
     "option": ("ValueError", ["rsa", "backward"]),

@@ -14,7 +14,7 @@ import pytest
 from burstattn.testing.launch import LocalGroupError, run_local
 from burstattn.train import TrainConfig
 from burstattn.train.checkpoint import latest_checkpoint, step_dirs
-from tests.dist import train_cases as tc
+from tests.dist.cases import models as tc
 
 BASE = TrainConfig(model="tiny", seq_len=120, batch=2, steps=6, lr=1e-3, warmup=1, seed=5)
 REPO = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def test_checkpointing_modes(pools, case):
     # (our reading of the numbers, not traced tensor by tensor).
     # What the modes differ in is what the forward keeps: full keeps each layer's input, remat also the
     # attention op's outputs (out, lse) per layer (so it never reruns the distributed attention), none
-    # everything. (Which of full and remat peaks lower depends on the length: tests/dist/test_blockwise.py
+    # everything. (Which of full and remat peaks lower depends on the length: tests/dist/test_blockwise_training.py
     # measures the kept bytes against the floor.)
     kept = {m: max(r[m]["kept"] for r in out) for m in modes}
     assert max(kept["full"], kept["remat"]) < kept["none"] or case["strategy"] == "ulysses", kept

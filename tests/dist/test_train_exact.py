@@ -8,7 +8,7 @@ import pytest
 
 from burstattn.testing.launch import LocalGroupError
 from burstattn.train import TrainConfig
-from tests.dist.train_cases import run_training
+from tests.dist.cases.models import run_training
 
 # adam_eps=1e-6: Adam's first steps divide each gradient element by its own size, so an element whose
 # gradient is ~1e-8 (an output row of a rare byte) turns float32 rounding of another summation order

@@ -15,7 +15,7 @@ import pytest
 from burstattn.testing.launch import LocalGroupError
 from burstattn.train import TrainConfig
 from tests.dist.test_train_exact import BASE, LOSS_TOL, PARAM_TOL, _rel
-from tests.dist.train_cases import run_training
+from tests.dist.cases.models import run_training
 
 L3 = BASE.with_overrides(model="small-l3")
 CASES = [

@@ -18,7 +18,7 @@ from burstattn.testing.launch import LocalGroupError
 from burstattn.train import TrainConfig
 from burstattn.train.checkpoint import step_dirs
 from burstattn.train.job import lr_lambda
-from tests.dist import train_cases as tc
+from tests.dist.cases import models as tc
 
 BASE = TrainConfig(model="tiny", seq_len=120, batch=2, steps=6, lr=1e-3, warmup=1, seed=5)
 WORLD = 2

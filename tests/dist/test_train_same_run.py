@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.dist import agree_cases as ac
+from tests.dist.cases import agreement as ac
 from tests.dist.proc_tools import REPO
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from burstattn.testing.launch import run_local
 from burstattn.train import TrainConfig
-from tests.dist.train_cases import soak
+from tests.dist.cases.models import soak
 
 
 @pytest.fixture

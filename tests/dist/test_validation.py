@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from tests.dist import cases
+from tests.dist.cases import attention
 
-# scenario -> (allowed exception types, words the message must contain); see cases._bad_args
+# scenario -> (allowed exception types, words the message must contain); see cases/attention._bad_args
 SCENARIOS = {
     "ndim": ({"ValueError"}, ["q"]),
     "not_tensor": ({"TypeError"}, ["q"]),
@@ -56,7 +56,7 @@ def check_all_ranks(results, types, words, what):
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_bad_input_every_rank(pools, world, scenario):
     types, words = SCENARIOS[scenario]
-    check_all_ranks(pools.get(world).run(cases.bad_input, scenario), types, words, scenario)
+    check_all_ranks(pools.get(world).run(attention.bad_input, scenario), types, words, scenario)
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -64,7 +64,7 @@ def test_bad_input_every_rank(pools, world, scenario):
 def test_bad_input_on_one_rank_raises_on_every_rank(pools, world, scenario):
     """The same exception type and message on every rank, naming rank 1 or the differing argument."""
     types, words = ONE_RANK[scenario]
-    results = pools.get(world).run(cases.bad_input, scenario)
+    results = pools.get(world).run(attention.bad_input, scenario)
     assert len(set(results)) == 1, f"{scenario}: {results}"
     check_all_ranks(results[1:2], types, words, scenario)
     assert {kind for kind, _ in results} == {results[1][0]}, f"{scenario}: types by rank {results}"
@@ -77,22 +77,22 @@ def test_bad_input_on_one_rank_raises_on_every_rank(pools, world, scenario):
 def test_bad_input_on_one_rank_is_named_on_every_rank(pools, scenario):
     """The ranks that passed good input also say which argument was wrong (not only "rank 1")."""
     types, words = ONE_RANK[scenario]
-    check_all_ranks(pools.get(3).run(cases.bad_input, scenario), types, words, scenario)
+    check_all_ranks(pools.get(3).run(attention.bad_input, scenario), types, words, scenario)
 
 
 def test_good_input_after_bad_input_still_works(pools):
     """The group is usable after every rank raised (no half-finished collective left behind)."""
     pool = pools.get(3)
-    pool.run(cases.bad_input, "local_seq@1")
-    assert pool.run(cases.bad_input, "none@1") == [("no error", "")] * 3
+    pool.run(attention.bad_input, "local_seq@1")
+    assert pool.run(attention.bad_input, "none@1") == [("no error", "")] * 3
 
 
 @pytest.mark.parametrize("layout,seq_len", [("zigzag", 6), ("zigzag", 3), ("striped", 5), ("contiguous", 3),
                                             ("contiguous", 0)])
 def test_shard_sequence_rejects_lengths_the_layout_cannot_split(pools, layout, seq_len):
-    check_all_ranks(pools.get(2).run(cases.bad_shard, layout, seq_len), {"ValueError"},
+    check_all_ranks(pools.get(2).run(attention.bad_shard, layout, seq_len), {"ValueError"},
                     ["layout", str(seq_len)], f"{layout} N={seq_len}")
 
 
 def test_shard_sequence_rejects_unknown_layout(pools):
-    check_all_ranks(pools.get(2).run(cases.bad_shard, "spiral", 8), {"ValueError"}, ["layout", "spiral"], "spiral")
+    check_all_ranks(pools.get(2).run(attention.bad_shard, "spiral", 8), {"ValueError"}, ["layout", "spiral"], "spiral")

@@ -1,6 +1,7 @@
 """``burstattn train --dry-run``: a configuration ``train`` refuses is refused with the same message
 (one line, exit 2, on the way in: no fake group started); bad dry-run flags name the flag; a run prints
-a report and, with ``--json``, one JSON object as its last line with the keys the issue names."""
+a report and, with ``--json``, one JSON object as its last line (peaks by category and by phase, host and sent
+bytes, attention calls, seconds)."""
 from __future__ import annotations
 
 import json

@@ -10,12 +10,12 @@ import torch  # noqa: E402
 
 import burstattn.hf as bhf  # noqa: E402
 from burstattn.hf.hybrid_mixers import REFUSED, SUPPORTED  # noqa: E402
-from tests.dist.hf_hybrid_cases import _tokens, build  # noqa: E402
+from tests.dist.cases.hf_hybrid import _batch_tokens, build_hybrid  # noqa: E402
 
 
 def test_patch_is_idempotent_and_keeps_the_single_process_forward():
-    model = build("lfm2")
-    ids = _tokens(1, 11)
+    model = build_hybrid("lfm2")
+    ids = _batch_tokens(1, 11)
     with torch.no_grad():
         before = model(input_ids=ids).logits
     with pytest.raises(ValueError, match="Lfm2ShortConv is sequence parallel after burstattn.hf.patch_mixers"):
@@ -30,9 +30,9 @@ def test_patch_is_idempotent_and_keeps_the_single_process_forward():
 def test_table_names_are_disjoint_and_refused_ones_say_why():
     assert not set(SUPPORTED) & set(REFUSED)
     assert {r for _, r in SUPPORTED.values()} == {"gdn", "kda", "ssd", "lightning", "conv"}
-    from tests.dist.hf_guard_cases import build as guard_build
+    from tests.dist.cases.hf_hybrid import build_guard_model
 
-    jamba = guard_build("jamba", attn="eager")
+    jamba = build_guard_model("jamba", attn="eager")
     bhf.patch_mixers(jamba)
     with pytest.raises(ValueError, match=r"JambaMambaMixer: Mamba \(v1\)'s selective scan"):
         bhf.check_model(jamba)
@@ -44,8 +44,8 @@ def test_packed_rows_through_transformers_own_hybrid_layers_are_no_reference():
     packed hybrid, and says what is right; this keeps that warning true and present."""
     from pathlib import Path
 
-    model = build("qwen3_next")
-    a, b = _tokens(1, 10, 1), _tokens(1, 14, 2)
+    model = build_hybrid("qwen3_next")
+    a, b = _batch_tokens(1, 10, 1), _batch_tokens(1, 14, 2)
     with torch.no_grad():
         packed = model(input_ids=torch.cat([a, b], 1), position_ids=torch.cat([torch.arange(10), torch.arange(14)])[None])
         alone = torch.cat([model(input_ids=a).logits, model(input_ids=b).logits], 1)

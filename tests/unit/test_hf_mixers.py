@@ -10,7 +10,7 @@ import torch  # noqa: E402
 
 import burstattn.hf as bhf  # noqa: E402
 from burstattn.hf.survey import sequence_mixers, survey  # noqa: E402
-from tests.dist.hf_guard_cases import build  # noqa: E402
+from tests.dist.cases.hf_hybrid import build_guard_model  # noqa: E402
 
 
 class WeirdMixer(torch.nn.Module):
@@ -30,7 +30,7 @@ class WeirdMixer(torch.nn.Module):
                                         ("falcon_h1", "FalconH1Mixer"), ("jamba", "JambaMambaMixer")])
 def test_hybrids_refused_by_what_they_contain(kind, mixer):
     bhf.register()
-    model = build(kind)
+    model = build_guard_model(kind)
     assert mixer in [m.cls for m in sequence_mixers(model)]
     with pytest.raises(ValueError, match=mixer):
         bhf.check_model(model)
@@ -39,7 +39,7 @@ def test_hybrids_refused_by_what_they_contain(kind, mixer):
 @pytest.mark.parametrize("kind", ["llama", "stablelm", "mixtral", "qwen2_moe"])
 def test_attention_only_models_pass(kind):
     bhf.register()
-    model = build(kind)
+    model = build_guard_model(kind)
     found = survey(model)
     assert not found.mixers and len(found.attention) == model.config.num_hidden_layers
     bhf.check_model(model)
@@ -47,7 +47,7 @@ def test_attention_only_models_pass(kind):
 
 def test_unknown_module_refused_and_supported_table_accepts_it():
     bhf.register()
-    model = build("llama")
+    model = build_guard_model("llama")
     model.model.layers[0].mixer = WeirdMixer(64)
     with pytest.raises(ValueError, match="WeirdMixer at model.layers.0.mixer .unclassified"):
         bhf.check_model(model)
@@ -58,10 +58,10 @@ def test_unknown_module_refused_and_supported_table_accepts_it():
 def test_attention_implementation_and_router_logits():
     bhf.register()
     with pytest.raises(ValueError, match="runs attention implementation 'sdpa'"):
-        bhf.check_model(build("llama", attn="sdpa"))
+        bhf.check_model(build_guard_model("llama", attn="sdpa"))
     with pytest.raises(ValueError, match="'eager'"):
-        bhf.check_model(build("llama", attn="eager"))
-    model = build("mixtral")
+        bhf.check_model(build_guard_model("llama", attn="eager"))
+    model = build_guard_model("mixtral")
     model.config.output_router_logits = True
     with pytest.raises(ValueError, match="output_router_logits=True"):
         bhf.check_model(model)

@@ -18,8 +18,8 @@ from burstattn.sim import recurrent as simrec
 from burstattn.sim.activations import STATE_PASSING
 from burstattn.sim.hardware import preset as cluster
 from burstattn.sim.step import SimConfig, simulate
-from tests.dist import recurrent_cases
-from tests.dist.recurrent_cases import RecCase
+from tests.dist.cases import hybrid
+from tests.dist.cases.hybrid import RecCase
 from tests.helpers import EXACT
 
 
@@ -156,7 +156,7 @@ def test_initial_state_at_world_one(kind, scheme):
     state's included) equal the token-by-token recurrence started from it."""
     case = RecCase(kind, "zigzag", "float64", 1, packed=kind in ("gdn", "ssd"), local_seq=12, initial=True,
                    scheme=scheme, seed=7)
-    errs = recurrent_cases.one_case(case)
+    errs = hybrid.recurrence_errors(case)
     assert "dS0" in errs and max(errs.values()) <= EXACT["float64"], errs
 
 

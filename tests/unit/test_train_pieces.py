@@ -95,7 +95,7 @@ def test_config_files(tmp_path):
 
 def test_train_bench_points_and_report():
     """`bench train`'s plan of points (the sweep, then the modes; no sweep with no strategies) and its
-    Markdown: the tables, the issue's ratios, the emulated cluster's links."""
+    Markdown: the tables, the burst / contender and remat / full ratios, the emulated cluster's links."""
     import json
     from dataclasses import asdict
 

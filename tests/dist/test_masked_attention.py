@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.dist import mask_cases
+from tests.dist.cases import masks
 from tests.helpers import EXACT, Case, rel_err, tolerance_failures
 
 KINDS = ["window", "window_causal", "window_zero", "window_left_only", "window_wide", "docs", "one_doc",
@@ -52,7 +52,7 @@ def _cases():
 
 
 def _check(case: Case, kind: str, block: int, results: list[dict]) -> None:
-    ref = mask_cases.reference(case, kind, block)
+    ref = masks.reference(case, kind, block)
     got = {}
     names = ("out", "lse", "dq", "dk", "dv") if results[0]["lse"] is not None else ("out", "dq", "dk", "dv")
     for name in names:
@@ -73,7 +73,7 @@ def _check(case: Case, kind: str, block: int, results: list[dict]) -> None:
         assert (got["out"].transpose(1, 2)[blind] == 0).all()
     if case.dtype not in EXACT:  # 16-bit: flash-attn's rule, with the same mask
         n = case.seq_len
-        dense = mask_cases.build(kind, n, block).dense(torch.arange(n), torch.arange(n), n, case.causal)
+        dense = masks.build(kind, n, block).dense(torch.arange(n), torch.arange(n), n, case.causal)
         bad = tolerance_failures(case.with_(causal=False), got, ref, mask=dense)
         assert not bad, bad
         return
@@ -88,7 +88,7 @@ def _check(case: Case, kind: str, block: int, results: list[dict]) -> None:
 
 @pytest.mark.parametrize("case,kind,block", _cases(), ids=lambda x: x.id() if isinstance(x, Case) else str(x))
 def test_mask_matches_reference_and_formula(pools, case, kind, block):
-    results = pools.get(case.world).run(mask_cases.masked, case, kind, block)
+    results = pools.get(case.world).run(masks.masked, case, kind, block)
     _check(case, kind, block, results)
     for rank, r in enumerate(results):
         assert {k: v for k, v in r["sent"].items() if v} == {k: v for k, v in r["formula"].items() if v}, rank
@@ -99,7 +99,7 @@ def test_window_skips_traffic_and_steps(pools):
     by every rank but the last, instead of the ring's P-1."""
     case = Case(world=4, local_seq=16, heads="mha", head_dim=16, causal=True, layout="contiguous",
                 backend="cpu_flash", backward="kv")
-    results = pools.get(4).run(mask_cases.masked, case, "window_causal", 4)
+    results = pools.get(4).run(masks.masked, case, "window_causal", 4)
     kv_block = 2 * case.local_seq * case.kv_heads * case.head_dim * 4
     for rank, r in enumerate(results):
         assert r["steps"] == 2  # its own block, then one step that receives and/or sends
@@ -109,7 +109,7 @@ def test_window_skips_traffic_and_steps(pools):
 def test_documents_inside_ranks_send_nothing(pools):
     """Documents that never cross a shard boundary: no K/V moves at all."""
     case = Case(world=4, local_seq=8, heads="mha", head_dim=16, causal=True, layout="contiguous", backend="reference")
-    results = pools.get(4).run(mask_cases.masked_docs_aligned, case)
+    results = pools.get(4).run(masks.masked_docs_aligned, case)
     for r in results:
         assert r["kv_sent"] == 0 and r["steps"] == 1
         assert torch.isfinite(r["out"]).all()
@@ -117,8 +117,8 @@ def test_documents_inside_ranks_send_nothing(pools):
 
 def test_raw_arguments_equal_prebuilt_mask(pools):
     case = Case(world=2, local_seq=12, heads="gqa", head_dim=16, causal=True, layout="contiguous", backend="cpu_flash")
-    a = pools.get(2).run(mask_cases.masked, case, "docs_window", 256, "args")
-    b = pools.get(2).run(mask_cases.masked, case, "docs_window", 256, "mask")
+    a = pools.get(2).run(masks.masked, case, "docs_window", 256, "args")
+    b = pools.get(2).run(masks.masked, case, "docs_window", 256, "mask")
     for ra, rb in zip(a, b):
         assert torch.allclose(ra["out"], rb["out"], atol=1e-6) and torch.allclose(ra["dq"], rb["dq"], atol=1e-6)
 
@@ -131,8 +131,8 @@ BAD = [
     (dict(cu_seqlens=[0, 5, 15]), "must end at the global sequence length 16"),
     (dict(cu_seqlens=[0, 16], document_ids=[0] * 16), "not both"),
     (dict(document_ids=[0, 0, 1, 1, 0, 0] + [2] * 10), "one contiguous run"),
-    (dict(mask_mod=mask_cases.raises), "mask_mod raised RuntimeError: boom"),
-    (dict(mask_mod=mask_cases.not_bool), "mask_mod must return a bool tensor"),
+    (dict(mask_mod=masks.raises), "mask_mod raised RuntimeError: boom"),
+    (dict(mask_mod=masks.not_bool), "mask_mod must return a bool tensor"),
     (dict(mask_mod=3), "mask_mod must be callable"),
     (dict(window=(2, 0), schedule="distflash", causal=True), "distflash"),
 ]
@@ -140,18 +140,18 @@ BAD = [
 
 @pytest.mark.parametrize("kwargs,needle", BAD, ids=[b[1][:30] for b in BAD])
 def test_bad_masks_raise_on_every_rank(pools, kwargs, needle):
-    for kind, message in pools.get(2).run(mask_cases.bad_mask, kwargs):
+    for kind, message in pools.get(2).run(masks.bad_mask, kwargs):
         assert kind == "ValueError" and needle in message, message
 
 
 def test_bad_mask_on_one_rank_raises_on_every_rank(pools):
-    res = pools.get(2).run(mask_cases.bad_mask, dict(mask_mod=mask_cases.raises), 1)
+    res = pools.get(2).run(masks.bad_mask, dict(mask_mod=masks.raises), 1)
     assert res[1][0] == "ValueError" and "boom" in res[1][1]
     assert res[0][0] == "ValueError" and "rank 1" in res[0][1] and "boom" in res[0][1]
 
 
 def test_ranks_with_different_masks_raise(pools):
-    res = pools.get(2).run(mask_cases.bad_mask, dict(window=(3, 0)), 0)
+    res = pools.get(2).run(masks.bad_mask, dict(window=(3, 0)), 0)
     assert len({tuple(r) for r in res}) == 1, res  # the same type and message on every rank
     for kind, message in res:  # a Disagreement is a ValueError naming the differing field
         assert kind == "Disagreement" and "mask" in message and "same on every rank" in message, message
@@ -175,7 +175,7 @@ STRATEGY_CASES = [
 def test_masks_on_other_strategies(pools, strategy, case, kind):
     """ring (sparse schedule, K/V backward), allgather and ulysses (all traffic, only non-empty
     blocks computed) against the same oracle; their bytes equal their formulas."""
-    results = pools.get(case.world).run(mask_cases.masked, case, kind, 4, "args", strategy)
+    results = pools.get(case.world).run(masks.masked, case, kind, 4, "args", strategy)
     _check(case, kind, 4, results)
     for rank, r in enumerate(results):
         assert {k: v for k, v in r["sent"].items() if v} == {k: v for k, v in r["formula"].items() if v}, rank

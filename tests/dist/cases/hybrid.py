@@ -1,10 +1,10 @@
-"""Rank side of tests/dist/test_recurrent.py: every recurrence x layout x packing x dtype against one process.
+"""Sequence-parallel recurrences and convolutions over a real group, and the hybrid model built on them.
 
-Each rank builds the same full inputs, shards them, runs the sequence-parallel recurrence (with
-its final state), backpropagates ``sum(o * dout) + sum(final * dS)`` and gathers the gradients;
-the float64 token-by-token recurrence on the full sequence is the oracle. A replicated parameter's
-gradient (Mamba2's ``A``/``D``, lightning's ``slope``, the convolution's weight and bias) is the sum
-over ranks of their partial gradients.
+Each rank builds the same full inputs, shards them, runs the sequence-parallel recurrence (with its
+final state), backpropagates ``sum(o * dout) + sum(final * dS)`` and gathers the gradients; the float64
+token-by-token recurrence on the full sequence is the oracle. A replicated parameter's gradient
+(Mamba2's ``A``/``D``, lightning's ``slope``, the convolution's weight and bias) is the sum over ranks of
+their partial gradients.
 """
 from __future__ import annotations
 
@@ -17,11 +17,14 @@ import torch.nn.functional as F
 
 import burstattn
 from burstattn import recurrent as rec
+from burstattn.models import AttnCall, HybridLlama, preset
+from burstattn.config import IGNORE_INDEX
 from burstattn.recurrent.segments import doc_starts
-from tests.dist.layout_cases import random_partition
+from tests.dist.cases.attention import random_partition
 from tests.helpers import rel_err
 
 
+# ---- every recurrence x layout x packing x dtype (test_recurrent.py, unit/test_recurrent_schemes.py) ----
 @dataclass(frozen=True)
 class RecCase:
     kind: str          # gdn | kda | linear | ssd | lightning | conv
@@ -122,7 +125,7 @@ def apply(case: RecCase, t: dict, **kw):
     return rec.sp_lightning_attention(t["q"], t["k"], t["v"], t["s"], chunk_size=4, output_final_state=True, **kw)
 
 
-def one_case(case: RecCase) -> dict:
+def recurrence_errors(case: RecCase) -> dict:
     """Relative errors (out, final state, every input's gradient) against the float64 oracle."""
     full = inputs(case)
     gen = torch.Generator().manual_seed(case.seed + 1)
@@ -269,7 +272,7 @@ def metered_state(case: RecCase) -> dict:
             for p, op in (("forward", "state"), ("backward", "dstate"))}
 
 
-def run_grid(rank: int, world: int, rows: list) -> list:
+def recurrence_grid(rank: int, world: int, rows: list) -> list:
     """Per row: the error dict, or ``"Type: message"``; rows of ``("bad", case)`` run :func:`bad_input`,
     rows of ``("bytes", case)`` :func:`metered`, ``("state", case)`` :func:`metered_state`, ``("gap", case)``
     :func:`scheme_gap`, ``("kept", case)`` :func:`fold_kept`."""
@@ -277,7 +280,7 @@ def run_grid(rank: int, world: int, rows: list) -> list:
     kinds = {"bad": bad_input, "bytes": metered, "state": metered_state, "gap": scheme_gap, "kept": fold_kept}
     for row in rows:
         try:
-            results.append(kinds[row[0]](row[1]) if isinstance(row, tuple) else one_case(row))
+            results.append(kinds[row[0]](row[1]) if isinstance(row, tuple) else recurrence_errors(row))
         except Exception as e:  # reported per row by the parent
             results.append(f"{type(e).__name__}: {e}")
     return results
@@ -333,3 +336,46 @@ def bad_family(case: RecCase, what: str) -> str:
 def run_bad_family(rank: int, world: int, whats) -> dict:
     """:func:`bad_family` for each case (zigzag), ``{case: message}``."""
     return {what: bad_family(RecCase("ssd", "zigzag", "float64", world), what) for what in whats}
+
+
+# ---- hybrid-tiny in float64 (test_hybrid_train.py) -----------------------------------------------
+# One forward and backward over the context-parallel ranks; the loss and every parameter's gradient
+# (summed over ranks).
+def grads64(rank: int, world: int, strategy: str, layout: str, packed: bool = False) -> dict:
+    torch.manual_seed(0)
+    cfg = preset("hybrid-tiny").with_overrides(linear_chunk=4)
+    model = HybridLlama(cfg, attn=AttnCall(strategy, layout=layout, options={"backend": "reference"})).double()
+    N = 24
+    tokens = torch.randint(0, cfg.vocab_size, (2, N), generator=torch.Generator().manual_seed(1))
+    labels = torch.cat([tokens[:, 1:], torch.full((2, 1), IGNORE_INDEX)], 1)
+    pos = burstattn.sequence_positions(N, layout=layout)
+    out = model(tokens[:, pos], pos, labels=labels[:, pos],
+                total_targets=int((labels != IGNORE_INDEX).sum()))
+    out.loss.backward()
+    loss = out.loss.detach().clone()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    if world > 1:
+        dist.all_reduce(loss)
+        for g in grads.values():
+            dist.all_reduce(g)
+    return dict(loss=float(loss), grads=grads if rank == 0 else None)
+
+
+def documents_alone(rank: int, world: int, cfg) -> float:
+    """The step-0 loss of ``cfg``'s documents (``--doc-lengths`` / ``--data`` with boundaries) with the
+    initial weights ``burstattn train`` builds, each document run alone through the model on one process
+    (no packing, no dispatch): the sum of every document's cross-entropy over the batch's targets."""
+    from burstattn.train import build_job
+    from burstattn.train.dispatch_step import make_documents
+
+    job = build_job(cfg)
+    docs = make_documents(cfg).documents(0)
+    total = sum(int(d.numel()) - 1 for d in docs)  # a document's last token has no target
+    loss = 0.0
+    with torch.no_grad():
+        for d in docs:
+            labels = torch.cat([d[1:], torch.full((1,), IGNORE_INDEX)])
+            out = job.model(d[None], torch.arange(d.numel()), attn=AttnCall("burst"), labels=labels[None],
+                            total_targets=total)
+            loss += float(out.loss)
+    return loss

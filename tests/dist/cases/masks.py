@@ -1,7 +1,9 @@
-"""Masks used by the mask tests, and the rank-side functions that run them (module-level so they
-pickle by reference into the session pools)."""
+"""Masks over a real group: the masks the tests use (``mask_mod`` functions, document ids), masked calls
+against the float64 oracle, refusals, and every strategy on :func:`burstattn.mask_partition`'s partition.
+"""
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import torch
@@ -9,9 +11,10 @@ import torch
 import burstattn
 from burstattn.masks import AttnMask, mask_bytes, mask_plan
 from burstattn.testing.oracle import exact_attention
-from tests.helpers import Case, full_inputs
+from tests.helpers import Case, full_inputs, rel_err
 
 
+# ---- masks and masked calls (test_masked_attention.py) -------------------------------------------
 def local_global(q_pos, k_pos):
     """Block-sparse local + global: blocks of 8 see themselves; every token sees the first 4."""
     return (q_pos // 8 == k_pos // 8) | (k_pos < 4)
@@ -158,3 +161,39 @@ def masked_docs_aligned(rank: int, world: int, case: Case) -> dict:
     sent = sum(b for (_, op), b in stats.sent_by_op().items() if op != "meta")
     plan = mask_plan(AttnMask(cu_seqlens=cu), True, case.seq_len, world, "contiguous", rank)
     return dict(kv_sent=sent, steps=len(plan.kv_steps()), out=out.detach())
+
+
+# ---- every strategy on mask_partition's partition (test_mask_partition_strategies.py) ------------
+# Every strategy that takes a partition and a mask, against the float64 dense oracle.
+PARTITION_KINDS = ("window_causal", "docs", "local_global", "strided")  # windows, documents, block-sparse, mask_mod
+PARTITION_STRATEGIES = ("burst", "ring", "allgather", "ulysses")
+
+
+def partitioned(rank: int, world: int, case: Case, kind: str, strategy: str, block: int) -> dict:
+    """Relative errors of this rank's out, dq, dk, dv shards, and the partition's fingerprint."""
+    amask = build(kind, case.seq_len, block)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tiny shapes: balance is not the point here, exactness is
+        part = burstattn.mask_partition(amask, case.seq_len, world, causal=case.causal)
+    pos = part.positions_of(rank)
+    q, k, v, dout = (x.index_select(1, pos).detach().clone().requires_grad_(i < 3)
+                     for i, x in enumerate(full_inputs(case)))
+    opts = dict(backward=case.backward) if strategy == "burst" else {}
+    out = burstattn.attention(q, k, v, strategy=strategy, causal=case.causal, layout=part, mask=amask,
+                              backend=case.backend, **opts)
+    out.backward(dout)
+    ref = reference(case, kind, block)
+    got = dict(out=out, dq=q.grad, dk=k.grad, dv=v.grad)
+    errs = {n: rel_err(got[n].detach(), ref[n].index_select(1, pos)) for n in got}
+    return dict(errs=errs, fingerprint=part.fingerprint, name=part.name)
+
+
+def partitioned_grid(rank: int, world: int, rows: list) -> list:
+    """``rows`` of ``(case, kind, strategy, block)`` -> per row the result or ``"Type: message"``."""
+    results = []
+    for case, kind, strategy, block in rows:
+        try:
+            results.append(partitioned(rank, world, case, kind, strategy, block))
+        except Exception as e:  # reported per row by the parent
+            results.append(f"{type(e).__name__}: {e}")
+    return results

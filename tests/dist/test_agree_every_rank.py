@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dist import agree_cases as ac
+from tests.dist.cases import agreement as ac
 
 
 @pytest.mark.parametrize("world", [2, 3])

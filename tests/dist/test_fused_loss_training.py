@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from burstattn.train import TrainConfig
-from tests.dist.fused_loss_cases import run_cases
+from tests.dist.cases.models import fused_loss_runs
 
 # 120 tokens: 60 local rows at cp 2, 30 at cp 4, 30 per tp rank under tp-v3 at tp 2 x cp 2
 BASE = TrainConfig(model="tiny", seq_len=120, batch=2, steps=3, lr=1e-3, warmup=1, seed=5, adam_eps=1e-6,
@@ -47,7 +47,7 @@ def results(pools):
     for world, refs in GRID.items():
         cases = [(BASE.with_overrides(**ref), tie, micro) for ref, tie, micro, _ in refs]
         cases += [(BASE.with_overrides(**ref, **o), tie, micro) for ref, tie, micro, opts in refs for o in opts]
-        out[world] = pools.get(world).run(run_cases, cases)[0]
+        out[world] = pools.get(world).run(fused_loss_runs, cases)[0]
     return out
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from burstattn.testing.launch import LocalGroupError
 from burstattn.train import TrainConfig
-from tests.dist.train_cases import run_many, run_training
+from tests.dist.cases.models import blockwise_runs, run_training
 
 # 120 tokens: 60 local rows at cp 2, 30 at cp 4, 30 per tp rank under tp-v3 at tp 2 x cp 2
 BASE = TrainConfig(model="tiny", seq_len=120, batch=2, steps=3, lr=1e-3, warmup=1, seed=3, adam_eps=1e-6,
@@ -47,7 +47,7 @@ def results(pools):
     for world, refs in GRID.items():
         cfgs = [BASE.with_overrides(**ref) for ref, _ in refs]
         cfgs += [BASE.with_overrides(**ref, **o) for ref, opts in refs for o in opts]
-        out[world] = pools.get(world).run(run_many, cfgs)[0]
+        out[world] = pools.get(world).run(blockwise_runs, cfgs)[0]
     return out
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dist import mask_partition_cases as mpc
+from tests.dist.cases import masks as mpc
 from tests.helpers import EXACT, Case
 
 
 def _rows(world: int) -> list:
     rows = []
-    for i, kind in enumerate(mpc.KINDS):
-        for j, strategy in enumerate(mpc.STRATEGIES):
+    for i, kind in enumerate(mpc.PARTITION_KINDS):
+        for j, strategy in enumerate(mpc.PARTITION_STRATEGIES):
             causal = kind in ("window_causal", "docs") or (i + j) % 2 == 0
             backward = ("burst", "kv")[(i + j + world) % 2]
             heads = f"{2 * world}/{world}" if strategy == "ulysses" else ("gqa" if (i + j) % 2 else "mha")
@@ -25,7 +25,7 @@ def _rows(world: int) -> list:
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_mask_partition_exact_on_every_strategy(pools, world):
     rows = _rows(world)
-    results = pools.get(world).run(mpc.grid, rows)
+    results = pools.get(world).run(mpc.partitioned_grid, rows)
     for i, (case, kind, strategy, _) in enumerate(rows):
         per_rank = [r[i] for r in results]
         assert all(isinstance(r, dict) for r in per_rank), (kind, strategy, per_rank)

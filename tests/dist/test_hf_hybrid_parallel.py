@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("transformers", minversion="5")
 
-from tests.dist import hf_hybrid_cases as hc  # noqa: E402
+from tests.dist.cases import hf_hybrid as hc  # noqa: E402
 
 TOL = 1e-5  # float32 against float32: ~100 ulp of each quantity's scale
 
@@ -26,7 +26,7 @@ def _check(results: list, keys) -> None:
 
 
 def test_families_exact_world_2(pools):
-    results = pools.get(2).run(hc.exact, hc.FAMILIES)
+    results = pools.get(2).run(hc.hybrid_exact, hc.FAMILIES)
     _check(results, [f"{k}:zigzag" for k in hc.FAMILIES])
     # the bytes metered in the models' sharded step are the formulas' (one mixer layer each, batch 2 x 24)
     from burstattn.recurrent import conv_halo_bytes, state_passing_bytes
@@ -47,7 +47,7 @@ def test_families_exact_world_2(pools):
 def test_families_exact_world_3(pools):
     kinds = ("qwen3_next", "kimi_linear", "bamba", "minimax", "lfm2")
     layouts = ("contiguous", "striped")
-    _check(pools.get(3).run(hc.exact, kinds, layouts), [f"{k}:{lay}" for k in kinds for lay in layouts])
+    _check(pools.get(3).run(hc.hybrid_exact, kinds, layouts), [f"{k}:{lay}" for k in kinds for lay in layouts])
 
 
 def test_packed_documents_restart_the_recurrences(pools):

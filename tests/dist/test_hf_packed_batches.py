@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("transformers", minversion="5")
 
-from tests.dist import hf_pack_cases as pc  # noqa: E402
+from tests.dist.cases import hf_trainer as pc  # noqa: E402
 
 TOL = 1e-4
 PC = pc.PackCase
